@@ -1,0 +1,50 @@
+"""What every model family offers the training, evaluation and analysis code.
+
+A model object holds only its frozen config; every method is a pure function of
+`params` (a plain nested dict), so it can be jitted, sharded and differentiated freely.
+
+Convention shared by all families: in a window `tokens` (B, T), position t is predicted
+from the carry plus `tokens[:, :t]`, so every position (position 0 included) is scored.
+A model without a natural recurrent state (Transformer++) predicts position 0 of a fresh
+sequence from a BOS token and carries nothing across windows.
+"""
+
+from typing import Any, Protocol
+
+import jax
+
+Array = jax.Array
+Params = dict
+Carry = Any
+DecodeState = Any
+
+
+class LanguageModel(Protocol):
+    config: Any
+
+    def init(self, rng: Array) -> Params:
+        """Initial parameters (SPEC's initialisation for GPN)."""
+
+    def init_state(self, batch_size: int) -> Carry:
+        """Carry for `batch_size` fresh sequences."""
+
+    def loss(self, params: Params, tokens: Array, carry: Carry = None) -> tuple[Array, tuple]:
+        """Mean CE over all B*T positions. Returns (loss, (new_carry, metrics))."""
+
+    def token_losses(self, params: Params, tokens: Array, carry: Carry = None):
+        """Per-position CE (B, T) and the new carry."""
+
+    def logits(self, params: Params, tokens: Array, carry: Carry = None):
+        """Full (B, T, V) logits and the new carry (evaluation on short windows only)."""
+
+    def start_decode(self, params: Params, carry: Carry) -> tuple[Array, DecodeState]:
+        """Logits (B, V) of the next token after `carry`, and the decoding state."""
+
+    def decode_step(self, params: Params, state: DecodeState, token: Array):
+        """Observe `token` (B,); return logits (B, V) of the following token and the new state."""
+
+    def weight_decay_mask(self, params: Params) -> Any:
+        """Pytree of bools: True where weight decay applies (matrices only)."""
+
+    def flops_per_token(self, seq_len: int) -> dict:
+        """Analytic {'forward': f, 'train': 3f} matmul FLOPs per token."""

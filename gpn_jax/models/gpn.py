@@ -1,0 +1,225 @@
+"""GPN and GPN+M: parameter declaration (Flax linen) plus the model's pure entry points.
+
+Why linen: a linen module's `init` returns a plain nested dict of arrays, which is exactly
+what the pure `core` functions, orbax, optax masks and regex sharding rules consume; NNX
+would need a split/merge round trip at every boundary for no gain, since the module here
+only declares and initialises parameters and never runs the math.
+"""
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gpn_jax.core import gpn, window
+from gpn_jax.core.gpn import GPNCarry, Intervention
+from gpn_jax.core.norms import cast_matrices
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GPNConfig:
+    """Sizes and training-scale switches of a GPN / GPN+M model (switches never change the math)."""
+
+    vocab_size: int
+    d_model: int  # state width d
+    d_emb: int
+    d_ffn: int
+    n_heads: int = 0  # memory heads H (0 with memory=False)
+    d_key: int = 0
+    d_value: int = 0
+    n_layers: int = 1  # predict layers L per token
+    memory: bool = True  # False: GPN (no matrix memory)
+    decoder_bias: bool = False
+    compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
+    remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
+    loss_chunk: int = 128  # time steps decoded at once after the scan
+
+    def __post_init__(self):
+        if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
+            raise ValueError("GPN+M needs n_heads, d_key and d_value > 0")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+
+
+# ----------------------------------------------------------------------------- initialisers
+def a_log_init(key, shape, dtype=jnp.float32):
+    """A_log = log(U(0, 16)), guarded against log(0)."""
+    return jnp.log(jnp.maximum(jax.random.uniform(key, shape, dtype, 0.0, 16.0), 1e-8))
+
+
+def dt_bias_init(key, shape, dtype=jnp.float32):
+    """softplus^-1(dt), dt = exp(U(log 1e-3, log 1e-1)) clipped at 1e-4."""
+    u = jax.random.uniform(key, shape, dtype, math.log(1e-3), math.log(1e-1))
+    dt = jnp.maximum(jnp.exp(u), 1e-4)
+    return dt + jnp.log(-jnp.expm1(-dt))
+
+
+lecun = nn.initializers.lecun_normal()
+zeros, ones = nn.initializers.zeros, nn.initializers.ones
+small = nn.initializers.normal(stddev=0.02)
+
+
+class _Params(nn.Module):
+    """Declares GPN(+M) parameters with SPEC's initialisation; `__call__` only returns them."""
+
+    cfg: GPNConfig
+
+    def _group(self, name: str, specs: dict) -> dict:
+        return {k: self.param(f"{name}/{k}" if name else k, init, shape) for k, (init, shape) in specs.items()}
+
+    @nn.compact
+    def __call__(self):
+        c = self.cfg
+        d, e, f = c.d_model, c.d_emb, c.d_ffn
+        hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
+        decode = {"norm": (ones, (d,)), "proj": (lecun, (d, e))}
+        if c.decoder_bias:
+            decode["bias"] = (zeros, (e,))
+        tree = {
+            "embed": self.param("embed", small, (c.vocab_size, e)),
+            "decode": self._group("decode", decode),
+            "ground": self._group(
+                "ground",
+                {
+                    "emb_norm": (ones, (e,)),
+                    "fuse": (lecun, (e, d)),
+                    "gate_norm": (ones, (d,)),
+                    "gate_w": (zeros, (d, d)),
+                    "gate_b": (zeros, (d,)),
+                },
+            ),
+        }
+        if c.memory:
+            tree["write"] = self._group(
+                "write",
+                {
+                    "norm": (ones, (d,)),
+                    "wk": (lecun, (d, hk)),
+                    "bk": (zeros, (hk,)),
+                    "wv": (lecun, (d, hu)),
+                    "wbeta": (lecun, (d, h)),
+                    "wa": (lecun, (d, h)),
+                    "A_log": (a_log_init, (h,)),
+                    "dt_bias": (dt_bias_init, (h,)),
+                },
+            )
+        for i in range(c.n_layers):
+            layer = {
+                "ffn_norm": (ones, (d,)),
+                "w1": (lecun, (d, 2 * f)),
+                "w2": (zeros, (f, d)),
+                "pg_norm": (ones, (d,)),
+                "wpg": (zeros, (d, d)),
+                "bpg": (zeros, (d,)),
+            }
+            if c.memory:
+                layer |= {
+                    "read_norm": (ones, (d,)),
+                    "wq": (lecun, (d, hk)),
+                    "bq": (zeros, (hk,)),
+                    "wrg": (lecun, (d, hu)),
+                    "out_norm": (ones, (hu,)),
+                    "wo": (small, (hu, d)),
+                }
+            tree[f"layer_{i}"] = self._group(f"layer_{i}", layer)
+        return tree
+
+
+def _nest(flat: dict) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *outer, leaf = key.split("/")
+        node = out
+        for k in outer:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return out
+
+
+def weight_decay_mask(params) -> dict:
+    """Decay matrices only: never norms, biases, A_log or dt_bias (all of which are vectors)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+class GPN:
+    """GPN / GPN+M language model: pure functions over `params` (see `gpn_jax.models.base`)."""
+
+    def __init__(self, config: GPNConfig):
+        self.config = config
+
+    # ------------------------------------------------------------------ parameters and state
+    def init(self, rng: Array) -> dict:
+        flat = _Params(self.config).init(rng)["params"]
+        return _nest(dict(flat))
+
+    def init_state(self, batch_size: int) -> GPNCarry:
+        c = self.config
+        mem = (c.n_heads, c.d_key, c.d_value) if c.memory else None
+        return gpn.init_carry(batch_size, c.d_model, mem)
+
+    def weight_decay_mask(self, params) -> dict:
+        return weight_decay_mask(params)
+
+    # ------------------------------------------------------------------ windows
+    def _compute_params(self, params):
+        return cast_matrices(params, self.config.compute_dtype)
+
+    def predicted_states(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
+        """Scan the window. Returns (StepOutput with (T, B, ...) leaves, final carry, compute params)."""
+        carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
+        cp = self._compute_params(params)
+        xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
+        carry, out = window.scan_window(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
+        return out, carry, cp
+
+    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
+        """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
+        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        total = window.cross_entropy_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+        loss = total / tokens_BxT.size
+        metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
+        return loss, (carry, metrics)
+
+    def token_losses(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
+        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        ce_TxB = window.per_token_cross_entropy(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+        return ce_TxB.T, carry
+
+    def logits(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
+        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        return jnp.swapaxes(gpn.decode(cp, out.p), 0, 1), carry
+
+    # ------------------------------------------------------------------ decoding
+    # The decoding state is (carry with the memory already written for the next token, p):
+    # the step rotated so that each call ends on a prediction. O(1) in context length.
+    def start_decode(self, params, carry: GPNCarry):
+        cp = self._compute_params(params)
+        M, out = gpn.predict(cp, carry)
+        return gpn.decode(cp, out.p), (GPNCarry(carry.s, carry.s_prev, M), out.p)
+
+    def decode_step(self, params, state, token_B):
+        (carry, p) = state
+        cp = self._compute_params(params)
+        s_new = gpn.ground(cp["ground"], p, gpn.grounding_inputs(cp, token_B))
+        observed = GPNCarry(s_new, None if carry.M is None else carry.s, carry.M)
+        return self.start_decode(params, observed)
+
+    # ------------------------------------------------------------------ accounting
+    def flops_per_token(self, seq_len: int = 0) -> dict:
+        """Analytic matmul FLOPs per token (2 per multiply-add); training = 3 x forward."""
+        c = self.config
+        d, e, f, v = c.d_model, c.d_emb, c.d_ffn, c.vocab_size
+        hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
+        macs = e * d + d * d + d * e + e * v  # ground (fuse + gate), decode
+        per_layer = d * 2 * f + f * d + d * d
+        if c.memory:
+            macs += d * (hk + hu + 2 * h) + 2 * h * c.d_key * c.d_value  # write: projections, kM, kv^T
+            per_layer += d * (hk + hu) + hu * d + h * c.d_key * c.d_value  # read
+        macs += c.n_layers * per_layer
+        return {"forward": 2 * macs, "train": 6 * macs}
