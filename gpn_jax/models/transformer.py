@@ -1,0 +1,315 @@
+"""Transformer++ baseline: parameter declaration (Flax linen) plus the model's pure entry points.
+
+Architecture (the "Transformer++" recipe): token embedding, then `n_layers` pre-norm blocks
+
+    x = x + Wo · Attn(RoPE(Wq · rms(x)), RoPE(Wk · rms(x)), Wv · rms(x))    causal, multi-head
+    x = x + W2 · (silu(gate) * up),   [gate | up] = W1 · rms(x)              SwiGLU MLP
+
+then a final RMSNorm and the LM head (the transposed embedding when `tie_embeddings`, else
+a separate (d, V) matrix). No biases anywhere. Attention goes through
+`jax.nn.dot_product_attention(..., is_causal=True)`, so XLA / cuDNN pick a fused kernel
+where one exists (cuDNN needs a 16-bit compute dtype).
+
+Initialisation (our choice, documented here):
+  * embedding: N(0, 0.02);
+  * input projections (Wq, Wk, Wv, W1, untied head): LeCun-normal, std 1/sqrt(fan_in);
+  * output projections (Wo, W2), which write into the residual stream:
+    N(0, 0.02 / sqrt(2 * n_layers)) (GPT-2 style depth scaling, so the residual variance
+    does not grow with depth);
+  * norm weights: ones.
+
+Window convention (see `gpn_jax.models.base`): position t of `tokens` is predicted from
+`tokens[:, :t]`; nothing crosses windows. The inputs are `[bos, tokens[:, :-1]]`, so position
+0 is predicted from BOS alone. `init_state` returns None and every carry passes through as is.
+
+Numerics follow `gpn_jax.core.norms`: the residual stream, norms, RoPE and the softmax
+statistics stay float32; matrices are cast once to `compute_dtype` and matmuls accumulate in
+float32 (`mm`). Attention inputs are in `compute_dtype`.
+"""
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from gpn_jax.core.norms import cast_matrices, mm, rms_norm
+from gpn_jax.core.window import chunk_size
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and training-scale switches of a Transformer++ model (switches never change the math)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ffn: int  # SwiGLU hidden width (W1 is (d, 2 * d_ffn))
+    max_seq_len: int  # training window; also the KV-cache length when decoding
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    bos_id: int = 1
+    compute_dtype: str = "float32"  # matmul / attention dtype; residual, norms, RoPE stay float32
+    loss_chunk: int = 128  # positions decoded to logits at once in the loss
+    remat: bool = False  # rematerialise each block in the backward pass
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} not divisible by n_heads {self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError("RoPE needs an even head dimension")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        if not 0 <= self.bos_id < self.vocab_size:
+            raise ValueError(f"bos_id {self.bos_id} outside the vocabulary")
+        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+# ----------------------------------------------------------------------------- parameters
+lecun = nn.initializers.lecun_normal()
+ones = nn.initializers.ones
+small = nn.initializers.normal(stddev=0.02)
+
+
+class _Params(nn.Module):
+    """Declares Transformer++ parameters; `__call__` only returns the nested dict."""
+
+    cfg: TransformerConfig
+
+    @nn.compact
+    def __call__(self):
+        c = self.cfg
+        d, f, v = c.d_model, c.d_ffn, c.vocab_size
+        out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
+        tree = {"embed": self.param("embed", small, (v, d))}
+        for i in range(c.n_layers):
+            specs = {
+                "attn_norm": (ones, (d,)),
+                "wq": (lecun, (d, d)),
+                "wk": (lecun, (d, d)),
+                "wv": (lecun, (d, d)),
+                "wo": (out_init, (d, d)),
+                "mlp_norm": (ones, (d,)),
+                "w1": (lecun, (d, 2 * f)),  # [gate | up]
+                "w2": (out_init, (f, d)),
+            }
+            tree[f"layer_{i}"] = {k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()}
+        tree["final_norm"] = self.param("final_norm", ones, (d,))
+        if not c.tie_embeddings:
+            tree["head"] = self.param("head", lecun, (d, v))
+        return tree
+
+
+def _nest(flat: dict) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *outer, leaf = key.split("/")
+        node = out
+        for k in outer:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return out
+
+
+def weight_decay_mask(params) -> dict:
+    """Decay matrices only (embedding, projections, head); never the norm weights."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+# ----------------------------------------------------------------------------- pure blocks
+def rope_angles(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """cos, sin of shape positions.shape + (head_dim // 2,), float32."""
+    inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x_BxTxNxH: Array, cos_TxH2: Array, sin_TxH2: Array) -> Array:
+    """Rotates the (first half, second half) feature pairs of each head, in float32."""
+    x = x_BxTxNxH.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_TxH2[:, None, :], sin_TxH2[:, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def swiglu(lp: dict, x: Array) -> Array:
+    gate, up = jnp.split(mm(rms_norm(x, lp["mlp_norm"]), lp["w1"]), 2, axis=-1)
+    return mm(jax.nn.silu(gate) * up, lp["w2"])
+
+
+def qkv(lp: dict, x_BxTxD: Array, positions_T: Array, cfg: TransformerConfig):
+    """Rotated queries, keys and values (B, T, N, Dh) in the compute dtype."""
+    B, T, _ = x_BxTxD.shape
+    dt = lp["wq"].dtype
+    h = rms_norm(x_BxTxD, lp["attn_norm"])
+    split = lambda y: y.reshape(B, T, cfg.n_heads, cfg.head_dim)
+    cos, sin = rope_angles(positions_T, cfg.head_dim, cfg.rope_theta)
+    q = apply_rope(split(mm(h, lp["wq"])), cos, sin).astype(dt)
+    k = apply_rope(split(mm(h, lp["wk"])), cos, sin).astype(dt)
+    v = split(mm(h, lp["wv"])).astype(dt)
+    return q, k, v
+
+
+def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig) -> Array:
+    """One pre-norm block over a full causal window (positions 0..T-1)."""
+    B, T, D = x_BxTxD.shape
+    q, k, v = qkv(lp, x_BxTxD, jnp.arange(T), cfg)
+    att = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    x = x_BxTxD + mm(att.reshape(B, T, D), lp["wo"])
+    return x + swiglu(lp, x)
+
+
+def head_logits(cp: dict, h: Array, tie: bool) -> Array:
+    """Logits (float32) from final-normed hidden states."""
+    return mm(h, cp["embed"].T if tie else cp["head"])
+
+
+# ----------------------------------------------------------------------------- the model
+class Transformer:
+    """Transformer++ language model: pure functions over `params` (see `gpn_jax.models.base`)."""
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+
+    # ------------------------------------------------------------------ parameters and state
+    def init(self, rng: Array) -> dict:
+        flat = _Params(self.config).init(rng)["params"]
+        return _nest(dict(flat))
+
+    def init_state(self, batch_size: int = 0):
+        """No state crosses windows: always None."""
+        return None
+
+    def weight_decay_mask(self, params) -> dict:
+        return weight_decay_mask(params)
+
+    def _compute_params(self, params):
+        return cast_matrices(params, self.config.compute_dtype)
+
+    def inputs(self, tokens_BxT: Array) -> Array:
+        """[bos, tokens[:, :-1]]: what the model reads to predict each position of the window."""
+        bos = jnp.full((tokens_BxT.shape[0], 1), self.config.bos_id, tokens_BxT.dtype)
+        return jnp.concatenate([bos, tokens_BxT[:, :-1]], axis=1)
+
+    # ------------------------------------------------------------------ windows
+    def hidden(self, params, tokens_BxT: Array):
+        """Final-normed hidden states (B, T, d) float32 and the compute-dtype params."""
+        c = self.config
+        cp = self._compute_params(params)
+        x = jnp.take(cp["embed"], self.inputs(tokens_BxT), axis=0).astype(jnp.float32)
+        fn = lambda lp, x: block(lp, x, c)
+        if c.remat:
+            fn = jax.checkpoint(fn)
+        for i in range(c.n_layers):
+            x = fn(cp[f"layer_{i}"], x)
+        return rms_norm(x, cp["final_norm"]), cp
+
+    def _chunked(self, cp, h_BxTxD, tokens_BxT, per_token: bool):
+        """CE of each position (T, B) or its sum, decoding `loss_chunk` positions at a time.
+
+        Each chunk is rematerialised, so neither pass holds more than (chunk, B, V) logits.
+        """
+        tie = self.config.tie_embeddings
+        T = tokens_BxT.shape[1]
+        c = chunk_size(T, self.config.loss_chunk)
+        chunks = lambda a: jnp.swapaxes(a, 0, 1).reshape(T // c, c, *a.shape[:1], *a.shape[2:])
+
+        @jax.checkpoint
+        def chunk_ce(h, x):
+            return optax.softmax_cross_entropy_with_integer_labels(head_logits(cp, h, tie), x)
+
+        if per_token:
+            _, ce = jax.lax.scan(lambda _, hx: (None, chunk_ce(*hx)), None, (chunks(h_BxTxD), chunks(tokens_BxT)))
+            return ce.reshape(T, -1)
+        body = lambda tot, hx: (tot + chunk_ce(*hx).sum(), None)
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (chunks(h_BxTxD), chunks(tokens_BxT)))
+        return total
+
+    def loss(self, params, tokens_BxT, carry=None):
+        """Mean CE over all B*T positions. Returns (loss, (carry, metrics)); carry passes through."""
+        h, cp = self.hidden(params, tokens_BxT)
+        loss = self._chunked(cp, h, tokens_BxT, per_token=False) / tokens_BxT.size
+        return loss, (carry, {"loss": loss})
+
+    def token_losses(self, params, tokens_BxT, carry=None):
+        h, cp = self.hidden(params, tokens_BxT)
+        return self._chunked(cp, h, tokens_BxT, per_token=True).T, carry
+
+    def logits(self, params, tokens_BxT, carry=None):
+        """Full (B, T, V) float32 logits (short windows only); logits[:, t] predicts tokens[:, t]."""
+        h, cp = self.hidden(params, tokens_BxT)
+        return head_logits(cp, h, self.config.tie_embeddings), carry
+
+    # ------------------------------------------------------------------ decoding
+    # State: {'k', 'v': (n_layers, B, max_seq_len, N, Dh) in the compute dtype, 'pos': int32 ()}.
+    # `pos` is the position the next observed token is written to. The cache never changes
+    # shape, so `decode_step` traces once per batch size; reading stays masked to `<= pos`.
+    # Writing past max_seq_len is out of range (dynamic_update_slice would clamp): callers stop.
+    def _decode_token(self, cp, state, token_B):
+        c = self.config
+        B = token_B.shape[0]
+        pos = state["pos"]
+        x = jnp.take(cp["embed"], token_B[:, None], axis=0).astype(jnp.float32)  # (B, 1, d)
+        valid = (jnp.arange(c.max_seq_len) <= pos)[None, None, None, :]  # (1, 1, 1, S)
+        ks, vs = [], []
+        for i in range(c.n_layers):
+            lp = cp[f"layer_{i}"]
+            q, k, v = qkv(lp, x, pos[None], c)
+            K = jax.lax.dynamic_update_slice(state["k"][i], k.astype(state["k"].dtype), (0, pos, 0, 0))
+            V = jax.lax.dynamic_update_slice(state["v"][i], v.astype(state["v"].dtype), (0, pos, 0, 0))
+            att = jax.nn.dot_product_attention(q, K, V, mask=valid)
+            x = x + mm(att.reshape(B, 1, c.d_model), lp["wo"])
+            x = x + swiglu(lp, x)
+            ks.append(K)
+            vs.append(V)
+        logits = head_logits(cp, rms_norm(x[:, 0], cp["final_norm"]), c.tie_embeddings)
+        return logits, {"k": jnp.stack(ks), "v": jnp.stack(vs), "pos": pos + 1}
+
+    def start_decode(self, params, carry=None, batch_size: int = 1):
+        """Fresh sequences: reads BOS at position 0. Returns logits (B, V) of the first token and
+        the KV-cache state. A Transformer carry holds no batch size (it is None), so pass
+        `batch_size`; a batch-1 state is also broadcast to the token batch by `decode_step`
+        (every fresh sequence has the same BOS cache entry)."""
+        c = self.config
+        cp = self._compute_params(params)
+        shape = (c.n_layers, batch_size, c.max_seq_len, c.n_heads, c.head_dim)
+        dt = jnp.dtype(c.compute_dtype)
+        state = {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "pos": jnp.zeros((), jnp.int32)}
+        return self._decode_token(cp, state, jnp.full((batch_size,), c.bos_id, jnp.int32))
+
+    def decode_step(self, params, state, token_B):
+        """Observe `token_B` (B,) at position `state['pos']`; return logits (B, V) of the next."""
+        B = token_B.shape[0]
+        if state["k"].shape[1] != B:
+            if state["k"].shape[1] != 1:
+                raise ValueError(f"decode state has batch {state['k'].shape[1]}, token batch {B}")
+            bcast = lambda a: jnp.broadcast_to(a, (a.shape[0], B, *a.shape[2:]))
+            state = {"k": bcast(state["k"]), "v": bcast(state["v"]), "pos": state["pos"]}
+        return self._decode_token(self._compute_params(params), state, token_B)
+
+    # ------------------------------------------------------------------ accounting
+    def flops_per_token(self, seq_len: int | None = None) -> dict:
+        """Analytic matmul FLOPs per token (2 per multiply-add); training = 3 x forward.
+
+        Counts the Q/K/V/O projections (4 d^2), the SwiGLU MLP (3 d f) and the LM head (d V)
+        per token; the embedding lookup is free. Attention, causal average: a token at
+        context c costs c*d multiply-adds for QK^T and c*d for AV; averaged over a window of
+        T = seq_len (default max_seq_len) we take c = T/2, i.e. T*d multiply-adds = 2*T*d
+        FLOPs per layer per token.
+        """
+        c = self.config
+        T = c.max_seq_len if seq_len is None else seq_len
+        d, f, v = c.d_model, c.d_ffn, c.vocab_size
+        per_layer = 4 * d * d + 3 * d * f + 2 * (T / 2) * d
+        macs = c.n_layers * per_layer + d * v
+        return {"forward": 2 * macs, "train": 6 * macs}

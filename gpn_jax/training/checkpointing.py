@@ -1,0 +1,270 @@
+"""Checkpointing: a thin wrapper around `orbax.checkpoint.CheckpointManager`.
+
+Each step directory `<workdir>/checkpoints/<step>/` holds four orbax items:
+
+* ``state``  - pytree of arrays (params, opt state, step, rng), StandardSave.
+* ``data``   - JSON data-iterator position.
+* ``config`` - JSON run config.
+* ``meta``   - JSON extras (tokens_seen, metrics, ...).
+
+Atomicity comes from orbax: on local/posix filesystems a step is written to
+``<step>.orbax-checkpoint-tmp`` and renamed to ``<step>`` only once every item
+is committed; step discovery skips names containing ``.orbax-checkpoint-tmp``
+(on GCS a ``commit_success.txt`` marker is required instead). A killed save
+therefore never shows up as a step. Damage *after* finalisation (truncated or
+deleted files) is only found when reading, which `restore_latest_good` handles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocp_policies
+
+log = logging.getLogger(__name__)
+
+_JSON_ITEMS = ("data", "config", "meta")
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoint directory unusable or no checkpoint could be restored."""
+
+
+def _prepare_directory(workdir: str | os.PathLike) -> str:
+    """Creates `<workdir>/checkpoints` and proves it is writable.
+
+    Args:
+        workdir: Run directory.
+
+    Returns:
+        Absolute path of the checkpoint directory.
+
+    Raises:
+        CheckpointError: If the directory cannot be created or written.
+    """
+    directory = os.path.join(os.path.abspath(os.fspath(workdir)), "checkpoints")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        # os.access lies for root and on read-only mounts; a real write does not.
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_probe"):
+            pass
+    except OSError as e:
+        raise CheckpointError(
+            f"checkpoint directory {directory} is not usable: "
+            f"{type(e).__name__}: {e.strerror or e}"
+        ) from None
+    return directory
+
+
+def _preservation_policy(keep, keep_best, best_metric, best_mode):
+    """Keep the latest `keep` steps plus the best `keep_best` by metric.
+
+    orbax's `max_to_keep` + `best_fn` keeps only the best N (not latest N plus
+    best M), so the union is built explicitly from its policies.
+    """
+    policies = [ocp_policies.LatestN(n=keep)]
+    if keep_best is not None:
+        policies.append(
+            ocp_policies.BestN(
+                get_metric_fn=lambda m: float(m[best_metric]),
+                # BestN sorts ascending and keeps the tail; reverse for 'min'.
+                reverse=best_mode == "min",
+                n=keep_best,
+                # Steps saved without the metric are governed by LatestN alone.
+                keep_checkpoints_without_metrics=False,
+            )
+        )
+    return ocp_policies.AnyPreservationPolicy(policies)
+
+
+def _abstract_leaf(x: Any) -> Any:
+    """Concrete jax arrays -> ShapeDtypeStruct carrying their sharding."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
+
+
+def _json_safe(tree: Mapping[str, Any] | None) -> dict:
+    """Converts numpy/jax scalars so json.dumps accepts them."""
+    if tree is None:
+        return {}
+
+    def conv(v):
+        if isinstance(v, Mapping):
+            return {str(k): conv(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [conv(x) for x in v]
+        if hasattr(v, "item") and getattr(v, "ndim", None) == 0:
+            return v.item()
+        return v
+
+    return conv(tree)
+
+
+class Checkpointer:
+    """Saves/restores training checkpoints with keep-N/keep-best retention.
+
+    Args:
+        workdir: Run directory; checkpoints go to `<workdir>/checkpoints`.
+        keep: Number of most recent steps to keep (None keeps all).
+        keep_best: Additionally keep this many best steps by `best_metric`.
+        best_metric: Key in the `metrics` dict passed to `save`.
+        best_mode: 'min' or 'max'.
+        async_save: If True, `save` returns once arrays are copied to host.
+
+    Raises:
+        CheckpointError: If the directory is not usable.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        keep: int | None = 3,
+        keep_best: int | None = None,
+        best_metric: str = "heldout_loss",
+        best_mode: str = "min",
+        async_save: bool = True,
+    ):
+        if best_mode not in ("min", "max"):
+            raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+        self.directory = _prepare_directory(workdir)
+        self.best_metric = best_metric
+        self._track_best = keep_best is not None
+        options = ocp.CheckpointManagerOptions(
+            # orbax only writes/reads per-step metrics when best_fn is set.
+            best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
+            best_mode=best_mode,
+            preservation_policy=_preservation_policy(keep, keep_best, best_metric, best_mode),
+            enable_async_checkpointing=async_save,
+            # Remove `<step>.orbax-checkpoint-tmp` leftovers of killed saves.
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        handlers = {"state": ocp.StandardCheckpointHandler()}
+        handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
+        self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        data_state: Mapping[str, Any],
+        config_dict: Mapping[str, Any],
+        meta: Mapping[str, Any],
+        metrics: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Starts saving `step` (async unless disabled); returns True if started.
+
+        Args:
+            step: Training step; becomes the directory name.
+            state: Pytree of arrays.
+            data_state: JSON-able data iterator position.
+            config_dict: JSON-able run config.
+            meta: JSON-able extras.
+            metrics: Optional scalars; `best_metric` ranks steps for keep_best.
+            force: Save even if orbax's save-interval policy says no.
+        """
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(_json_safe(data_state)),
+            config=ocp.args.JsonSave(_json_safe(config_dict)),
+            meta=ocp.args.JsonSave(_json_safe(meta)),
+        )
+        metrics = _json_safe(metrics)
+        # Steps lacking the metric are not ranked (orbax treats None as "none").
+        ranked = metrics if self._track_best and self.best_metric in metrics else None
+        return bool(self._mngr.save(step, args=args, metrics=ranked, force=force))
+
+    def restore(
+        self, target: Any, step: int | None = None
+    ) -> tuple[int, Any, dict, dict, dict]:
+        """Restores one step onto `target`'s structure, dtypes and shardings.
+
+        Args:
+            target: Example pytree of arrays, or abstract pytree of
+                `jax.ShapeDtypeStruct` (with `.sharding` to place on a mesh).
+            step: Step to restore; latest if None.
+
+        Returns:
+            (step, state, data_state, config_dict, meta).
+
+        Raises:
+            CheckpointError: If there is no checkpoint to restore.
+        """
+        self.wait_until_finished()
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        abstract = jax.tree.map(_abstract_leaf, target)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract),
+            **{k: ocp.args.JsonRestore() for k in _JSON_ITEMS},
+        )
+        out = self._mngr.restore(step, args=args)
+        return step, out["state"], out["data"], out["config"], out["meta"]
+
+    def restore_latest_good(self, target: Any) -> tuple[int, Any, dict, dict, dict]:
+        """Restores the newest step that reads cleanly, warning on each bad one.
+
+        Args:
+            target: As for `restore`.
+
+        Returns:
+            As for `restore`.
+
+        Raises:
+            CheckpointError: If no step could be restored.
+        """
+        self.wait_until_finished()
+        failures = []
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                return self.restore(target, step)
+            # Broad on purpose: tensorstore/orbax/json raise many error types.
+            except Exception as e:  # noqa: BLE001
+                reason = _one_line(e)
+                log.warning("checkpoint step %d unreadable, falling back: %s", step, reason)
+                failures.append(f"step {step}: {reason}")
+        detail = "; ".join(failures) or "no finalized steps"
+        raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
+
+    def latest_step(self) -> int | None:
+        """Newest finalized step (tmp dirs of unfinished saves are ignored)."""
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """All finalized steps, ascending."""
+        return sorted(self._mngr.all_steps())
+
+    def reload(self) -> None:
+        """Re-reads the step list from disk (after external changes)."""
+        self.wait_until_finished()
+        self._mngr.reload()
+
+    def wait_until_finished(self) -> None:
+        """Blocks until pending async saves (and old-step deletion) finish."""
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax resources."""
+        self._mngr.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """`Type: message` squashed to one line, truncated."""
+    msg = " ".join(str(e).split())
+    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
