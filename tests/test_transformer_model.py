@@ -94,7 +94,7 @@ def test_causality(model_params):
     a, _ = m.logits(params, x)
     b, _ = m.logits(params, y)
     # logits[:, s] predict token s from tokens[:, :s]: positions <= t cannot see token t
-    np.testing.assert_array_equal(a[:, : t + 1], b[:, : t + 1])
+    np.testing.assert_allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6, rtol=0)
     assert np.abs(a[:, t + 1] - b[:, t + 1]).max() > 1e-6
 
 
