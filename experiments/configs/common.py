@@ -1,0 +1,77 @@
+"""Shared ml_collections config pieces: the training recipe, the data block, and the `:arg` variants.
+
+Every experiment config is `get_config(arg=None)`; `--config=path.py:cpu` shrinks any of them for
+a CPU run (small widths, short windows, few steps) without touching the model family or recipe.
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The paper's recipe (SPEC): AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = ml_collections.ConfigDict()  # filled by each experiment: family + its fields
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "embedded"  # embedded | <path to .txt/.jsonl file or dir> | tfds:<name> | bin:<dir>
+    c.data.data_dir = ""  # tfds data_dir (local or gs://)
+    c.data.tokenizer_path = ""  # existing sentencepiece .model; empty: train one into the workdir
+    c.data.heldout_fraction = 0.05  # share of documents held out (never read by training)
+    c.data.bin_dtype = "uint32"  # token dtype of bin: shards
+    c.data.text_field = "text"  # field of jsonl / tfds records holding the text
+
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 128  # sequences per optimiser step (global, over all hosts)
+    c.train.seq_len = 2048  # tokens per window (full BPTT over the window)
+    c.train.grad_accum = 1  # micro-batches per optimiser step (batch_size must divide by it)
+    c.train.steps = 10_000  # optimiser steps
+    c.train.learning_rate = 6e-4  # peak LR
+    c.train.warmup_steps = 100
+    c.train.min_lr_ratio = 0.1  # cosine decays to this fraction of the peak
+    c.train.weight_decay = 0.1  # matrices only (SPEC)
+    c.train.b1 = 0.9
+    c.train.b2 = 0.95
+    c.train.grad_clip = 1.0  # global-norm clipping
+    c.train.log_every = 10  # steps between metric rows / progress updates
+    c.train.eval_every = 500  # steps between held-out evaluations (0: only at the end)
+    c.train.eval_batches = 8  # held-out batches per evaluation (0: the whole held-out split)
+    c.train.checkpoint_every = 500  # steps between checkpoints
+    c.train.keep_checkpoints = 3  # last N checkpoints kept
+    c.train.keep_best = 1  # plus the best M by held-out loss
+    c.train.async_checkpoints = True
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # -1: all remaining devices
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    return c
+
+
+def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+    """`:cpu` shrinks a config for a quick CPU run; None leaves it unchanged."""
+    if not arg:
+        return c
+    if arg != "cpu":
+        raise ValueError(f"unknown config variant {arg!r}; the only variant is ':cpu'")
+    m = c.model
+    m.vocab_size = 2048
+    m.d_model = min(m.d_model, 128)
+    for field, size in (("d_emb", 64), ("d_ffn", 256), ("n_heads", 2), ("d_key", 16), ("d_value", 32)):
+        if field in m and m[field]:
+            m[field] = min(m[field], size)
+    if "n_layers" in m:
+        m.n_layers = min(m.n_layers, 2)
+    if "max_seq_len" in m:
+        m.max_seq_len = 128
+    if "remat_segment" in m and m.remat_segment:
+        m.remat_segment = 32
+    if "compute_dtype" in m:
+        m.compute_dtype = "float32"
+    c.train.batch_size, c.train.seq_len, c.train.steps = 8, 128, 200
+    c.train.grad_accum = 1
+    c.train.warmup_steps = 20
+    c.train.learning_rate = 3e-3
+    c.train.eval_every, c.train.eval_batches, c.train.checkpoint_every = 100, 4, 100
+    c.train.log_every = 10
+    return c

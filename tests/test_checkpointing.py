@@ -1,0 +1,239 @@
+"""Tests for gpn_jax.training.checkpointing (real orbax on a tmp dir)."""
+
+import glob
+import logging
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gpn_jax.training.checkpointing import Checkpointer, CheckpointError
+
+LOGGER = "gpn_jax.training.checkpointing"
+
+
+def make_state(seed: float = 0.0):
+    """Train-state-like pytree: f32/bf16/int32 arrays, adamw opt_state, step, rng."""
+    params = {
+        "w": jnp.arange(24, dtype=jnp.float32).reshape(4, 6) + seed,
+        "emb": (jnp.linspace(-1, 1, 12, dtype=jnp.float32) * (seed + 1)).astype(jnp.bfloat16),
+        "ids": jnp.arange(5, dtype=jnp.int32) * int(seed + 1),
+    }
+    trainable = {k: v for k, v in params.items() if k != "ids"}
+    opt = optax.adamw(1e-3)
+    opt_state = opt.init(trainable)
+    # One real update so mu/nu/count are non-trivial.
+    grads = jax.tree.map(lambda x: jnp.ones_like(x) * 0.5, trainable)
+    _, opt_state = opt.update(grads, opt_state, trainable)
+    return {
+        "params": params,
+        "opt_state": opt_state,
+        "step": jnp.asarray(int(seed) * 10, jnp.int32),
+        "rng": jax.random.PRNGKey(int(seed)),
+    }
+
+
+def abstract(tree, sharding=None):
+    """ShapeDtypeStruct pytree; keeps each leaf's sharding unless one is given."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or x.sharding), tree
+    )
+
+
+def assert_tree_exact(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def save_two(workdir):
+    """Saves steps 1 and 2 with distinct state/data; returns their states."""
+    s1, s2 = make_state(1.0), make_state(2.0)
+    with Checkpointer(workdir, keep=5) as ck:
+        ck.save(1, s1, {"shard": 0, "pos": 11}, {"lr": 1e-3}, {"tokens_seen": 100})
+        ck.save(2, s2, {"shard": 0, "pos": 22}, {"lr": 1e-3}, {"tokens_seen": 200})
+        ck.wait_until_finished()
+        step_dir = os.path.join(ck.directory, "2")
+    return s1, s2, step_dir
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_roundtrip_exact(tmp_path, async_save):
+    state = make_state(3.0)
+    ck = Checkpointer(tmp_path, keep=3, async_save=async_save)
+    assert ck.directory == os.path.join(str(tmp_path), "checkpoints")
+    assert ck.save(7, state, {"pos": 5}, {"model": {"d": 8}, "name": "x"}, {"tokens_seen": 42})
+    ck.wait_until_finished()
+    assert ck.latest_step() == 7 and ck.all_steps() == [7]
+    step, got, data, cfg, meta = ck.restore(abstract(state))
+    ck.close()
+    assert step == 7
+    assert_tree_exact(got, state)
+    assert isinstance(got["opt_state"][0], optax.ScaleByAdamState)
+    assert data == {"pos": 5}
+    assert cfg == {"model": {"d": 8}, "name": "x"}
+    assert meta == {"tokens_seen": 42}
+
+
+def test_restore_from_fresh_process_onto_other_mesh(tmp_path):
+    """Save sharded over 8 devices, reopen, restore replicated onto a 4-device mesh."""
+    devs = jax.devices()
+    if len(devs) < 8:
+        pytest.skip("needs 8 (forced host) devices")
+    src = NamedSharding(Mesh(np.array(devs), ("d",)), P("d"))
+    state = {"w": jax.device_put(jnp.arange(64, dtype=jnp.float32).reshape(8, 8), src)}
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, state, {}, {}, {})
+    dst = NamedSharding(Mesh(np.array(devs[:4]).reshape(2, 2), ("a", "b")), P(None, "b"))
+    with Checkpointer(tmp_path) as ck:  # new manager: discovers steps from disk
+        _, got, *_ = ck.restore(abstract(state, dst))
+    assert got["w"].sharding == dst
+    assert_tree_exact(got, state)
+
+
+def test_restore_with_concrete_example_target(tmp_path):
+    state = make_state(1.0)
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, state, {}, {}, {})
+        _, got, *_ = ck.restore(make_state(0.0))
+    assert_tree_exact(got, state)
+
+
+def test_restore_empty_dir_raises(tmp_path):
+    with Checkpointer(tmp_path) as ck:
+        assert ck.latest_step() is None
+        with pytest.raises(CheckpointError, match="no checkpoint"):
+            ck.restore(make_state())
+        with pytest.raises(CheckpointError, match="no readable checkpoint in"):
+            ck.restore_latest_good(make_state())
+
+
+def _truncate_array_files(step_dir):
+    files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+    assert files, "expected OCDBT data files under state/**/d/"
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.truncate(7)
+
+
+def _delete_array_files(step_dir):
+    for f in glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True):
+        os.remove(f)
+
+
+def _garble_manifests(step_dir):
+    files = glob.glob(os.path.join(step_dir, "state", "**", "manifest.ocdbt"), recursive=True)
+    assert files
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.seek(4)
+            fh.write(b"\xde\xad\xbe\xef" * 4)
+
+
+def _delete_data_item(step_dir):
+    shutil.rmtree(os.path.join(step_dir, "data"))
+
+
+@pytest.mark.parametrize(
+    "corrupt", [_truncate_array_files, _delete_array_files, _garble_manifests, _delete_data_item]
+)
+def test_restore_latest_good_falls_back(tmp_path, caplog, corrupt):
+    s1, _, step2_dir = save_two(tmp_path)
+    corrupt(step2_dir)
+    with Checkpointer(tmp_path, keep=5) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert ck.latest_step() == 2  # still finalized on disk; damage shows on read
+        step, got, data, cfg, meta = ck.restore_latest_good(abstract(s1))
+    assert step == 1
+    assert_tree_exact(got, s1)
+    assert data == {"shard": 0, "pos": 11} and meta == {"tokens_seen": 100}
+    assert cfg == {"lr": 1e-3}
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith("checkpoint step 2 unreadable")
+
+
+def test_restore_latest_good_none_readable(tmp_path, caplog):
+    s1, _, step2_dir = save_two(tmp_path)
+    _delete_data_item(step2_dir)
+    _truncate_array_files(os.path.join(os.path.dirname(step2_dir), "1"))
+    with Checkpointer(tmp_path) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
+        with pytest.raises(CheckpointError, match="no readable checkpoint in .*step 2: .*step 1: "):
+            ck.restore_latest_good(abstract(s1))
+    assert sum(r.name == LOGGER for r in caplog.records) == 2
+
+
+def test_tmp_dir_of_killed_save_is_ignored(tmp_path):
+    _, _, step2_dir = save_two(tmp_path)
+    ckpt_dir = os.path.dirname(step2_dir)
+    # A killed save leaves `<step>.orbax-checkpoint-tmp` (not renamed to `<step>`).
+    leftover = os.path.join(ckpt_dir, "3.orbax-checkpoint-tmp")
+    shutil.copytree(step2_dir, leftover)
+    ck = Checkpointer(tmp_path)
+    assert ck.latest_step() == 2 and ck.all_steps() == [1, 2]
+    # Also when it appears while a manager is open.
+    late = os.path.join(ckpt_dir, "4.orbax-checkpoint-tmp-1700000000")
+    shutil.copytree(step2_dir, late)
+    ck.reload()
+    assert ck.latest_step() == 2
+    assert ck.restore_latest_good(make_state())[0] == 2
+    ck.close()
+
+
+def test_keep_last_n_plus_best(tmp_path):
+    losses = {1: 0.5, 2: 0.1, 3: 0.4, 4: 0.3, 5: 0.6}
+    state = {"x": jnp.zeros((2,), jnp.float32)}
+    ck = Checkpointer(tmp_path, keep=2, keep_best=1, best_metric="heldout_loss")
+    for step, loss in losses.items():
+        ck.save(step, state, {}, {}, {}, metrics={"heldout_loss": np.float32(loss)})
+    ck.wait_until_finished()
+    assert ck.all_steps() == [2, 4, 5]  # last 2 + best (lowest loss)
+    ck.close()
+    on_disk = sorted(int(n) for n in os.listdir(ck.directory) if n.isdigit())
+    assert on_disk == [2, 4, 5]
+    # Metrics persist: a fresh manager still knows step 2 is best.
+    with Checkpointer(tmp_path, keep=2, keep_best=1) as ck:
+        ck.save(6, state, {}, {}, {}, metrics={"heldout_loss": 0.7})
+        ck.save(7, state, {}, {}, {})  # no metric: kept only as one of the last 2
+        ck.wait_until_finished()
+        assert ck.all_steps() == [2, 6, 7]
+
+
+def test_keep_best_max_mode(tmp_path):
+    state = {"x": jnp.zeros((2,), jnp.float32)}
+    with Checkpointer(tmp_path, keep=1, keep_best=2, best_metric="acc", best_mode="max") as ck:
+        for step, acc in enumerate([0.9, 0.2, 0.8, 0.1, 0.3], start=1):
+            ck.save(step, state, {}, {}, {}, metrics={"acc": acc})
+        ck.wait_until_finished()
+        assert ck.all_steps() == [1, 3, 5]
+
+
+def test_parent_is_file_raises(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="not usable") as ei:
+        Checkpointer(blocker / "run")
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_parent_raises(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(CheckpointError, match="not usable"):
+            Checkpointer(ro / "run")
+    finally:
+        ro.chmod(0o700)
+
+
+def test_bad_best_mode():
+    with pytest.raises(ValueError, match="best_mode"):
+        Checkpointer("/tmp/unused", best_mode="lowest")

@@ -1,0 +1,109 @@
+"""Gated delta rule: chunked (UT transform) vs the float32 recurrent oracle, values and gradients."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpn_jax.core import gated_delta as gd
+from gpn_jax.core.norms import l2n
+
+B, H = 1, 2
+OUT_TOL, GRAD_TOL, GATE_GRAD_TOL = 0.005, 0.008, 0.02
+
+
+def inputs(T, K, c, seed=0):
+    """q, k (L2-normalised, as in the model), v, beta, g = logsigmoid(x)/c (c=None: g=0), S0."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+    q = jax.random.normal(ks[0], (B, T, H, K))
+    k = l2n(jax.random.normal(ks[1], (B, T, H, K)))
+    v = jax.random.normal(ks[2], (B, T, H, K))
+    beta = jax.nn.sigmoid(jax.random.normal(ks[3], (B, T, H)))
+    x = jax.random.normal(ks[4], (B, T, H))
+    g = jnp.zeros_like(x) if c is None else jax.nn.log_sigmoid(x) / c
+    S0 = 0.5 * jax.random.normal(ks[5], (B, H, K, K))
+    return q, k, v, beta, g, S0
+
+
+def rel(a, b):
+    """RMSE(a - b) / RMSE(b)."""
+    return float(jnp.sqrt(jnp.mean(jnp.square(a - b))) / (jnp.sqrt(jnp.mean(jnp.square(b))) + 1e-30))
+
+
+@functools.partial(jax.jit, static_argnames="chunk_size")
+def both(q, k, v, beta, g, S0, chunk_size=64):
+    """(o, S, grads) of each form; the cotangent is a fixed random projection of o and S."""
+    ko, ks = jax.random.split(jax.random.PRNGKey(42))
+    Po = jax.random.normal(ko, (B, q.shape[1], H, v.shape[-1]))
+    Ps = jax.random.normal(ks, S0.shape)
+
+    def run(fn):
+        def objective(*a):
+            o, S = fn(*a)
+            return jnp.sum(o * Po) + jnp.sum(S * Ps), (o, S)
+
+        grads, (o, S) = jax.grad(objective, argnums=range(6), has_aux=True)(q, k, v, beta, g, S0)
+        return o, S, grads
+
+    rec = run(lambda q, k, v, b, g, s: gd.recurrent(q, k, v, b, g, initial_state=s))
+    chk = run(lambda q, k, v, b, g, s: gd.chunked(q, k, v, b, g, initial_state=s, chunk_size=chunk_size))
+    return rec, chk
+
+
+def check(T, K, c, chunk_size=64):
+    (o_r, S_r, g_r), (o_c, S_c, g_c) = both(*inputs(T, K, c), chunk_size=chunk_size)
+    for grad in g_c:
+        assert np.isfinite(np.asarray(grad)).all()
+    errs = {"o": rel(o_c, o_r), "S": rel(S_c, S_r)}
+    errs |= {f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "beta", "g", "S0"), g_c, g_r)}
+    tol = {"o": OUT_TOL, "S": OUT_TOL, "dbeta": GATE_GRAD_TOL, "dg": GATE_GRAD_TOL}
+    bad = {n: e for n, e in errs.items() if not e < tol.get(n, GRAD_TOL)}
+    assert not bad, f"T={T} K={K} c={c}: {bad} (all: {errs})"
+    return errs
+
+
+DECAYS = [0.01, 0.1, 1.0, 10.0, None]  # g = logsigmoid(x)/c; None: g = 0 exactly
+
+
+@pytest.mark.parametrize("c", DECAYS)
+def test_chunked_matches_recurrent_all_decays(c):
+    check(75, 60, c)  # 64 + a padded partial chunk of 11
+
+
+@pytest.mark.parametrize("T,K,c", [(63, 100, 1.0), (63, 128, 0.01), (500, 100, None), (500, 128, 0.1)])
+def test_chunked_matches_recurrent_sizes(T, K, c):
+    check(T, K, c)
+
+
+def test_small_chunks_and_strong_decay_have_finite_grads():
+    check(75, 60, 0.01, chunk_size=16)  # 5 chunks, last one padded
+
+
+def test_padding_does_not_change_results():
+    q, k, v, beta, g, S0 = inputs(40, 16, 1.0)
+    o_a, S_a = gd.chunked(q, k, v, beta, g, S0, chunk_size=16)  # 3 chunks, 8 padded steps
+    o_b, S_b = gd.chunked(q, k, v, beta, g, S0, chunk_size=40)  # one chunk, no padding
+    np.testing.assert_allclose(o_a, o_b, atol=1e-5)
+    np.testing.assert_allclose(S_a, S_b, atol=1e-5)
+
+
+def test_step_and_default_state():
+    q, k, v, beta, g, _ = inputs(5, 8, 1.0)
+    o, S = gd.recurrent(q, k, v, beta, g)
+    S_t = jnp.zeros((B, H, 8, 8))
+    for t in range(5):
+        o_t, S_t = gd.step(S_t, q[:, t], k[:, t], v[:, t], beta[:, t], g[:, t])
+        np.testing.assert_allclose(o_t, o[:, t], atol=1e-6)
+    np.testing.assert_allclose(S_t, S, atol=1e-6)
+    # The rule by hand for one head and one step from a zero state: S = beta k v^T.
+    np.testing.assert_allclose(
+        gd.step(jnp.zeros((8, 8)), q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], beta[0, 0, 0], g[0, 0, 0])[1],
+        beta[0, 0, 0] * jnp.outer(k[0, 0, 0], v[0, 0, 0]),
+        atol=1e-6,
+    )
+
+
+def test_flops_counts_positive_and_grow_with_chunk():
+    assert gd.flops_per_token(2, 64, 64, 64) > gd.flops_per_token(2, 64, 64, 16) > 0
