@@ -39,7 +39,8 @@ def test_kv_decode_matches_full_forward(model_params):
     x = tokens(1)
     full, _ = jax.jit(m.logits)(params, x)
     step = jax.jit(m.decode_step)
-    logits, state = m.start_decode(params, m.init_state(2), batch_size=2)
+    start = jax.jit(m.start_decode, static_argnames="batch_size")
+    logits, state = start(params, m.init_state(2), batch_size=2)
     got = [logits]
     for t in range(S - 1):
         logits, state = step(params, state, x[:, t])
@@ -51,10 +52,10 @@ def test_kv_decode_matches_full_forward(model_params):
 def test_decode_broadcasts_a_batch_one_start(model_params):
     m, params = model_params
     x = tokens(2, B=3, T=4)
-    full, _ = m.logits(params, x)
-    logits, state = m.start_decode(params, None)  # batch 1: BOS is the same for every sequence
+    full, _ = jax.jit(m.logits)(params, x)
+    logits, state = jax.jit(m.start_decode)(params, None)  # batch 1: BOS is the same for all
     np.testing.assert_allclose(logits[0], full[0, 0], atol=1e-5)
-    logits, state = m.decode_step(params, state, x[:, 0])
+    logits, state = jax.jit(m.decode_step)(params, state, x[:, 0])
     assert logits.shape == (3, V) and state["k"].shape[1] == 3
     np.testing.assert_allclose(logits, full[:, 1], atol=1e-4)
 
