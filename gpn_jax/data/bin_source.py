@@ -73,9 +73,3 @@ def open_bin(path: str, dtype: str = "uint32") -> ShardedTokens:
     if dtype not in BIN_DTYPES:
         raise ValueError(f"bin_dtype must be one of {BIN_DTYPES}, got {dtype!r}")
     return ShardedTokens([_memmap(p, np.dtype(dtype)) for p in list_shards(path)])
-
-
-def chunked(tokens, chunk: int = 1 << 24):
-    """Yields consecutive slices of `tokens` of at most `chunk` tokens."""
-    for lo in range(0, len(tokens), chunk):
-        yield np.asarray(tokens[lo : lo + chunk])

@@ -1,7 +1,5 @@
 """Deterministic train / held-out splits that never share text or tokens."""
 
-import numpy as np
-
 
 def _check_fraction(heldout_fraction: float) -> None:
     if not 0.0 <= heldout_fraction < 1.0:
@@ -33,21 +31,10 @@ def _snap_to_line(doc: str, at: int) -> int:
     if at == 0:
         return 0
     newline = doc.find("\n", at - 1)
-    return newline + 1 if newline >= 0 else at
+    return newline + 1 if 0 <= newline < len(doc) - 1 else at
 
 
 def split_tokens(num_tokens: int, heldout_fraction: float) -> int:
     """Index where held-out tokens start: the last `heldout_fraction` of `num_tokens`."""
     _check_fraction(heldout_fraction)
     return num_tokens - int(round(num_tokens * heldout_fraction))
-
-
-def unigram_counts(token_chunks, vocab_size: int) -> np.ndarray:
-    """Counts (int64, size `vocab_size`) of token ids over an iterable of id arrays."""
-    counts = np.zeros((vocab_size,), np.int64)
-    for chunk in token_chunks:
-        chunk = np.asarray(chunk)
-        if chunk.size and int(chunk.max()) >= vocab_size:
-            raise ValueError(f"token id {int(chunk.max())} >= vocab_size {vocab_size}")
-        counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
-    return counts

@@ -41,7 +41,9 @@ def _jsonl_text(line: str, text_field: str, path: str, lineno: int) -> str:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-        raise ValueError(f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field")
+        raise ValueError(
+            f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field"
+        )
     return obj[text_field]
 
 

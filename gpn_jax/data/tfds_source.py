@@ -60,7 +60,9 @@ def example_text(example, text_field: str | None, name: str = "?"):
     if text_field is None:
         text_field = "text" if "text" in example else _only_string_field(example, name)
     if text_field not in example:
-        raise ValueError(f"tfds dataset {name!r} has no field {text_field!r}; fields: {sorted(example)}")
+        raise ValueError(
+            f"tfds dataset {name!r} has no field {text_field!r}; fields: {sorted(example)}"
+        )
     return example[text_field]
 
 

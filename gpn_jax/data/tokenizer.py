@@ -152,4 +152,3 @@ def check_vocab(tokenizer: Tokenizer, config_vocab_size: int) -> None:
 
 def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
-

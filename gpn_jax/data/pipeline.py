@@ -1,0 +1,244 @@
+"""The single entry point of the data pipeline: `build_data(spec, ...) -> Data`.
+
+Text sources (embedded, files, tfds): documents -> train / held-out character split ->
+SentencePiece tokenizer (given, found in the workdir, or trained on the train split) ->
+flat uint32 token streams (eos after each document) -> windows. `bin:` sources are
+already tokens: memory-mapped and split by token position.
+"""
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from gpn_jax.data.bin_source import list_shards, open_bin
+from gpn_jax.data.files import atomic_save_npy
+from gpn_jax.data.sources import load_documents
+from gpn_jax.data.spec import parse_spec
+from gpn_jax.data.split import split_documents, split_tokens
+from gpn_jax.data.stream import cached_token_stream, unigram_counts
+from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
+from gpn_jax.data.windows import WindowIterator
+
+TOKENIZER_FILE = "tokenizer.model"
+
+
+@dataclasses.dataclass
+class Data:
+    """Everything the trainer needs from the data.
+
+    Attributes:
+      tokenizer: the SentencePiece tokenizer (None for `bin:` data given without one).
+      train: the endless training `WindowIterator` (this host's rows).
+      train_tokens: the flat training token array (np.ndarray or memory-mapped view).
+      heldout: the flat held-out token array (never read by `train`).
+      unigram_counts: int64 (vocab_size,) counts of every id in `train_tokens`.
+      vocab_size, seq_len, batch_size: the geometry the data was built for.
+      eos_id: the document separator id (None if unknown).
+      description: a human-readable summary.
+    """
+
+    tokenizer: Tokenizer | None
+    train: WindowIterator
+    train_tokens: Any
+    heldout: Any
+    unigram_counts: np.ndarray
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    eos_id: int | None
+    description: str
+    process_index: int = 0
+    process_count: int = 1
+
+    def heldout_windows(
+        self, batch_size: int | None = None, seq_len: int | None = None, layout: str = "sequential"
+    ) -> WindowIterator:
+        """A finite, in-order iterator over the held-out windows (this host's rows)."""
+        return WindowIterator(
+            self.heldout,
+            batch_size or self.batch_size,
+            seq_len or self.seq_len,
+            layout=layout,
+            repeat=False,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            name="held-out",
+        )
+
+
+def build_data(
+    spec: str | None = "embedded",
+    *,
+    vocab_size: int,
+    seq_len: int,
+    batch_size: int,
+    tokenizer_path: str | None = None,
+    heldout_fraction: float = 0.05,
+    seed: int = 0,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    data_dir: str | None = None,
+    text_field: str | None = None,
+    max_docs: int | None = None,
+    bin_dtype: str = "uint32",
+    train_layout: str = "shuffled",
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """Builds the data for `spec` (grammar in `gpn_jax.data.spec`).
+
+    Args:
+      spec: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]' or 'bin:PATH'.
+      vocab_size: the model's vocabulary; the tokenizer must match it exactly (for `bin:`
+        data without a tokenizer it must exceed the largest id).
+      seq_len, batch_size: window length T and global batch size B.
+      tokenizer_path: a SentencePiece model to use; else `<workdir>/tokenizer.model` is
+        loaded if present, or trained on the train split (and saved there if workdir is set).
+      heldout_fraction: the trailing fraction of the text (or tokens) held out.
+      seed: the training window shuffle seed.
+      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
+      data_dir: the tfds data directory (local or gs://).
+      text_field: the text field of jsonl / tfds examples (default 'text').
+      max_docs: read at most this many documents.
+      bin_dtype: 'uint16' or 'uint32' for `bin:` shards.
+      train_layout: 'shuffled', 'sequential' or 'streams' (see `windows`).
+      train_state: a `WindowIterator.get_state()` dict to resume from.
+      process_index, process_count: this host and the host count (each reads B/count rows).
+    """
+    source = parse_spec(spec)
+    if cache_dir is None and workdir:
+        cache_dir = os.path.join(workdir, "data_cache")
+    if source.kind == "bin":
+        parts = _bin_parts(
+            source.path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, cache_dir
+        )
+    else:
+        parts = _text_parts(
+            source,
+            vocab_size,
+            tokenizer_path,
+            heldout_fraction,
+            workdir,
+            cache_dir,
+            data_dir=data_dir,
+            text_field=text_field,
+            max_docs=max_docs,
+        )
+    return _assemble(
+        parts,
+        vocab_size,
+        seq_len,
+        batch_size,
+        heldout_fraction,
+        seed,
+        train_layout,
+        train_state,
+        process_index,
+        process_count,
+    )
+
+
+def _text_parts(source, vocab_size, tokenizer_path, heldout_fraction, workdir, cache_dir, **read):
+    docs, what = load_documents(source, **read)
+    train_docs, heldout_docs = split_documents(docs, heldout_fraction)
+    if not train_docs:
+        raise ValueError(f"no training text left after holding out {heldout_fraction} of {what}")
+    tokenizer, how = resolve_tokenizer(train_docs, vocab_size, tokenizer_path, workdir)
+    check_vocab(tokenizer, vocab_size)
+    train = cached_token_stream(train_docs, tokenizer, cache_dir, "train")
+    heldout = cached_token_stream(heldout_docs, tokenizer, cache_dir, "heldout")
+    return tokenizer, train, heldout, unigram_counts(train, vocab_size), f"{what}; tokenizer {how}"
+
+
+def resolve_tokenizer(train_docs, vocab_size, tokenizer_path, workdir) -> tuple[Tokenizer, str]:
+    """The given tokenizer, else the workdir's, else a new one trained on `train_docs`."""
+    if tokenizer_path:
+        return load_tokenizer(tokenizer_path), tokenizer_path
+    saved = os.path.join(workdir, TOKENIZER_FILE) if workdir else None
+    if saved and os.path.exists(saved):
+        return load_tokenizer(saved), saved
+    tokenizer = train_tokenizer(train_docs, vocab_size, saved)
+    return tokenizer, f"trained (vocab {vocab_size}){' -> ' + saved if saved else ''}"
+
+
+def _bin_parts(path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, cache_dir):
+    tokens = open_bin(path, bin_dtype)
+    if not len(tokens):
+        raise ValueError(f"empty corpus: the .bin shards in {path} hold no tokens")
+    cut = split_tokens(len(tokens), heldout_fraction)
+    train, heldout = tokens.view(0, cut), tokens.view(cut, len(tokens))
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if tokenizer:
+        check_vocab(tokenizer, vocab_size)
+    counts = _bin_counts(path, train, vocab_size, cache_dir, (0, cut))
+    _bin_counts(path, heldout, vocab_size, cache_dir, (cut, len(tokens)))  # checks the ids
+    shards = len(list_shards(path))
+    what = f"{path}: {shards} {bin_dtype} shard(s), {len(tokens):,} tokens"
+    return tokenizer, train, heldout, counts, f"{what}; tokenizer {tokenizer_path or 'none'}"
+
+
+def _bin_counts(path, tokens, vocab_size, cache_dir, span) -> np.ndarray:
+    if not cache_dir:
+        return unigram_counts(tokens, vocab_size)
+    stats = [(p, os.path.getsize(p), os.path.getmtime(p)) for p in list_shards(path)]
+    key = hashlib.sha256(repr((stats, span, vocab_size, str(tokens.dtype))).encode()).hexdigest()[
+        :20
+    ]
+    file = os.path.join(cache_dir, f"counts-{key}.npy")
+    if os.path.exists(file):
+        return np.load(file)
+    counts = unigram_counts(tokens, vocab_size)
+    atomic_save_npy(file, counts)
+    return counts
+
+
+def _assemble(
+    parts,
+    vocab_size,
+    seq_len,
+    batch_size,
+    heldout_fraction,
+    seed,
+    layout,
+    state,
+    process_index,
+    process_count,
+) -> Data:
+    tokenizer, train_tokens, heldout, counts, what = parts
+    hosts = dict(process_index=process_index, process_count=process_count)
+    train = WindowIterator(train_tokens, batch_size, seq_len, seed=seed, layout=layout, **hosts)
+    if state is not None:
+        train.set_state(state)
+    data = Data(
+        tokenizer,
+        train,
+        train_tokens,
+        heldout,
+        counts,
+        vocab_size,
+        seq_len,
+        batch_size,
+        tokenizer.eos_id if tokenizer else None,
+        "",
+        **hosts,
+    )
+    if heldout_fraction > 0:
+        _check_heldout(heldout, batch_size, seq_len, heldout_fraction)
+    data.description = (
+        f"{what}; train {len(train_tokens):,} tokens ({train.steps_per_epoch} steps/epoch of "
+        f"({batch_size}, {seq_len})), held-out {len(heldout):,} tokens"
+    )
+    return data
+
+
+def _check_heldout(heldout, batch_size, seq_len, heldout_fraction) -> None:
+    if len(heldout) < batch_size * seq_len:
+        raise ValueError(
+            f"held-out split too small: {len(heldout)} tokens available, one ({batch_size}, "
+            f"{seq_len}) batch needs {batch_size * seq_len}; raise heldout_fraction "
+            f"({heldout_fraction}), use more data, or set heldout_fraction=0"
+        )
