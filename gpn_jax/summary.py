@@ -1,6 +1,6 @@
 """Prints a config's parameter count (by group) and forward/training FLOPs per token.
 
-    python -m gpn_jax.summary --config=experiments/configs/gpn_m_1l_130m.py [--json]
+python -m gpn_jax.summary --config=experiments/configs/gpn_m_1l_130m.py [--json]
 """
 
 import json
@@ -20,7 +20,9 @@ def format_summary(s: dict) -> str:
     lines += [f"{g:<16}{n:>16,}" for g, n in s["params"]["groups"].items()]
     lines.append(f"{'total':<16}{s['params']['total']:>16,}")
     f = s["flops_per_token"]
-    lines.append(f"FLOPs/token (T={s['seq_len']}): forward {f['forward']:,}  training {f['train']:,}")
+    lines.append(
+        f"FLOPs/token (T={s['seq_len']}): forward {f['forward']:,}  training {f['train']:,}"
+    )
     return "\n".join(lines)
 
 

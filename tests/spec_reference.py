@@ -103,9 +103,10 @@ def run_sequence(params, tokens, state=None):
         logits.append(lg)
         ces.append(-log_softmax(lg)[x])
         gp = p64["ground"]
-        s_new = sigmoid(norm(p, gp["gate_norm"]) @ gp["gate_w"] + gp["gate_b"]) * p + norm(
-            p64["embed"][x], gp["emb_norm"]
-        ) @ gp["fuse"]
+        s_new = (
+            sigmoid(norm(p, gp["gate_norm"]) @ gp["gate_w"] + gp["gate_b"]) * p
+            + norm(p64["embed"][x], gp["emb_norm"]) @ gp["fuse"]
+        )
         s, s_prev, M = s_new, s, M_new
     return np.stack(logits), np.array(ces), (s, s_prev, M)
 

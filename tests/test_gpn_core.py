@@ -117,7 +117,9 @@ def test_remat_changes_neither_loss_nor_gradients(segment):
 def test_remat_segment_must_divide_sequence_length():
     model = GPN(tiny(remat_segment=3))
     params = model.init(jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match="sequence length 8 is not divisible by the remat segment 3"):
+    with pytest.raises(
+        ValueError, match="sequence length 8 is not divisible by the remat segment 3"
+    ):
         model.loss(params, tokens())
 
 
@@ -170,8 +172,14 @@ def test_weight_decay_mask_is_matrices_only():
     mask = model.weight_decay_mask(p)
     flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(mask)}
     assert flat["['embed']"] and flat["['layer_0']['w1']"] and flat["['write']['wk']"]
-    for key in ("['write']['A_log']", "['write']['dt_bias']", "['decode']['bias']",
-                "['layer_0']['ffn_norm']", "['layer_0']['bq']", "['ground']['gate_b']"):
+    for key in (
+        "['write']['A_log']",
+        "['write']['dt_bias']",
+        "['decode']['bias']",
+        "['layer_0']['ffn_norm']",
+        "['layer_0']['bq']",
+        "['ground']['gate_b']",
+    ):
         assert not flat[key], key
 
 

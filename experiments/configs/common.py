@@ -14,7 +14,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()  # filled by each experiment: family + its fields
 
     c.data = ml_collections.ConfigDict()
-    c.data.source = "embedded"  # embedded | <path to .txt/.jsonl file or dir> | tfds:<name> | bin:<dir>
+    c.data.source = (
+        "embedded"  # embedded | <path to .txt/.jsonl file or dir> | tfds:<name> | bin:<dir>
+    )
     c.data.data_dir = ""  # tfds data_dir (local or gs://)
     c.data.tokenizer_path = ""  # existing sentencepiece .model; empty: train one into the workdir
     c.data.heldout_fraction = 0.05  # share of documents held out (never read by training)
@@ -57,7 +59,13 @@ def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.C
     m = c.model
     m.vocab_size = 2048
     m.d_model = min(m.d_model, 128)
-    for field, size in (("d_emb", 64), ("d_ffn", 256), ("n_heads", 2), ("d_key", 16), ("d_value", 32)):
+    for field, size in (
+        ("d_emb", 64),
+        ("d_ffn", 256),
+        ("n_heads", 2),
+        ("d_key", 16),
+        ("d_value", 32),
+    ):
         if field in m and m[field]:
             m[field] = min(m[field], size)
     if "n_layers" in m:

@@ -78,7 +78,9 @@ def cross_entropy_sum(
     def body(total, px):
         return total + chunk_ce(*px), None
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (_chunks(p_TxBxD, c), _chunks(targets_TxB, c)))
+    total, _ = jax.lax.scan(
+        body, jnp.zeros((), jnp.float32), (_chunks(p_TxBxD, c), _chunks(targets_TxB, c))
+    )
     return total
 
 
@@ -92,4 +94,3 @@ def per_token_cross_entropy(params: gpn.Params, p_TxBxD: Array, targets_TxB: Arr
 
     _, ce = jax.lax.scan(body, None, (_chunks(p_TxBxD, c), _chunks(targets_TxB, c)))
     return ce.reshape(targets_TxB.shape)
-

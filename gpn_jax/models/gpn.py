@@ -70,7 +70,10 @@ class _Params(nn.Module):
     cfg: GPNConfig
 
     def _group(self, name: str, specs: dict) -> dict:
-        return {k: self.param(f"{name}/{k}" if name else k, init, shape) for k, (init, shape) in specs.items()}
+        return {
+            k: self.param(f"{name}/{k}" if name else k, init, shape)
+            for k, (init, shape) in specs.items()
+        }
 
     @nn.compact
     def __call__(self):
@@ -219,7 +222,9 @@ class GPN:
         macs = e * d + d * d + d * e + e * v  # ground (fuse + gate), decode
         per_layer = d * 2 * f + f * d + d * d
         if c.memory:
-            macs += d * (hk + hu + 2 * h) + 2 * h * c.d_key * c.d_value  # write: projections, kM, kv^T
+            macs += (
+                d * (hk + hu + 2 * h) + 2 * h * c.d_key * c.d_value
+            )  # write: projections, kM, kv^T
             per_layer += d * (hk + hu) + hu * d + h * c.d_key * c.d_value  # read
         macs += c.n_layers * per_layer
         return {"forward": 2 * macs, "train": 6 * macs}

@@ -1,0 +1,66 @@
+"""Paper configs land at 130M; the summary command prints the counts."""
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpn_jax.models import accounting, factory
+
+
+def load(name, arg=None):
+    return importlib.import_module(f"experiments.configs.{name}").get_config(arg)
+
+
+def test_gpn_m_1l_parameter_count_is_pinned():
+    # The paper's stated sizes; a change here means the model no longer matches SPEC's table.
+    counts = accounting.param_counts(factory.build_model(load("gpn_m_1l_130m").model))
+    assert counts["total"] == 129_151_902
+    assert counts["groups"]["embed"] == 32_000 * 768
+
+
+@pytest.mark.parametrize("name", ["gpn_m_1l_130m", "gpn_m_2l_130m", "gpn_1l_130m"])
+def test_paper_configs_are_within_3_percent_of_130m(name):
+    total = accounting.param_counts(factory.build_model(load(name).model))["total"]
+    assert abs(total / 130e6 - 1) <= 0.03, total
+
+
+def test_memory_cells_match_spec_table():
+    m1, m2 = load("gpn_m_1l_130m").model, load("gpn_m_2l_130m").model
+    assert m1.n_heads * m1.d_key * m1.d_value == 491_520
+    assert abs(m2.n_heads * m2.d_key * m2.d_value - 360_000) < 1000
+
+
+def test_cpu_variant_shrinks_any_config():
+    c = load("gpn_m_1l_130m", "cpu")
+    assert c.model.d_model <= 128 and c.train.seq_len == 128
+    with pytest.raises(ValueError, match="unknown config variant"):
+        load("gpn_m_1l_130m", "gpu")
+
+
+def test_unknown_model_field_is_rejected():
+    c = load("gpn_m_tiny")
+    c.model.unlock()
+    c.model.d_modle = 3
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['d_modle'\]"):
+        factory.build_model(c.model)
+
+
+def test_summary_command_json():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpn_jax.summary",
+            "--config=experiments/configs/gpn_m_1l_130m.py",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    s = json.loads(out)
+    assert s["params"]["total"] == 129_151_902
+    assert s["flops_per_token"]["train"] == 3 * s["flops_per_token"]["forward"]

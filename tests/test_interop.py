@@ -1,0 +1,128 @@
+"""Round trip with the paper code's checkpoint pickle layout (names as in its sot_m / sot models)."""
+
+import pickle
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from gpn_jax.interop import paper_checkpoint
+from gpn_jax.models.gpn import GPN
+from tests.test_gpn_core import random_params, tiny, tokens
+
+# Parameter names the paper's Flax modules declare (read off its sot_m / sot model files).
+PAPER_SOT_M_SHARED = {
+    "embedding",
+    "decode_norm_w",
+    "decode_proj_k",
+    "fuse_norm_w",
+    "fuse_proj_k",
+    "fg_norm_w",
+    "fg_gate_k",
+    "fg_gate_b",
+    "write_norm_w",
+    "write_W_k_k",
+    "write_W_k_b",
+    "write_W_v_k",
+    "write_W_beta_k",
+    "write_A_log",
+    "write_dt_bias",
+    "write_W_a_k",
+}
+PAPER_LAYER = {
+    "ffn_norm_w",
+    "ffn_w1_k",
+    "ffn_w2_k",
+    "pg_norm_w",
+    "pg_gate_k",
+    "pg_gate_b",
+    "read_norm_w",
+    "read_W_q_k",
+    "read_W_q_b",
+    "read_W_gate_k",
+    "read_out_norm_w",
+    "read_W_o_k",
+}
+PAPER_SOT = {
+    "embedding",
+    "decode_norm_w",
+    "decode_proj_k",
+    "ffn_norm_w",
+    "ffn_w1_k",
+    "ffn_w2_k",
+    "pg_norm_w",
+    "pg_gate_k",
+    "pg_gate_b",
+    "fuse_norm_w",
+    "fuse_proj_k",
+    "fg_norm_w",
+    "fg_gate_k",
+    "fg_gate_b",
+}
+
+
+def paper_optimizer(params):
+    """The paper trainer's optimiser chain, built on its own (paper-named) parameter dict."""
+    mask = jax.tree.map(lambda x: x.ndim >= 2, params)
+    sched = optax.warmup_cosine_decay_schedule(0.0, 6e-4, 100, 10_000, 6e-5)
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.1, mask=mask)
+    )
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_paper_names_for_gpn_m(n_layers):
+    params = GPN(tiny(n_layers=n_layers)).init(jax.random.PRNGKey(0))
+    layers = {f"L{i}_{n}" for i in range(n_layers) for n in PAPER_LAYER}
+    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
+
+
+def test_paper_names_for_gpn_without_memory():
+    params = GPN(tiny(memory=False, n_heads=0, d_key=0, d_value=0)).init(jax.random.PRNGKey(0))
+    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_load_a_paper_pickle_and_round_trip(tmp_path, memory):
+    kw = {} if memory else dict(memory=False, n_heads=0, d_key=0, d_value=0)
+    model = GPN(tiny(n_layers=1 if not memory else 2, **kw))
+    ours = random_params(model)
+    # A pickle as the paper's trainer writes it: its names, its optimiser, numpy leaves.
+    paper_params = paper_checkpoint.to_paper_params(ours)
+    opt = paper_optimizer(paper_params)
+    opt_state = opt.init(paper_params)
+    grads = jax.tree.map(np.ones_like, paper_params)
+    _, opt_state = opt.update(grads, opt_state, paper_params)
+    ckpt = {
+        "step": 7,
+        "data_position": 21,
+        "params": paper_params,
+        "opt_state": jax.tree.map(np.asarray, opt_state),
+    }
+    (tmp_path / "run_7").mkdir()
+    with open(tmp_path / "run_7" / "checkpoint.pkl", "wb") as f:
+        pickle.dump(ckpt, f)
+
+    loaded = paper_checkpoint.load(str(tmp_path / "run_7"))
+    assert (loaded["step"], loaded["data_position"]) == (7, 21)
+    jax.tree.map(np.testing.assert_array_equal, loaded["params"], jax.device_get(ours))
+    x = tokens()
+    np.testing.assert_array_equal(model.loss(loaded["params"], x)[0], model.loss(ours, x)[0])
+    # Moments are keyed by our names now, in the structure our own optimiser would build.
+    our_state = paper_optimizer(ours).init(ours)
+    assert jax.tree.structure(loaded["opt_state"]) == jax.tree.structure(our_state)
+
+    out = paper_checkpoint.save(
+        str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21
+    )
+    with open(out, "rb") as f:
+        again = pickle.load(f)
+    assert set(again["params"]) == set(paper_params)
+    jax.tree.map(np.testing.assert_array_equal, again["params"], paper_params)
+    jax.tree.map(np.testing.assert_array_equal, again["opt_state"], ckpt["opt_state"])
+
+
+def test_unknown_paper_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown parameter 'L0_mystery'"):
+        paper_checkpoint.from_paper_params({"L0_mystery": np.zeros(3)})
