@@ -16,7 +16,9 @@ V, D, L, H, F, S = 64, 32, 2, 4, 48, 16
 
 
 def make(**kw) -> Transformer:
-    args = dict(vocab_size=V, d_model=D, n_layers=L, n_heads=H, d_ffn=F, max_seq_len=S, loss_chunk=4)
+    args = dict(
+        vocab_size=V, d_model=D, n_layers=L, n_heads=H, d_ffn=F, max_seq_len=S, loss_chunk=4
+    )
     return Transformer(TransformerConfig(**(args | kw)))
 
 
@@ -159,7 +161,15 @@ def test_weight_decay_mask_and_flops(model_params):
 
 def test_factory_builds_transformer():
     m = build_model(
-        dict(family="transformer", vocab_size=V, d_model=D, n_layers=1, n_heads=2, d_ffn=F, max_seq_len=8)
+        dict(
+            family="transformer",
+            vocab_size=V,
+            d_model=D,
+            n_layers=1,
+            n_heads=2,
+            d_ffn=F,
+            max_seq_len=8,
+        )
     )
     assert isinstance(m, Transformer) and m.config.n_layers == 1
 

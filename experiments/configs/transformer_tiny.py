@@ -25,7 +25,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
     c.train.update(
-        dict(batch_size=4, seq_len=32, steps=20, warmup_steps=5, learning_rate=3e-3, log_every=5,
-             eval_every=10, eval_batches=2, checkpoint_every=10)
+        dict(
+            batch_size=4,
+            seq_len=32,
+            steps=20,
+            warmup_steps=5,
+            learning_rate=3e-3,
+            log_every=5,
+            eval_every=10,
+            eval_batches=2,
+            checkpoint_every=10,
+        )
     )
     return common.apply_arg(c, arg)

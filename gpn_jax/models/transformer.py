@@ -43,7 +43,7 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Sizes and training-scale switches of a Transformer++ model (switches never change the math)."""
+    """Sizes and training-scale switches of a Transformer++ (switches never change the math)."""
 
     vocab_size: int
     d_model: int
@@ -102,7 +102,9 @@ class _Params(nn.Module):
                 "w1": (lecun, (d, 2 * f)),  # [gate | up]
                 "w2": (out_init, (f, d)),
             }
-            tree[f"layer_{i}"] = {k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()}
+            tree[f"layer_{i}"] = {
+                k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
+            }
         tree["final_norm"] = self.param("final_norm", ones, (d,))
         if not c.tie_embeddings:
             tree["head"] = self.param("head", lecun, (d, v))
@@ -229,14 +231,18 @@ class Transformer:
             return optax.softmax_cross_entropy_with_integer_labels(head_logits(cp, h, tie), x)
 
         if per_token:
-            _, ce = jax.lax.scan(lambda _, hx: (None, chunk_ce(*hx)), None, (chunks(h_BxTxD), chunks(tokens_BxT)))
+            _, ce = jax.lax.scan(
+                lambda _, hx: (None, chunk_ce(*hx)), None, (chunks(h_BxTxD), chunks(tokens_BxT))
+            )
             return ce.reshape(T, -1)
         body = lambda tot, hx: (tot + chunk_ce(*hx).sum(), None)
-        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (chunks(h_BxTxD), chunks(tokens_BxT)))
+        total, _ = jax.lax.scan(
+            body, jnp.zeros((), jnp.float32), (chunks(h_BxTxD), chunks(tokens_BxT))
+        )
         return total
 
     def loss(self, params, tokens_BxT, carry=None):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics)); carry passes through."""
+        """Mean CE over all B*T positions. Returns (loss, (carry, metrics)); carry passes as is."""
         h, cp = self.hidden(params, tokens_BxT)
         loss = self._chunked(cp, h, tokens_BxT, per_token=False) / tokens_BxT.size
         return loss, (carry, {"loss": loss})
@@ -246,7 +252,7 @@ class Transformer:
         return self._chunked(cp, h, tokens_BxT, per_token=True).T, carry
 
     def logits(self, params, tokens_BxT, carry=None):
-        """Full (B, T, V) float32 logits (short windows only); logits[:, t] predicts tokens[:, t]."""
+        """Full (B, T, V) float32 logits (short windows only); logits[:, t] predicts token t."""
         h, cp = self.hidden(params, tokens_BxT)
         return head_logits(cp, h, self.config.tie_embeddings), carry
 
@@ -265,8 +271,12 @@ class Transformer:
         for i in range(c.n_layers):
             lp = cp[f"layer_{i}"]
             q, k, v = qkv(lp, x, pos[None], c)
-            K = jax.lax.dynamic_update_slice(state["k"][i], k.astype(state["k"].dtype), (0, pos, 0, 0))
-            V = jax.lax.dynamic_update_slice(state["v"][i], v.astype(state["v"].dtype), (0, pos, 0, 0))
+            K = jax.lax.dynamic_update_slice(
+                state["k"][i], k.astype(state["k"].dtype), (0, pos, 0, 0)
+            )
+            V = jax.lax.dynamic_update_slice(
+                state["v"][i], v.astype(state["v"].dtype), (0, pos, 0, 0)
+            )
             att = jax.nn.dot_product_attention(q, K, V, mask=valid)
             x = x + mm(att.reshape(B, 1, c.d_model), lp["wo"])
             x = x + swiglu(lp, x)
@@ -284,7 +294,11 @@ class Transformer:
         cp = self._compute_params(params)
         shape = (c.n_layers, batch_size, c.max_seq_len, c.n_heads, c.head_dim)
         dt = jnp.dtype(c.compute_dtype)
-        state = {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "pos": jnp.zeros((), jnp.int32)}
+        state = {
+            "k": jnp.zeros(shape, dt),
+            "v": jnp.zeros(shape, dt),
+            "pos": jnp.zeros((), jnp.int32),
+        }
         return self._decode_token(cp, state, jnp.full((batch_size,), c.bos_id, jnp.int32))
 
     def decode_step(self, params, state, token_B):
