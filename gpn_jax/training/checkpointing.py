@@ -56,10 +56,18 @@ def _prepare_directory(workdir: str | os.PathLike) -> str:
             pass
     except OSError as e:
         raise CheckpointError(
-            f"checkpoint directory {directory} is not usable: "
-            f"{type(e).__name__}: {e.strerror or e}"
+            f"checkpoint directory {directory} is not usable: {type(e).__name__}: {e.strerror or e}"
         ) from None
     return directory
+
+
+def _remove_unfinished(directory: str) -> None:
+    """Deletes tmp dirs left by killed saves (orbax never lists them as steps)."""
+    if jax.process_index() != 0:
+        return
+    for tmp in ocp.path.step.all_temporary_paths(directory):
+        log.warning("removing unfinished checkpoint %s (interrupted save)", tmp.get())
+        tmp.get().rmtree()
 
 
 def _preservation_policy(keep, keep_best, best_metric, best_mode):
@@ -117,6 +125,9 @@ class Checkpointer:
         best_metric: Key in the `metrics` dict passed to `save`.
         best_mode: 'min' or 'max'.
         async_save: If True, `save` returns once arrays are copied to host.
+        cleanup_tmp: Delete leftover tmp dirs of killed saves at construction.
+            Set False in processes that only read a directory another process
+            may be saving into (e.g. an evaluator), or they would break its save.
 
     Raises:
         CheckpointError: If the directory is not usable.
@@ -130,10 +141,15 @@ class Checkpointer:
         best_metric: str = "heldout_loss",
         best_mode: str = "min",
         async_save: bool = True,
+        cleanup_tmp: bool = True,
     ):
         if best_mode not in ("min", "max"):
             raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
         self.directory = _prepare_directory(workdir)
+        if cleanup_tmp:
+            # Done here, synchronously, rather than by orbax's background
+            # `cleanup_tmp_directories` thread, so it cannot race restore/close.
+            _remove_unfinished(self.directory)
         self.best_metric = best_metric
         self._track_best = keep_best is not None
         options = ocp.CheckpointManagerOptions(
@@ -142,8 +158,6 @@ class Checkpointer:
             best_mode=best_mode,
             preservation_policy=_preservation_policy(keep, keep_best, best_metric, best_mode),
             enable_async_checkpointing=async_save,
-            # Remove `<step>.orbax-checkpoint-tmp` leftovers of killed saves.
-            cleanup_tmp_directories=True,
             create=True,
         )
         handlers = {"state": ocp.StandardCheckpointHandler()}
@@ -170,6 +184,9 @@ class Checkpointer:
             meta: JSON-able extras.
             metrics: Optional scalars; `best_metric` ranks steps for keep_best.
             force: Save even if orbax's save-interval policy says no.
+
+        Returns:
+            False if orbax skipped the step (e.g. a step >= `step` exists).
         """
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -180,11 +197,14 @@ class Checkpointer:
         metrics = _json_safe(metrics)
         # Steps lacking the metric are not ranked (orbax treats None as "none").
         ranked = metrics if self._track_best and self.best_metric in metrics else None
-        return bool(self._mngr.save(step, args=args, metrics=ranked, force=force))
+        started = bool(self._mngr.save(step, args=args, metrics=ranked, force=force))
+        latest = self.latest_step()
+        if not started and latest is not None and latest >= step:
+            # orbax never saves at or behind its newest step; say so loudly.
+            log.warning("step %d not saved: checkpoint step %d already exists", step, latest)
+        return started
 
-    def restore(
-        self, target: Any, step: int | None = None
-    ) -> tuple[int, Any, dict, dict, dict]:
+    def restore(self, target: Any, step: int | None = None) -> tuple[int, Any, dict, dict, dict]:
         """Restores one step onto `target`'s structure, dtypes and shardings.
 
         Args:
@@ -210,11 +230,17 @@ class Checkpointer:
         out = self._mngr.restore(step, args=args)
         return step, out["state"], out["data"], out["config"], out["meta"]
 
-    def restore_latest_good(self, target: Any) -> tuple[int, Any, dict, dict, dict]:
+    def restore_latest_good(
+        self, target: Any, quarantine: bool = False
+    ) -> tuple[int, Any, dict, dict, dict]:
         """Restores the newest step that reads cleanly, warning on each bad one.
 
         Args:
             target: As for `restore`.
+            quarantine: Rename unreadable steps newer than the restored one to
+                `<step>.unreadable-<n>` (kept for inspection, invisible to
+                orbax). A resuming trainer wants this, or orbax refuses to
+                save those steps again; readers should leave it False.
 
         Returns:
             As for `restore`.
@@ -223,17 +249,38 @@ class Checkpointer:
             CheckpointError: If no step could be restored.
         """
         self.wait_until_finished()
-        failures = []
+        failures, bad = [], []
         for step in sorted(self.all_steps(), reverse=True):
             try:
-                return self.restore(target, step)
+                restored = self.restore(target, step)
             # Broad on purpose: tensorstore/orbax/json raise many error types.
             except Exception as e:  # noqa: BLE001
                 reason = _one_line(e)
                 log.warning("checkpoint step %d unreadable, falling back: %s", step, reason)
                 failures.append(f"step {step}: {reason}")
+                bad.append(step)
+                continue
+            if quarantine and bad:
+                self._quarantine(bad)
+            return restored
         detail = "; ".join(failures) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
+
+    def _quarantine(self, steps: list[int]) -> None:
+        """Moves step dirs aside under names orbax does not parse as steps."""
+        if jax.process_index() == 0:
+            for step in steps:
+                src = os.path.join(self.directory, str(step))
+                n = 0
+                while os.path.exists(dst := f"{src}.unreadable-{n}"):
+                    n += 1
+                os.rename(src, dst)
+                log.warning("moved unreadable checkpoint %s to %s", src, dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("gpn_jax_checkpoint_quarantine")
+        self._mngr.reload()
 
     def latest_step(self) -> int | None:
         """Newest finalized step (tmp dirs of unfinished saves are ignored)."""
