@@ -10,8 +10,8 @@ Each step directory `<workdir>/checkpoints/<step>/` holds four orbax items:
 Atomicity comes from orbax: on local/posix filesystems a step is written to
 ``<step>.orbax-checkpoint-tmp`` and renamed to ``<step>`` only once every item
 is committed; step discovery skips names containing ``.orbax-checkpoint-tmp``
-(on GCS a ``commit_success.txt`` marker is required instead). A killed save
-therefore never shows up as a step. Damage *after* finalisation (truncated or
+(``commit_success.txt`` is also written but only checked on GCS, where it
+replaces the rename). A killed save therefore never shows up as a step. Damage *after* finalisation (truncated or
 deleted files) is only found when reading, which `restore_latest_good` handles.
 """
 
@@ -117,6 +117,8 @@ def _json_safe(tree: Mapping[str, Any] | None) -> dict:
 
 class Checkpointer:
     """Saves/restores training checkpoints with keep-N/keep-best retention.
+
+    Local/posix paths only (directory checks and quarantine use `os`).
 
     Args:
         workdir: Run directory; checkpoints go to `<workdir>/checkpoints`.
