@@ -78,7 +78,12 @@ def test_set_state_rejects_other_geometry():
 def test_host_shards_union_is_the_global_batch(count, layout):
     whole = take(WindowIterator(TOKENS, B, T, seed=5, layout=layout), 7)
     hosts = [
-        take(WindowIterator(TOKENS, B, T, seed=5, layout=layout, process_index=p, process_count=count), 7)
+        take(
+            WindowIterator(
+                TOKENS, B, T, seed=5, layout=layout, process_index=p, process_count=count
+            ),
+            7,
+        )
         for p in range(count)
     ]
     for step, batch in enumerate(whole):
