@@ -17,15 +17,22 @@ def open_tfds(name: str, split: str = "train", data_dir: str | None = None):
     """The random-access data source of `name`'s `split`. Raises a one-line ValueError."""
     import tensorflow_datasets as tfds
 
+    where = f"tfds dataset {name!r} split {split!r} (data_dir={data_dir!r})"
+    fix = _HOW_TO_FIX.format(name=name)
     try:
-        return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-    except Exception as e:  # tfds raises many types (not found, wrong format, bad split).
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        fix = _HOW_TO_FIX.format(name=name)
-        raise ValueError(
-            f"tfds dataset {name!r} split {split!r} unavailable in data_dir={data_dir!r}: "
-            f"{reason} -- {fix}"
-        ) from None
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # tfds raises many types (not found, bad config, ...).
+        raise ValueError(f"{where} unavailable: {_first_line(e)} -- {fix}") from None
+    if not builder.is_prepared():
+        raise ValueError(f"{where} is not prepared in {builder.data_dir} -- {fix}")
+    try:
+        return builder.as_data_source(split=split)
+    except Exception as e:  # wrong file format, unknown split, ...
+        raise ValueError(f"{where} unreadable: {_first_line(e)} -- {fix}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def iter_tfds_documents(

@@ -1,5 +1,8 @@
 """Spec parsing and document sources: embedded, .txt/.jsonl files and dirs, tfds, .bin."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -110,6 +113,18 @@ def test_tfds_array_record_round_trip(tmp_path):
     spec = parse_spec(f"tfds:{builder.name}:train[:3]")
     got, what = load_documents(spec, data_dir=str(tmp_path))
     assert got == docs[:3] and "3 docs" in what
+
+
+def test_tfds_prepared_dataset_reads_without_its_builder_code(tmp_path):
+    """Like c4 / lm1b here: the builder class is not importable, only the prepared files."""
+    tfds.disable_progress_bar()
+    TinyGpnText(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    code = (
+        "from gpn_jax.data.tfds_source import iter_tfds_documents as f; "
+        f"print(sorted(f('tiny_gpn_text', 'test', {str(tmp_path)!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['document number 0 é', 'document number 1 é']"
 
 
 def test_tfds_unknown_dataset_is_one_line_error(tmp_path):
