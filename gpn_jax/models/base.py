@@ -37,8 +37,10 @@ class LanguageModel(Protocol):
     def logits(self, params: Params, tokens: Array, carry: Carry = None):
         """Full (B, T, V) logits and the new carry (evaluation on short windows only)."""
 
-    def start_decode(self, params: Params, carry: Carry) -> tuple[Array, DecodeState]:
-        """Logits (B, V) of the next token after `carry`, and the decoding state."""
+    def start_decode(
+        self, params: Params, carry: Carry = None, batch_size: int = 1
+    ) -> tuple[Array, DecodeState]:
+        """Logits (B, V) of the next token after `carry` (None: `batch_size` fresh sequences)."""
 
     def decode_step(self, params: Params, state: DecodeState, token: Array):
         """Observe `token` (B,); return logits (B, V) of the following token and the new state."""

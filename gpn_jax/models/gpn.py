@@ -201,7 +201,8 @@ class GPN:
     # ------------------------------------------------------------------ decoding
     # The decoding state is (carry with the memory already written for the next token, p):
     # the step rotated so that each call ends on a prediction. O(1) in context length.
-    def start_decode(self, params, carry: GPNCarry):
+    def start_decode(self, params, carry: GPNCarry | None = None, batch_size: int = 1):
+        carry = self.init_state(batch_size) if carry is None else carry
         cp = self._compute_params(params)
         M, out = gpn.predict(cp, carry)
         return gpn.decode(cp, out.p), (GPNCarry(carry.s, carry.s_prev, M), out.p)

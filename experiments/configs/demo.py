@@ -1,0 +1,48 @@
+"""The main job's demo: a small GPN+M trained on the embedded corpus on 2 CPU cores.
+
+    python -m gpn_jax.train --config=experiments/configs/demo.py --workdir=/tmp/gpn_demo
+
+Data: the English documentation text every CPython ships (`pydoc_data`), no download;
+SentencePiece vocab 2048 trained on its training split. Expected (2 CPU cores): see README.
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = common.base_config()
+    c.model = ml_collections.ConfigDict(
+        dict(
+            family="gpn",
+            vocab_size=2048,
+            d_model=256,
+            d_emb=128,
+            d_ffn=512,
+            n_heads=4,
+            d_key=32,
+            d_value=64,
+            n_layers=1,
+            memory=True,
+            decoder_bias=False,
+            compute_dtype="float32",
+            remat_segment=0,
+            loss_chunk=64,
+        )
+    )
+    c.train.update(
+        dict(
+            batch_size=16,
+            seq_len=128,
+            steps=600,
+            warmup_steps=50,
+            learning_rate=3e-3,
+            log_every=10,
+            eval_every=200,
+            eval_batches=8,
+            checkpoint_every=100,
+            final_eval_batches=0,
+        )
+    )
+    return common.apply_arg(c, arg)

@@ -1,0 +1,376 @@
+"""Gated DeltaNet baseline: parameter declaration (Flax linen) plus the model's pure entry points.
+
+Architecture (the layer of flash-linear-attention's `GatedDeltaNet`): token embedding, then
+`n_layers` pre-norm blocks
+
+    x = x + Wo · (rms_head(o) * w_o * silu(Wg · n)),   n = rms(x)               token mixer
+        q, k, v = silu(conv4(Wq · n)), silu(conv4(Wk · n)), silu(conv4(Wv · n))  depthwise causal
+        q, k    = l2n(q) per head, l2n(k) per head;  beta = sigmoid(Wb · n)
+        g       = -exp(A_log) * softplus(Wa · n + dt_bias)                     log-decay <= 0
+        o       = gated delta rule(q, k, v, beta, g), query scale d_key^-1/2   (core.gated_delta)
+    x = x + W2 · (silu(gate) * up),   [gate | up] = W1 · rms(x)                   SwiGLU MLP
+
+then a final RMSNorm and the LM head (the transposed embedding when `tie_embeddings`, else a
+separate (d, V) matrix). No biases. Heads: H = n_heads, K = d_key (q/k), U = d_value (v); the
+output RMSNorm is per head with one (U,) weight shared by the heads.
+
+Initialisation (our choice, documented here, as for Transformer++):
+  * embedding N(0, 0.02); input projections (Wq, Wk, Wv, Wa, Wb, Wg, W1, untied head)
+    LeCun-normal; output projections (Wo, W2) N(0, 0.02 / sqrt(2 * n_layers));
+  * short-convolution filters U(-1/sqrt(w), 1/sqrt(w)), w = conv_size (PyTorch's Conv1d
+    default for a depthwise filter);
+  * A_log and dt_bias as GPN+M's memory write (`gpn_jax.models.gpn.a_log_init`, `dt_bias_init`);
+  * norm weights ones.
+
+Window convention (see `gpn_jax.models.base`): position t of `tokens` is predicted from the
+carry plus `tokens[:, :t]`; the model reads `[carry.last_token, tokens[:, :-1]]`, and a fresh
+carry's `last_token` is `bos_id`. The carry also holds, per layer, the last `conv_size - 1`
+pre-convolution q/k/v projections and the delta-rule state S (B, H, K, U), so a window of 2T
+equals two windows of T with the carry passed on.
+
+Numerics follow `gpn_jax.core.norms`: matrices are cast once to `compute_dtype`, matmuls
+accumulate in float32; the residual stream, norms, convolution and the delta rule (state
+included) are float32. Training uses the chunkwise-parallel delta rule (`chunk_size`);
+`chunk_size=0` selects the token-by-token recurrent form (same math; a reference), which
+decoding always uses.
+"""
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from gpn_jax.core import gated_delta
+from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
+from gpn_jax.core.window import chunk_size as loss_chunk_size
+from gpn_jax.models.gpn import a_log_init, dt_bias_init
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNConfig:
+    """Sizes and training-scale switches of a Gated DeltaNet (switches never change the math)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_key: int  # head width of q and k
+    d_value: int  # head width of v (and of the output gate)
+    d_ffn: int  # SwiGLU hidden width (W1 is (d, 2 * d_ffn))
+    conv_size: int = 4  # depthwise causal short-convolution kernel on q, k, v
+    tie_embeddings: bool = True
+    bos_id: int = 1
+    compute_dtype: str = "float32"  # matmul dtype; residual, norms, conv, delta rule stay float32
+    chunk_size: int = 64  # chunk length of the chunked delta rule; 0: recurrent form
+    loss_chunk: int = 128  # positions decoded to logits at once in the loss
+    remat: bool = False  # rematerialise each block in the backward pass
+
+    def __post_init__(self):
+        if min(self.n_heads, self.d_key, self.d_value, self.d_ffn, self.d_model) <= 0:
+            raise ValueError("d_model, n_heads, d_key, d_value and d_ffn must be > 0")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        if self.conv_size < 1:
+            raise ValueError(f"conv_size must be >= 1, got {self.conv_size}")
+        if self.chunk_size < 0:
+            raise ValueError(f"chunk_size must be >= 0, got {self.chunk_size}")
+        if not 0 <= self.bos_id < self.vocab_size:
+            raise ValueError(f"bos_id {self.bos_id} outside the vocabulary")
+        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+
+    @property
+    def d_qk(self) -> int:
+        return self.n_heads * self.d_key
+
+    @property
+    def d_v(self) -> int:
+        return self.n_heads * self.d_value
+
+    @property
+    def d_conv(self) -> int:
+        """Channels of the short convolution: [q | k | v]."""
+        return 2 * self.d_qk + self.d_v
+
+
+class GDNCarry(NamedTuple):
+    """What crosses windows. `conv[i]` (B, conv_size - 1, d_conv): layer i's last pre-conv
+    [q | k | v] projections; `S[i]` (B, H, K, U): layer i's delta-rule state; `last_token` (B,)
+    int32: the token the next window reads first (`bos_id` for a fresh sequence)."""
+
+    conv: tuple
+    S: tuple
+    last_token: Array
+
+
+class GDNDecodeState(NamedTuple):
+    """Decoding state: the carry's per-layer conv and delta states after reading every observed
+    token (unlike `GDNCarry`, nothing is left to read)."""
+
+    conv: tuple
+    S: tuple
+
+
+# ----------------------------------------------------------------------------- parameters
+lecun = nn.initializers.lecun_normal()
+ones = nn.initializers.ones
+small = nn.initializers.normal(stddev=0.02)
+
+
+class _Params(nn.Module):
+    """Declares Gated DeltaNet parameters; `__call__` only returns the nested dict."""
+
+    cfg: GDNConfig
+
+    @nn.compact
+    def __call__(self):
+        c = self.cfg
+        d, f, v, h = c.d_model, c.d_ffn, c.vocab_size, c.n_heads
+        out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
+        bound = 1.0 / math.sqrt(c.conv_size)
+        conv_init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+            key, shape, dtype, -bound, bound
+        )
+        tree = {"embed": self.param("embed", small, (v, d))}
+        for i in range(c.n_layers):
+            specs = {
+                "attn_norm": (ones, (d,)),
+                "wq": (lecun, (d, c.d_qk)),
+                "wk": (lecun, (d, c.d_qk)),
+                "wv": (lecun, (d, c.d_v)),
+                "conv_q": (conv_init, (c.conv_size, c.d_qk)),
+                "conv_k": (conv_init, (c.conv_size, c.d_qk)),
+                "conv_v": (conv_init, (c.conv_size, c.d_v)),
+                "wb": (lecun, (d, h)),
+                "wa": (lecun, (d, h)),
+                "A_log": (a_log_init, (h,)),
+                "dt_bias": (dt_bias_init, (h,)),
+                "wg": (lecun, (d, c.d_v)),
+                "o_norm": (ones, (c.d_value,)),
+                "wo": (out_init, (c.d_v, d)),
+                "mlp_norm": (ones, (d,)),
+                "w1": (lecun, (d, 2 * f)),  # [gate | up]
+                "w2": (out_init, (f, d)),
+            }
+            tree[f"layer_{i}"] = {
+                k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
+            }
+        tree["final_norm"] = self.param("final_norm", ones, (d,))
+        if not c.tie_embeddings:
+            tree["head"] = self.param("head", lecun, (d, v))
+        return tree
+
+
+def _nest(flat: dict) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *outer, leaf = key.split("/")
+        node = out
+        for k in outer:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return out
+
+
+def weight_decay_mask(params) -> dict:
+    """Decay the matrices (embedding, projections, head) only. Never the norm weights, A_log,
+    dt_bias, nor the depthwise convolution filters (per-channel filters, not matrices)."""
+
+    def decays(path, p):
+        name = getattr(path[-1], "key", str(path[-1]))
+        return p.ndim >= 2 and not name.startswith("conv_")
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+# ----------------------------------------------------------------------------- pure blocks
+def short_conv(x_BxTxC: Array, state_BxWxC: Array, w_WxC: Array) -> tuple[Array, Array]:
+    """Depthwise causal convolution over [state, x], float32. Returns (y (B, T, C), new state)."""
+    T, W = x_BxTxC.shape[1], w_WxC.shape[0]
+    xx = jnp.concatenate([state_BxWxC.astype(jnp.float32), x_BxTxC.astype(jnp.float32)], axis=1)
+    w = w_WxC.astype(jnp.float32)
+    y = sum(w[i] * xx[:, i : i + T] for i in range(W))
+    return y, xx[:, T:]
+
+
+def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int):
+    """The Gated DeltaNet mixer over a window. Returns (update (B, T, d), conv state, S)."""
+    B, T, _ = x_BxTxD.shape
+    H, K, U = cfg.n_heads, cfg.d_key, cfg.d_value
+    n = rms_norm(x_BxTxD, lp["attn_norm"])
+    pre = jnp.concatenate([mm(n, lp["wq"]), mm(n, lp["wk"]), mm(n, lp["wv"])], axis=-1)
+    w = jnp.concatenate([lp["conv_q"], lp["conv_k"], lp["conv_v"]], axis=-1)
+    y, conv_state = short_conv(pre, conv_state, w)
+    y = jax.nn.silu(y)
+    q = l2n(y[..., : cfg.d_qk].reshape(B, T, H, K))
+    k = l2n(y[..., cfg.d_qk : 2 * cfg.d_qk].reshape(B, T, H, K))
+    v = y[..., 2 * cfg.d_qk :].reshape(B, T, H, U)
+    beta = jax.nn.sigmoid(mm(n, lp["wb"]))  # (B, T, H)
+    g = -jnp.exp(lp["A_log"]) * jax.nn.softplus(mm(n, lp["wa"]) + lp["dt_bias"])
+    if chunk:
+        o, S = gated_delta.chunked(q, k, v, beta, g, initial_state=S, chunk_size=chunk)
+    else:
+        o, S = gated_delta.recurrent(q, k, v, beta, g, initial_state=S)
+    gate = jax.nn.silu(mm(n, lp["wg"])).reshape(B, T, H, U)
+    o = (rms(o) * lp["o_norm"] * gate).reshape(B, T, H * U)
+    return mm(o, lp["wo"]), conv_state, S
+
+
+def swiglu(lp: dict, x: Array) -> Array:
+    gate, up = jnp.split(mm(rms_norm(x, lp["mlp_norm"]), lp["w1"]), 2, axis=-1)
+    return mm(jax.nn.silu(gate) * up, lp["w2"])
+
+
+def block(lp, x, conv_state, S, cfg: GDNConfig, chunk: int):
+    """One pre-norm block: mixer and MLP with residuals. Returns (x, conv state, S)."""
+    upd, conv_state, S = token_mixer(lp, x, conv_state, S, cfg, chunk)
+    x = x + upd
+    return x + swiglu(lp, x), conv_state, S
+
+
+def head_logits(cp: dict, h: Array, tie: bool) -> Array:
+    """Logits (float32) from final-normed hidden states."""
+    return mm(h, cp["embed"].T if tie else cp["head"])
+
+
+def cross_entropy(cp, h_BxTxD, tokens_BxT, chunk: int, tie: bool, per_token: bool):
+    """CE of each position (T, B) or its sum, decoding `chunk` positions at a time.
+
+    Each chunk is rematerialised, so neither pass holds more than (chunk, B, V) logits.
+    """
+    T = tokens_BxT.shape[1]
+    c = loss_chunk_size(T, chunk)
+    chunks = lambda a: jnp.swapaxes(a, 0, 1).reshape(T // c, c, a.shape[0], *a.shape[2:])
+
+    @jax.checkpoint
+    def chunk_ce(h, x):
+        return optax.softmax_cross_entropy_with_integer_labels(head_logits(cp, h, tie), x)
+
+    xs = (chunks(h_BxTxD), chunks(tokens_BxT))
+    if per_token:
+        _, ce = jax.lax.scan(lambda _, hx: (None, chunk_ce(*hx)), None, xs)
+        return ce.reshape(T, -1)
+    total, _ = jax.lax.scan(
+        lambda tot, hx: (tot + chunk_ce(*hx).sum(), None), jnp.zeros((), jnp.float32), xs
+    )
+    return total
+
+
+# ----------------------------------------------------------------------------- the model
+class GatedDeltaNet:
+    """Gated DeltaNet language model: pure functions over `params` (see `gpn_jax.models.base`)."""
+
+    def __init__(self, config: GDNConfig):
+        self.config = config
+
+    # ------------------------------------------------------------------ parameters and state
+    def init(self, rng: Array) -> dict:
+        flat = _Params(self.config).init(rng)["params"]
+        return _nest(dict(flat))
+
+    def init_state(self, batch_size: int) -> GDNCarry:
+        c = self.config
+        conv = jnp.zeros((batch_size, c.conv_size - 1, c.d_conv), jnp.float32)
+        S = jnp.zeros((batch_size, c.n_heads, c.d_key, c.d_value), jnp.float32)
+        return GDNCarry(
+            conv=(conv,) * c.n_layers,
+            S=(S,) * c.n_layers,
+            last_token=jnp.full((batch_size,), c.bos_id, jnp.int32),
+        )
+
+    def weight_decay_mask(self, params) -> dict:
+        return weight_decay_mask(params)
+
+    def _compute_params(self, params):
+        return cast_matrices(params, self.config.compute_dtype)
+
+    # ------------------------------------------------------------------ windows
+    def _run(self, cp, inputs_BxT, conv, S, chunk: int):
+        """Reads `inputs`; returns final-normed hidden states (B, T, d) and the new layer states."""
+        c = self.config
+        x = jnp.take(cp["embed"], inputs_BxT, axis=0).astype(jnp.float32)
+        fn = lambda lp, x, cs, s: block(lp, x, cs, s, c, chunk)
+        if c.remat:
+            fn = jax.checkpoint(fn)
+        new_conv, new_S = [], []
+        for i in range(c.n_layers):
+            x, cs, s = fn(cp[f"layer_{i}"], x, conv[i], S[i])
+            new_conv.append(cs)
+            new_S.append(s)
+        return rms_norm(x, cp["final_norm"]), tuple(new_conv), tuple(new_S)
+
+    def hidden(self, params, tokens_BxT: Array, carry: GDNCarry | None = None):
+        """Final-normed hidden states (B, T, d) float32, the new carry and the compute params."""
+        carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
+        cp = self._compute_params(params)
+        first = carry.last_token.astype(tokens_BxT.dtype)[:, None]
+        inputs = jnp.concatenate([first, tokens_BxT[:, :-1]], axis=1)
+        h, conv, S = self._run(cp, inputs, carry.conv, carry.S, self.config.chunk_size)
+        new = GDNCarry(conv, S, tokens_BxT[:, -1].astype(jnp.int32))
+        return h, new, cp
+
+    def loss(self, params, tokens_BxT, carry=None):
+        """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
+        h, carry, cp = self.hidden(params, tokens_BxT, carry)
+        c = self.config
+        total = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=False)
+        loss = total / tokens_BxT.size
+        state_rms = jnp.sqrt(jnp.mean(jnp.stack([jnp.mean(jnp.square(s)) for s in carry.S])))
+        return loss, (carry, {"loss": loss, "state_rms": state_rms})
+
+    def token_losses(self, params, tokens_BxT, carry=None):
+        """Per-position CE (B, T) and the new carry."""
+        h, carry, cp = self.hidden(params, tokens_BxT, carry)
+        c = self.config
+        ce = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=True)
+        return ce.T, carry
+
+    def logits(self, params, tokens_BxT, carry=None):
+        """Full (B, T, V) float32 logits (short windows only); logits[:, t] predicts token t."""
+        h, carry, cp = self.hidden(params, tokens_BxT, carry)
+        return head_logits(cp, h, self.config.tie_embeddings), carry
+
+    # ------------------------------------------------------------------ decoding
+    # One token at a time with the recurrent delta rule: O(1) in context length.
+    def _read(self, cp, state: GDNDecodeState, token_B: Array):
+        h, conv, S = self._run(cp, token_B[:, None], state.conv, state.S, chunk=0)
+        logits = head_logits(cp, h[:, 0], self.config.tie_embeddings)
+        return logits, GDNDecodeState(conv, S)
+
+    def start_decode(self, params, carry: GDNCarry | None = None, batch_size: int = 1):
+        """Reads the carry's pending `last_token`. Returns logits (B, V) of the next token and
+        the decoding state. `carry=None` starts `batch_size` fresh sequences (from BOS)."""
+        carry = self.init_state(batch_size) if carry is None else carry
+        state = GDNDecodeState(carry.conv, carry.S)
+        return self._read(self._compute_params(params), state, carry.last_token)
+
+    def decode_step(self, params, state: GDNDecodeState, token_B: Array):
+        """Observe `token_B` (B,); return logits (B, V) of the following token and the new state."""
+        return self._read(self._compute_params(params), state, token_B.astype(jnp.int32))
+
+    # ------------------------------------------------------------------ accounting
+    def flops_per_token(self, seq_len: int | None = None) -> dict:
+        """Analytic matmul FLOPs per token (2 per multiply-add); training = 3 x forward.
+
+        Per layer: projections d (2 H K + 2 H U + 2 H) (q, k, v, g, a, b), output H U d, SwiGLU
+        3 d f; the chunked delta rule at chunk length C = min(chunk_size, seq_len) (see
+        `gated_delta.flops_per_token`; recurrent form: 3 K U per head). Plus the LM head d V.
+        Elementwise work (short convolution, norms, gates) and the embedding lookup are free.
+        """
+        c = self.config
+        d, f, v, h = c.d_model, c.d_ffn, c.vocab_size, c.n_heads
+        proj = d * (2 * c.d_qk + 2 * c.d_v + 2 * h) + c.d_v * d + 3 * d * f
+        if c.chunk_size:
+            T = seq_len or c.chunk_size
+            C = gated_delta.chunk_len(T, c.chunk_size)
+            delta = gated_delta.flops_per_token(h, c.d_key, c.d_value, C) // 2
+        else:
+            delta = 3 * h * c.d_key * c.d_value
+        macs = c.n_layers * (proj + delta) + d * v
+        return {"forward": 2 * macs, "train": 6 * macs}

@@ -1,0 +1,53 @@
+"""Device mesh from config and the placement of state and batches on it.
+
+Axes: `data` (batch), `fsdp` (batch + parameter shards), `tensor` (within-layer splits).
+Sizes come from `config.mesh`; -1 takes the remaining devices.
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, int, int]:
+    """Resolves the (data, fsdp, tensor) sizes; exactly one may be -1 (the rest of the devices)."""
+    sizes = [int(mesh_cfg.get(a, 1)) for a in AXES]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(AXES, sizes, strict=True))}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if n_devices % known:
+            raise ValueError(f"{n_devices} devices do not divide into mesh axes of size {known}")
+        sizes[sizes.index(-1)] = n_devices // known
+    if math.prod(sizes) != n_devices:
+        raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))} needs {math.prod(sizes)} devices, have {n_devices}")
+    return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
+    devices = jax.devices() if devices is None else devices
+    shape = mesh_shape(mesh_cfg, len(devices))
+    # Auto axes: XLA's sharding propagation places intermediates; explicit shardings live at the
+    # jit boundary (state, batch), which is all the models need.
+    auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """(B, T) batches: rows split over data x fsdp."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def put_batch(local_batch: np.ndarray, mesh) -> jax.Array:
+    """This process's rows -> the global (B, T) array sharded over the batch axes."""
+    return jax.make_array_from_process_local_data(batch_sharding(mesh), local_batch)

@@ -1,0 +1,34 @@
+"""Trains a model: `python -m gpn_jax.train --config=experiments/configs/demo.py --workdir=/tmp/demo`.
+
+Thin absl launcher: parses flags and calls `gpn_jax.training.loop.train_and_evaluate`, the same
+function Colab calls. `--config.train.steps=100`-style overrides and `config.py:cpu` variants work.
+Rerunning the same command on the same workdir resumes from its newest checkpoint.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from gpn_jax import cli
+from gpn_jax.parallel import distributed
+from gpn_jax.training.loop import train_and_evaluate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path.py[:cpu]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax/JAX INFO lines would bury the progress bar
+    distributed.initialize()
+    cli.run_or_exit(train_and_evaluate, _CONFIG.value, _WORKDIR.value, prog="gpn-train")
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,320 @@
+"""`train_and_evaluate(config, workdir)`: the main job, shared by the absl launcher and Colab.
+
+Rerunning it on a workdir that holds a checkpoint resumes from the newest readable one
+(bit-identical to an uninterrupted run: parameters, optimiser state, RNG and the data
+iterator position are all restored). SIGTERM saves and returns; a NaN/Inf loss stops the
+run before anything non-finite is saved.
+"""
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+from absl import logging
+from tqdm.auto import tqdm
+
+from gpn_jax.core.window import check_remat_segment
+from gpn_jax.data.pipeline import build_data
+from gpn_jax.models import accounting, factory
+from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.checkpointing import Checkpointer
+from gpn_jax.training.metric_writer import MetricWriter
+from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
+
+FINAL_METRICS = "final_metrics.json"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (diverged, or inconsistent with its workdir)."""
+
+
+def prepare_workdir(workdir: str) -> str:
+    """Absolute, existing, writable workdir, or a one-line ValueError."""
+    if not workdir:
+        raise ValueError("--workdir is required")
+    workdir = os.path.abspath(os.path.expanduser(workdir))
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, ".write_probe")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
+    return workdir
+
+
+def check_config(config, model) -> None:
+    """Config errors that should stop a run before any work is done."""
+    t = config.train
+    if t.batch_size % t.grad_accum:
+        raise ValueError(f"batch_size {t.batch_size} is not divisible by grad_accum {t.grad_accum}")
+    if t.batch_size % jax.process_count():
+        raise ValueError(f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts")
+    check_remat_segment(t.seq_len, getattr(model.config, "remat_segment", 0))
+
+
+class StopSignal:
+    """Turns SIGTERM into a flag the loop checks between steps (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.requested = True
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _build_data(config, workdir: str, train_state: dict | None = None):
+    d, t = config.data, config.train
+    return build_data(
+        d.source,
+        vocab_size=config.model.vocab_size,
+        seq_len=t.seq_len,
+        batch_size=t.batch_size,
+        tokenizer_path=d.tokenizer_path or None,
+        heldout_fraction=d.heldout_fraction,
+        seed=config.seed,
+        workdir=workdir,
+        data_dir=d.data_dir or None,
+        text_field=d.text_field or None,
+        bin_dtype=d.bin_dtype,
+        train_state=train_state,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def evaluate_heldout(eval_step, params, data, mesh, max_batches: int = 0) -> dict:
+    """Mean CE / PPL over the held-out windows (all positions, as the training loss)."""
+    total, count, tokens = 0.0, 0.0, []
+    for i, batch in enumerate(data.heldout_windows()):
+        if max_batches and i >= max_batches:
+            break
+        ce, n = eval_step(params, meshlib.put_batch(batch, mesh))
+        total, count = total + float(ce), count + float(n)
+        tokens.append(batch)
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(loss), "tokens": np.concatenate(tokens)}
+
+
+def unigram_ppl(counts: np.ndarray, tokens: np.ndarray) -> float:
+    """PPL of the add-one-smoothed unigram model of the training tokens on `tokens`."""
+    probs = (counts.astype(np.float64) + 1.0) / (counts.sum() + counts.size)
+    return float(np.exp(-np.mean(np.log(probs[tokens.reshape(-1)]))))
+
+
+class _Run:
+    """The state of one training run; methods are the phases of `train_and_evaluate`."""
+
+    def __init__(self, config, workdir: str):
+        self.config, self.workdir = config, prepare_workdir(workdir)
+        self.model = factory.build_model(config.model)
+        check_config(config, self.model)
+        self.is_lead = jax.process_index() == 0
+        self.mesh = meshlib.make_mesh(config.mesh)
+        t = config.train
+        self.optimizer = make_optimizer(t, self.model.weight_decay_mask)
+        self.schedule = learning_rate_schedule(t)
+        self.ckpt = Checkpointer(
+            self.workdir,
+            keep=t.keep_checkpoints,
+            keep_best=t.keep_best or None,
+            async_save=t.async_checkpoints,
+        )
+        self.tokens_per_step = t.batch_size * t.seq_len
+
+    # ---------------------------------------------------------------- state
+    def init_or_restore(self):
+        init = lambda rng: ts.init_train_state(self.model, self.optimizer, rng)
+        rng = jax.random.PRNGKey(self.config.seed)
+        abstract = jax.eval_shape(init, rng)
+        self.state_sharding = jax.tree.map(lambda _: meshlib.replicated(self.mesh), abstract)
+        data_state = None
+        if self.ckpt.all_steps():
+            target = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                abstract,
+                self.state_sharding,
+            )
+            step, state, data_state, saved_config, _ = self.ckpt.restore_latest_good(
+                target, quarantine=True
+            )
+            self._check_same_model(saved_config)
+            logging.info("resumed from step %d in %s", step, self.ckpt.directory)
+            print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
+            self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
+        else:
+            self.state = jax.jit(init, out_shardings=self.state_sharding)(rng)
+        self.data = _build_data(self.config, self.workdir, data_state)
+        return self
+
+    def _check_same_model(self, saved_config: dict) -> None:
+        saved = saved_config.get("model", {})
+        current = json.loads(json.dumps(self.config.model.to_dict()))
+        if saved and saved != current:
+            raise TrainingError(
+                f"the checkpoint in {self.ckpt.directory} is of another model ({saved}); "
+                "use a fresh --workdir"
+            )
+
+    # ---------------------------------------------------------------- steps
+    def compile_steps(self):
+        t = self.config.train
+        batch_sh = meshlib.batch_sharding(self.mesh)
+        rep = meshlib.replicated(self.mesh)
+        step_fn = ts.make_train_step(self.model, self.optimizer, t.grad_accum)
+        self.train_step = jax.jit(
+            step_fn,
+            in_shardings=(self.state_sharding, batch_sh),
+            out_shardings=(self.state_sharding, rep),
+            donate_argnums=0,
+        )
+        self.eval_step = jax.jit(ts.make_eval_step(self.model))
+        return self
+
+    def save(self, step: int, metrics: dict | None = None, force: bool = False):
+        meta = {"step": step, "tokens_seen": step * self.tokens_per_step}
+        self.ckpt.save(
+            step,
+            self.state,
+            self.data.train.get_state(),
+            self.config.to_dict(),
+            meta,
+            metrics=metrics,
+            force=force,
+        )
+
+    def evaluate(self, max_batches: int) -> dict:
+        return evaluate_heldout(self.eval_step, self.state.params, self.data, self.mesh, max_batches)
+
+
+def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not math.isfinite(host["loss"]):
+        ckpt.wait_until_finished()
+        raise TrainingError(
+            f"loss is {host['loss']} at step {step}; stopped. "
+            f"The last good checkpoint (step {ckpt.latest_step()}) is kept"
+        )
+    return host
+
+
+def _loop(run: _Run, stop: StopSignal) -> int:
+    """The training loop proper; returns the step it ended on."""
+    t = run.config.train
+    step = int(run.state.step)
+    bar = tqdm(total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True)
+    window, window_start, pending = [], time.perf_counter(), None
+
+    def settle(pending):
+        """Reads a step's metrics (one step late, so the host never stalls dispatch)."""
+        nonlocal window, window_start
+        s, metrics = pending
+        window.append(_check_finite(s, metrics, run.ckpt))
+        if s % t.log_every and s != t.steps:
+            return
+        elapsed = time.perf_counter() - window_start
+        row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+        row |= {"lr": float(run.schedule(s)), "tokens_per_s": len(window) * run.tokens_per_step / elapsed}
+        run.writer.write(s, row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
+        window, window_start = [], time.perf_counter()
+
+    while step < t.steps and not stop.requested:
+        batch = meshlib.put_batch(next(run.data.train), run.mesh)
+        run.state, metrics = run.train_step(run.state, batch)
+        step += 1
+        bar.update(1)
+        if pending is not None:
+            settle(pending)
+        pending = (step, metrics)
+        boundary = step == t.steps or step % t.checkpoint_every == 0
+        evaluating = t.eval_every and step % t.eval_every == 0
+        if boundary or evaluating:
+            settle(pending)
+            pending = None
+        ckpt_metrics = None
+        if evaluating:
+            ev = run.evaluate(t.eval_batches)
+            run.writer.write(step, {"heldout_loss": ev["loss"], "heldout_ppl": ev["ppl"]})
+            ckpt_metrics = {"heldout_loss": ev["loss"]}
+        if boundary:
+            run.save(step, ckpt_metrics)
+    if pending is not None:
+        settle(pending)
+    bar.close()
+    return step
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+    """Trains `config` in `workdir` (resuming if it holds a checkpoint) and evaluates held-out PPL.
+
+    Returns the final metrics (also written to `<workdir>/final_metrics.json`), or
+    `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
+    """
+    run = _Run(config, workdir).init_or_restore().compile_steps()
+    run.writer = MetricWriter(run.workdir, enabled=run.is_lead)
+    if run.is_lead:
+        _print_header(run)
+    stop = StopSignal()
+    try:
+        step = _loop(run, stop)
+        if stop.requested:
+            run.save(step, force=True)
+            run.ckpt.wait_until_finished()
+            print(f"SIGTERM: saved step {step} in {run.ckpt.directory}; rerun the command to resume")
+            return {"stopped_at": step}
+        final = _finish(run, step)
+    finally:
+        stop.restore()
+        run.ckpt.wait_until_finished()
+        run.ckpt.close()
+        run.writer.close()
+    return final
+
+
+def _finish(run: _Run, step: int) -> dict:
+    ev = run.evaluate(run.config.train.get("final_eval_batches", 0))
+    final = {
+        "heldout_ppl": ev["ppl"],
+        "heldout_loss": ev["loss"],
+        "unigram_ppl": unigram_ppl(run.data.unigram_counts, ev["tokens"]),
+        "heldout_tokens": int(ev["tokens"].size),
+        "step": step,
+        "tokens_seen": step * run.tokens_per_step,
+    }
+    if run.ckpt.latest_step() != step:
+        run.save(step, {"heldout_loss": ev["loss"]}, force=True)
+    if run.is_lead:
+        with open(os.path.join(run.workdir, FINAL_METRICS), "w") as f:
+            json.dump(final, f, indent=2)
+        print(
+            f"step {step}: held-out PPL {final['heldout_ppl']:.2f} vs unigram PPL "
+            f"{final['unigram_ppl']:.2f} ({final['heldout_tokens']:,} held-out tokens)"
+        )
+    return final
+
+
+def _print_header(run: _Run) -> None:
+    counts = accounting.param_counts(run.model)["total"]
+    t = run.config.train
+    print(
+        f"{run.config.model.get('family', 'gpn')} model, {counts:,} parameters | "
+        f"{run.data.description} | batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
+        f"mesh {dict(run.mesh.shape)} | workdir {run.workdir}"
+    )
+
