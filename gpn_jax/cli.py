@@ -6,8 +6,15 @@ from gpn_jax.training.checkpointing import CheckpointError
 from gpn_jax.training.loop import TrainingError
 
 # Errors a user can cause (bad input, config, workdir); anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
-               CheckpointError, TrainingError, KeyError)
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    CheckpointError,
+    TrainingError,
+    KeyError,
+)
 
 
 def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):

@@ -12,7 +12,9 @@ from gpn_jax import cli
 from gpn_jax.parallel import distributed
 from gpn_jax.training.loop import train_and_evaluate
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path.py[:cpu]).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "ml_collections config file (path.py[:cpu])."
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
 flags.mark_flags_as_required(["config", "workdir"])
 

@@ -22,7 +22,9 @@ def initialize() -> None:
             num_processes=int(os.environ["GPN_NUM_PROCESSES"]),
             process_id=int(os.environ["GPN_PROCESS_ID"]),
         )
-    elif any(v in os.environ for v in ("TPU_WORKER_HOSTNAMES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")):
+    elif any(
+        v in os.environ for v in ("TPU_WORKER_HOSTNAMES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+    ):
         if int(os.environ.get("SLURM_NTASKS", os.environ.get("OMPI_COMM_WORLD_SIZE", "2"))) > 1:
             jax.distributed.initialize()
     _initialized = True

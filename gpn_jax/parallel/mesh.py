@@ -19,14 +19,18 @@ def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, int, int]:
     """Resolves the (data, fsdp, tensor) sizes; exactly one may be -1 (the rest of the devices)."""
     sizes = [int(mesh_cfg.get(a, 1)) for a in AXES]
     if sizes.count(-1) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(AXES, sizes, strict=True))}")
+        raise ValueError(
+            f"at most one mesh axis may be -1, got {dict(zip(AXES, sizes, strict=True))}"
+        )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if n_devices % known:
             raise ValueError(f"{n_devices} devices do not divide into mesh axes of size {known}")
         sizes[sizes.index(-1)] = n_devices // known
     if math.prod(sizes) != n_devices:
-        raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))} needs {math.prod(sizes)} devices, have {n_devices}")
+        raise ValueError(
+            f"mesh {dict(zip(AXES, sizes, strict=True))} needs {math.prod(sizes)} devices, have {n_devices}"
+        )
     return tuple(sizes)
 
 

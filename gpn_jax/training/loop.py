@@ -56,7 +56,9 @@ def check_config(config, model) -> None:
     if t.batch_size % t.grad_accum:
         raise ValueError(f"batch_size {t.batch_size} is not divisible by grad_accum {t.grad_accum}")
     if t.batch_size % jax.process_count():
-        raise ValueError(f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts")
+        raise ValueError(
+            f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts"
+        )
     check_remat_segment(t.seq_len, getattr(model.config, "remat_segment", 0))
 
 
@@ -199,7 +201,9 @@ class _Run:
         )
 
     def evaluate(self, max_batches: int) -> dict:
-        return evaluate_heldout(self.eval_step, self.state.params, self.data, self.mesh, max_batches)
+        return evaluate_heldout(
+            self.eval_step, self.state.params, self.data, self.mesh, max_batches
+        )
 
 
 def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
@@ -217,7 +221,9 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     """The training loop proper; returns the step it ended on."""
     t = run.config.train
     step = int(run.state.step)
-    bar = tqdm(total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True
+    )
     window, window_start, pending = [], time.perf_counter(), None
 
     def settle(pending):
@@ -229,7 +235,10 @@ def _loop(run: _Run, stop: StopSignal) -> int:
             return
         elapsed = time.perf_counter() - window_start
         row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-        row |= {"lr": float(run.schedule(s)), "tokens_per_s": len(window) * run.tokens_per_step / elapsed}
+        row |= {
+            "lr": float(run.schedule(s)),
+            "tokens_per_s": len(window) * run.tokens_per_step / elapsed,
+        }
         run.writer.write(s, row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
         window, window_start = [], time.perf_counter()
@@ -276,7 +285,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
         if stop.requested:
             run.save(step, force=True)
             run.ckpt.wait_until_finished()
-            print(f"SIGTERM: saved step {step} in {run.ckpt.directory}; rerun the command to resume")
+            print(
+                f"SIGTERM: saved step {step} in {run.ckpt.directory}; rerun the command to resume"
+            )
             return {"stopped_at": step}
         final = _finish(run, step)
     finally:
@@ -317,4 +328,3 @@ def _print_header(run: _Run) -> None:
         f"{run.data.description} | batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
         f"mesh {dict(run.mesh.shape)} | workdir {run.workdir}"
     )
-

@@ -1,0 +1,73 @@
+"""Loads a trained run back from its workdir: config, model, parameters and tokenizer.
+
+Evaluation, analysis and generation all start here, so they see exactly what training saved.
+"""
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+
+from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
+from gpn_jax.models import factory
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.checkpointing import CheckpointError, Checkpointer
+from gpn_jax.training.optimizer import make_optimizer
+
+
+@dataclasses.dataclass
+class RestoredRun:
+    config: ml_collections.ConfigDict
+    model: object
+    params: dict
+    tokenizer: Tokenizer | None
+    step: int
+    workdir: str
+
+
+def load_run(workdir: str, step: int | None = None) -> RestoredRun:
+    """The newest readable (or the given) checkpoint of `workdir`, parameters on the default device.
+
+    Raises:
+      CheckpointError: no checkpoint in the workdir.
+    """
+    workdir = os.path.abspath(workdir)
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise CheckpointError(f"no checkpoint in {workdir} (train one with gpn_jax.train first)")
+    ckpt = Checkpointer(workdir, keep=None, async_save=False, cleanup_tmp=False)
+    try:
+        config = _config_from_latest(ckpt, step)
+        model = factory.build_model(config.model)
+        optimizer = make_optimizer(config.train, model.weight_decay_mask)
+        abstract = jax.eval_shape(
+            lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
+        )
+        if step is None:
+            got, state, _, _, _ = ckpt.restore_latest_good(abstract)
+        else:
+            got, state, _, _, _ = ckpt.restore(abstract, step)
+    finally:
+        ckpt.close()
+    params = state.params if hasattr(state, "params") else state[1]
+    tok_path = config.data.get("tokenizer_path") or os.path.join(workdir, "tokenizer.model")
+    tokenizer = load_tokenizer(tok_path) if os.path.exists(tok_path) else None
+    return RestoredRun(config, model, params, tokenizer, got, workdir)
+
+
+def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.ConfigDict:
+    """Reads only the JSON `config` item of a checkpoint (no arrays)."""
+    import orbax.checkpoint as ocp
+
+    steps = ckpt.all_steps() if step is None else [step]
+    if not steps:
+        raise CheckpointError(f"no checkpoint in {ckpt.directory}")
+    for s in sorted(steps, reverse=True):
+        path = os.path.join(ckpt.directory, str(s), "config")
+        try:
+            return ml_collections.ConfigDict(
+                ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path)
+            )
+        except Exception:  # noqa: BLE001 - fall back to an older step, as restore does
+            continue
+    raise CheckpointError(f"no readable config in {ckpt.directory}")
