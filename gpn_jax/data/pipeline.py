@@ -92,7 +92,8 @@ def build_data(
     """Builds the data for `spec` (grammar in `gpn_jax.data.spec`).
 
     Args:
-      spec: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]' or 'bin:PATH'.
+      spec: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH'
+        or 'recall:PARAMS' (synthetic associative recall, no tokenizer; `gpn_jax.data.recall`).
       vocab_size: the model's vocabulary; the tokenizer must match it exactly (for `bin:`
         data without a tokenizer it must exceed the largest id).
       seq_len, batch_size: window length T and global batch size B.
@@ -112,7 +113,11 @@ def build_data(
     source = parse_spec(spec)
     if cache_dir is None and workdir:
         cache_dir = os.path.join(workdir, "data_cache")
-    if source.kind == "bin":
+    if source.kind == "recall":
+        from gpn_jax.data.recall import recall_parts
+
+        parts = recall_parts(source.name, vocab_size, seq_len)
+    elif source.kind == "bin":
         parts = _bin_parts(
             source.path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, cache_dir
         )

@@ -6,6 +6,7 @@ Grammar (first match wins)::
     tfds:NAME[/CONFIG][:VERSION][:SPLIT]      a tensorflow-datasets dataset (SPLIT default
                                               'train'; tfds slicing such as 'train[:5%]' works)
     bin:PATH                                  pre-tokenised flat .bin shard file or directory
+    recall:[NAME=INT,...]                     synthetic associative recall (`gpn_jax.data.recall`)
     text:PATH | PATH                          a .txt/.jsonl file or a directory of them
 """
 
@@ -14,7 +15,7 @@ import os
 import re
 
 SPEC_GRAMMAR = (
-    "'embedded', 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH', "
+    "'embedded', 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH', 'recall:[NAME=INT,...]', "
     "or a path (optionally 'text:PATH') to a .txt/.jsonl file or directory"
 )
 _PREFIX = re.compile(r"^([A-Za-z][\w+.-]*):(?!//)")
@@ -23,7 +24,7 @@ _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
-    """A parsed spec. `kind` is 'embedded', 'tfds', 'bin' or 'text'."""
+    """A parsed spec. `kind` is 'embedded', 'tfds', 'bin', 'recall' (params in `name`) or 'text'."""
 
     kind: str
     path: str = ""
@@ -40,6 +41,8 @@ def parse_spec(spec: str | None) -> SourceSpec:
         return _parse_tfds(spec[len("tfds:") :])
     if spec.startswith("bin:"):
         return SourceSpec("bin", path=_nonempty(spec[4:], spec))
+    if spec.startswith("recall:"):
+        return SourceSpec("recall", name=spec[len("recall:") :])
     if spec.startswith("text:"):
         return SourceSpec("text", path=_nonempty(spec[5:], spec))
     if _PREFIX.match(spec) and not os.path.exists(spec):
