@@ -1,5 +1,6 @@
 """What every absl entry point shares: one-line errors with a non-zero exit."""
 
+import re
 import sys
 
 from gpn_jax.training.checkpointing import CheckpointError
@@ -22,6 +23,43 @@ def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
     try:
         return fn(*args, **kwargs)
     except USER_ERRORS as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{prog}: error: {msg}", file=sys.stderr)
-        sys.exit(1)
+        _exit(prog, str(e) if str(e).strip() else type(e).__name__)
+
+
+def flags_parser(prog: str):
+    """An absl `flags_parser` that turns a bad flag or unknown config field into one line."""
+    from absl import flags
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            _exit(prog, str(e))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            msg = str(e)
+            key = re.search(r"'(\w+)", msg)
+            key = key.group(1) if key else msg.strip("\"' ")
+            culprit = [a for a in argv[1:] if key and key in a]
+            where = f" in {culprit[-1]}" if culprit else ""
+            hint = re.search(r'Did you mean "(\w+)"', msg)
+            hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
+            _exit(prog, f"unknown config field or bad value{where}: {key!r}{hint}")
+
+    return parse
+
+
+def _exit(prog: str, msg: str):
+    print(f"{prog}: error: {msg.strip().splitlines()[0]}", file=sys.stderr)
+    sys.exit(1)
+
+
+def config_or_exit(holder, prog: str):
+    """The parsed config of a `DEFINE_config_file` flag; a file that failed to load is one line."""
+    config = holder.value
+    try:
+        config.to_dict()  # a config that failed to load raises here, not at parse time
+    except OSError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "Errno" in ln or "Error" in ln), lines[-1])
+        _exit(prog, f"cannot load config file: {detail}")
+    return config

@@ -8,6 +8,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from gpn_jax import cli
 from gpn_jax.models import accounting, factory
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file.")
@@ -28,13 +29,14 @@ def format_summary(s: dict) -> str:
 
 def main(argv):
     del argv
-    config = _CONFIG.value
-    s = accounting.summary(factory.build_model(config.model), config.train.seq_len)
+    config = cli.config_or_exit(_CONFIG, "gpn-summary")
+    model = cli.run_or_exit(factory.build_model, config.model, prog="gpn-summary")
+    s = accounting.summary(model, config.train.seq_len)
     print(json.dumps(s, indent=2) if _JSON.value else format_summary(s))
 
 
 def run():
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("gpn-summary"))
 
 
 if __name__ == "__main__":

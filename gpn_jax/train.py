@@ -25,11 +25,12 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax/JAX INFO lines would bury the progress bar
     distributed.initialize()
-    cli.run_or_exit(train_and_evaluate, _CONFIG.value, _WORKDIR.value, prog="gpn-train")
+    config = cli.config_or_exit(_CONFIG, "gpn-train")
+    cli.run_or_exit(train_and_evaluate, config, _WORKDIR.value, prog="gpn-train")
 
 
 def run():
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("gpn-train"))
 
 
 if __name__ == "__main__":

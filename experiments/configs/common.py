@@ -37,7 +37,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0  # global-norm clipping
     c.train.log_every = 10  # steps between metric rows / progress updates
     c.train.eval_every = 500  # steps between held-out evaluations (0: only at the end)
-    c.train.eval_batches = 8  # held-out batches per periodic evaluation (0: the whole held-out split)
+    c.train.eval_batches = (
+        8  # held-out batches per periodic evaluation (0: the whole held-out split)
+    )
     c.train.final_eval_batches = 0  # held-out batches of the final evaluation (0: all)
     c.train.checkpoint_every = 500  # steps between checkpoints
     c.train.keep_checkpoints = 3  # last N checkpoints kept

@@ -35,11 +35,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(
             batch_size=16,
             seq_len=128,
-            steps=600,
+            steps=400,
             warmup_steps=50,
             learning_rate=3e-3,
             log_every=10,
-            eval_every=200,
+            eval_every=100,
             eval_batches=8,
             checkpoint_every=100,
             final_eval_batches=0,

@@ -128,6 +128,12 @@ class _Run:
         check_config(config, self.model)
         self.is_lead = jax.process_index() == 0
         self.mesh = meshlib.make_mesh(config.mesh)
+        rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if config.train.batch_size % rows:
+            raise ValueError(
+                f"batch_size {config.train.batch_size} is not divisible by the {rows} devices "
+                "of the mesh's data x fsdp axes"
+            )
         t = config.train
         self.optimizer = make_optimizer(t, self.model.weight_decay_mask)
         self.schedule = learning_rate_schedule(t)
