@@ -44,7 +44,9 @@ class RecallSpec:
             if not isinstance(v, int) or (v < 0 if f.name in ("seed", "heldout") else v < 1):
                 raise ValueError(f"recall {f.name} must be a positive integer, got {v!r}")
         if self.pairs > self.keys:
-            raise ValueError(f"recall needs pairs <= keys (distinct keys), got {self.pairs} > {self.keys}")
+            raise ValueError(
+                f"recall needs pairs <= keys (distinct keys), got {self.pairs} > {self.keys}"
+            )
 
     @property
     def vocab_needed(self) -> int:
@@ -94,9 +96,9 @@ def make_examples(spec: RecallSpec, n: int, seq_len: int, stream: int = 0):
     keys = np.argsort(rng.random((n, spec.keys)), axis=1)[:, :N]  # distinct per example
     values = rng.integers(0, spec.values, (n, N))
     rounds = -(-Q // N)
-    order = np.concatenate(
-        [np.argsort(rng.random((n, N)), axis=1) for _ in range(rounds)], axis=1
-    )[:, :Q]
+    order = np.concatenate([np.argsort(rng.random((n, N)), axis=1) for _ in range(rounds)], axis=1)[
+        :, :Q
+    ]
     q_keys = np.take_along_axis(keys, order, axis=1)
     answers = np.take_along_axis(values, order, axis=1)
     tokens = np.full((n, seq_len), PAD, np.int32)

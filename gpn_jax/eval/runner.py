@@ -1,0 +1,153 @@
+"""`run_evals(run, evals, ...) -> dict`: every evaluation of a restored run, nested by eval.
+
+Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
+
+    from gpn_jax.training.restore import load_run
+    from gpn_jax.eval import run_evals
+    results = run_evals(load_run(workdir), ["ppl", "lambada"], lambada_path="lambada.jsonl")
+"""
+
+import json
+import os
+
+from gpn_jax.data.files import atomic_write
+from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
+from gpn_jax.eval import lambada, ppl, recall, stream
+
+EVALS = ("ppl", "lambada", "stream", "recall")
+RESULTS_FILE = "eval_results.json"
+
+
+def parse_evals(evals) -> list[str]:
+    """'ppl,lambada' or a list -> validated, de-duplicated names in the given order."""
+    names = evals.split(",") if isinstance(evals, str) else list(evals)
+    names = [n.strip() for n in names if n and n.strip()]
+    unknown = [n for n in names if n not in EVALS]
+    if unknown or not names:
+        raise ValueError(f"unknown eval(s) {unknown or names}; choose from {','.join(EVALS)}")
+    return list(dict.fromkeys(names))
+
+
+def run_tokenizer(run, tokenizer_path: str | None = None):
+    """The tokenizer to evaluate with (given path, else the run's), checked against the model."""
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else run.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            f"run {run.workdir} has no tokenizer (tokenizer.model); pass a tokenizer path"
+        )
+    check_vocab(tokenizer, run.config.model.vocab_size)
+    return tokenizer
+
+
+def run_evals(
+    run,
+    evals,
+    *,
+    lambada_path: str | None = None,
+    tokenizer_path: str | None = None,
+    batch_size: int = 16,
+    ppl_max_batches: int = 0,
+    stream_buckets=stream.DEFAULT_BUCKETS,
+    stream_window: int = 0,
+    stream_streams: int = 1,
+    stream_path: str | None = None,
+    recall_examples: int | None = None,
+) -> dict:
+    """Runs `evals` on a restored run (`gpn_jax.training.restore.load_run`).
+
+    Args:
+      evals: names from EVALS ('ppl,lambada' or a list).
+      lambada_path: lambada_openai jsonl file (needed for 'lambada').
+      tokenizer_path: a tokenizer to use instead of the run's (must match the model's vocab).
+      batch_size: LAMBADA / recall examples per forward pass.
+      ppl_max_batches: held-out batches for 'ppl' (0: all of training's held-out windows).
+      stream_buckets, stream_window, stream_streams: position bucket edges, tokens fed per
+        call (0: the training seq_len) and parallel streams for 'stream'.
+      stream_path: a text file to stream (default: the run's held-out token stream).
+      recall_examples: held-out recall examples (default: all the task holds out).
+
+    Returns:
+      {'run': {workdir, step, family}, <eval>: its result, ...}.
+    """
+    names = parse_evals(evals)
+    examples = None
+    if "lambada" in names:
+        if not lambada_path:
+            raise ValueError("the lambada eval needs a LAMBADA jsonl file (--lambada_path)")
+        examples = lambada.read_lambada(lambada_path)  # fails before any model work
+    needs_tokenizer = examples is not None or ("stream" in names and stream_path)
+    tokenizer = run_tokenizer(run, tokenizer_path) if needs_tokenizer else None
+    model, params = run.model, run.params
+    results = {
+        "run": {
+            "workdir": run.workdir,
+            "step": int(run.step),
+            "family": run.config.model.get("family", "gpn"),
+        }
+    }
+    data = None
+    for name in names:
+        if name == "ppl":
+            data = data or ppl.heldout_data(run)
+            results["ppl"] = ppl.heldout_ppl(run, data, ppl_max_batches)
+        elif name == "lambada":
+            results["lambada"] = lambada.evaluate_lambada(
+                model, params, tokenizer, examples, batch_size
+            )
+        elif name == "stream":
+            if stream_path:
+                with open(stream_path, encoding="utf-8") as f:
+                    tokens = tokenizer.encode(f.read())
+                source = stream_path
+            else:
+                data = data or ppl.heldout_data(run)
+                tokens, source = data.heldout, "held-out split"
+            window = stream_window or run.config.train.seq_len
+            results["stream"] = stream.stream_eval(
+                model, params, tokens, window, stream_buckets, stream_streams
+            ) | {"source": source}
+        elif name == "recall":
+            results["recall"] = recall.recall_eval(run, recall_examples, max(batch_size, 1))
+    return results
+
+
+def write_results(results: dict, workdir: str, out: str | None = None) -> str:
+    """Writes `<workdir>/eval_results.json` (merged with an earlier file of the same step) and
+    `out` (this call's results only). Returns the workdir file's path."""
+    path = os.path.join(workdir, RESULTS_FILE)
+    merged = dict(results)
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("run", {}).get("step") == results["run"]["step"]:
+            merged = old | results
+    except (OSError, ValueError):
+        pass
+    atomic_write(path, json.dumps(merged, indent=2).encode())
+    if out:
+        atomic_write(out, json.dumps(results, indent=2).encode())
+    return path
+
+
+def format_table(results: dict) -> str:
+    """A short human-readable table of `results`."""
+    rows = []
+    if r := results.get("ppl"):
+        rows.append(("ppl", "held-out PPL", f"{r['ppl']:.3f}", f"{r['tokens']:,} tokens"))
+    if r := results.get("lambada"):
+        for proto in ("paper", "harness"):
+            p = r[proto]
+            rows.append(
+                ("lambada", f"{proto} acc / PPL", f"{p['acc']:.4f} / {p['ppl']:.3f}", f"n={r['n']}")
+            )
+    if r := results.get("stream"):
+        reset = r.get("reset", {}).get("buckets", {})
+        for bucket, b in r["buckets"].items():
+            extra = f"reset {reset[bucket]['ppl']:.3f}" if bucket in reset else ""
+            rows.append(("stream", f"PPL {bucket} ({r['mode']})", f"{b['ppl']:.3f}", extra))
+    if r := results.get("recall"):
+        rows.append(("recall", "query acc", f"{r['acc']:.4f}", f"chance {r['chance']:.4f}"))
+    head = results.get("run", {})
+    lines = [f"{head.get('family', '?')} step {head.get('step', '?')}: {head.get('workdir', '')}"]
+    lines += [f"{a:<8} {b:<24} {c:>18}  {d}".rstrip() for a, b, c, d in rows]
+    return "\n".join(lines)

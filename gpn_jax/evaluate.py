@@ -1,0 +1,76 @@
+"""Evaluates a trained run: held-out PPL, LAMBADA, streaming long context, associative recall.
+
+    python -m gpn_jax.evaluate --workdir=/tmp/run --eval=ppl,lambada,stream,recall \\
+        --lambada_path=lambada_test.jsonl --out=results.json
+
+Thin absl launcher over `gpn_jax.eval.run_evals`. Results go to `<workdir>/eval_results.json`
+(and `--out`) and are printed as a short table. User errors (missing checkpoint, malformed
+jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
+"""
+
+from absl import app, flags, logging
+
+from gpn_jax import cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
+_EVAL = flags.DEFINE_string("eval", "ppl", "Comma-separated evals: ppl, lambada, stream, recall.")
+_LAMBADA = flags.DEFINE_string(
+    "lambada_path", None, "lambada_openai jsonl file (for --eval=lambada)."
+)
+_OUT = flags.DEFINE_string("out", None, "Also write this call's results to this JSON file.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
+_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "Tokenizer to use instead of the run's.")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "LAMBADA / recall examples per forward pass.")
+_PPL_BATCHES = flags.DEFINE_integer("ppl_max_batches", 0, "Held-out batches for ppl (0: all).")
+_BUCKETS = flags.DEFINE_string("stream_buckets", "0,2k,8k,32k", "Stream position bucket edges.")
+_WINDOW = flags.DEFINE_integer("stream_window", 0, "Tokens per streamed window (0: train seq_len).")
+_STREAMS = flags.DEFINE_integer("stream_streams", 1, "Parallel streams cut from the stream tokens.")
+_STREAM_PATH = flags.DEFINE_string("stream_path", None, "Text file to stream (default: held-out).")
+_RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examples (default all).")
+flags.mark_flags_as_required(["workdir"])
+
+
+def evaluate(workdir: str) -> dict:
+    """Parses what can fail cheaply first, then restores the run and evaluates it."""
+    from gpn_jax.eval import lambada, runner
+    from gpn_jax.training.restore import load_run
+
+    evals = runner.parse_evals(_EVAL.value)
+    if "lambada" in evals:
+        if not _LAMBADA.value:
+            raise ValueError("--eval=lambada needs --lambada_path")
+        lambada.read_lambada(_LAMBADA.value)
+    run = load_run(workdir, _STEP.value)
+    results = runner.run_evals(
+        run,
+        evals,
+        lambada_path=_LAMBADA.value,
+        tokenizer_path=_TOKENIZER.value,
+        batch_size=_BATCH.value,
+        ppl_max_batches=_PPL_BATCHES.value,
+        stream_buckets=_BUCKETS.value,
+        stream_window=_WINDOW.value,
+        stream_streams=_STREAMS.value,
+        stream_path=_STREAM_PATH.value,
+        recall_examples=_RECALL_N.value,
+    )
+    path = runner.write_results(results, run.workdir, _OUT.value)
+    print(runner.format_table(results))
+    print(f"results: {path}" + (f" and {_OUT.value}" if _OUT.value else ""))
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    cli.run_or_exit(evaluate, _WORKDIR.value, prog="gpn-evaluate")
+
+
+def run():
+    app.run(main, flags_parser=cli.flags_parser("gpn-evaluate"))
+
+
+if __name__ == "__main__":
+    run()
