@@ -1,30 +1,86 @@
 """Multi-host start-up: `jax.distributed.initialize()` before any backend use.
 
-On TPU pods and SLURM/Open MPI GPU clusters JAX discovers the coordinator itself; elsewhere set
-GPN_COORDINATOR (host:port), GPN_NUM_PROCESSES and GPN_PROCESS_ID. A single process does nothing.
+Where the processes come from, in order:
+
+1. flags `--coordinator_address=host:port --num_processes=N --process_id=i` (any launcher);
+2. environment `GPN_COORDINATOR` (host:port), `GPN_NUM_PROCESSES`, `GPN_PROCESS_ID`;
+3. a detected cluster: a multi-host Cloud TPU slice (`TPU_WORKER_HOSTNAMES` lists several
+   hosts), Slurm (`SLURM_NTASKS` > 1) or Open MPI (`OMPI_COMM_WORLD_SIZE` > 1): JAX finds the
+   coordinator itself;
+4. otherwise a single process: nothing to do.
+
+`--distributed_timeout` / `GPN_DISTRIBUTED_TIMEOUT` (seconds, default 300) bounds how long a
+process waits for the others to join. Must run before anything touches a JAX backend
+(`jax.devices()`, creating an array); `gpn_jax.train` calls it first thing in `main`.
 """
 
 import os
 
 import jax
+from absl import flags
+
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: host:port of process 0's coordinator service."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout", None, "Multi-host: seconds to wait for every process to join."
+)
 
 _initialized = False
 
 
-def initialize() -> None:
+def _flag(holder):
+    return holder.value if flags.FLAGS.is_parsed() else None
+
+
+def explicit_settings(environ=None) -> dict | None:
+    """{coordinator_address, num_processes, process_id} from flags, else GPN_* env, else None."""
+    environ = os.environ if environ is None else environ
+    coordinator = _flag(_COORDINATOR) or environ.get("GPN_COORDINATOR")
+    if not coordinator:
+        return None
+    n = _flag(_NUM_PROCESSES)
+    i = _flag(_PROCESS_ID)
+    n = int(environ["GPN_NUM_PROCESSES"]) if n is None and "GPN_NUM_PROCESSES" in environ else n
+    i = int(environ["GPN_PROCESS_ID"]) if i is None and "GPN_PROCESS_ID" in environ else i
+    if n is None or i is None:
+        raise ValueError(
+            "a coordinator address needs --num_processes and --process_id "
+            "(or GPN_NUM_PROCESSES and GPN_PROCESS_ID)"
+        )
+    if not 0 <= i < n:
+        raise ValueError(f"process_id {i} is outside 0..{n - 1}")
+    return {"coordinator_address": coordinator, "num_processes": n, "process_id": i}
+
+
+def detected_cluster(environ=None) -> bool:
+    """True on a multi-process cluster JAX can configure itself (TPU pod slice, Slurm, MPI)."""
+    environ = os.environ if environ is None else environ
+    tpu_hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    return (
+        len(tpu_hosts) > 1
+        or int(environ.get("SLURM_NTASKS", "1") or 1) > 1
+        or int(environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1
+    )
+
+
+def _timeout(environ) -> int:
+    t = _flag(_TIMEOUT)
+    return int(t if t is not None else environ.get("GPN_DISTRIBUTED_TIMEOUT", 300))
+
+
+def initialize(environ=None) -> None:
+    """Joins the other processes of a multi-host run (see the module doc); idempotent."""
     global _initialized
     if _initialized:
         return
-    coordinator = os.environ.get("GPN_COORDINATOR")
-    if coordinator:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=int(os.environ["GPN_NUM_PROCESSES"]),
-            process_id=int(os.environ["GPN_PROCESS_ID"]),
-        )
-    elif any(
-        v in os.environ for v in ("TPU_WORKER_HOSTNAMES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
-    ):
-        if int(os.environ.get("SLURM_NTASKS", os.environ.get("OMPI_COMM_WORLD_SIZE", "2"))) > 1:
-            jax.distributed.initialize()
+    environ = os.environ if environ is None else environ
+    settings = explicit_settings(environ)
+    if settings is not None:
+        if settings["num_processes"] > 1:
+            jax.distributed.initialize(**settings, initialization_timeout=_timeout(environ))
+    elif detected_cluster(environ):
+        jax.distributed.initialize(initialization_timeout=_timeout(environ))
     _initialized = True

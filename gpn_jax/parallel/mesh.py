@@ -1,7 +1,13 @@
-"""Device mesh from config and the placement of state and batches on it.
+"""Device mesh from config and the placement of batches on it.
 
 Axes: `data` (batch), `fsdp` (batch + parameter shards), `tensor` (within-layer splits).
-Sizes come from `config.mesh`; -1 takes the remaining devices.
+Sizes come from `config.mesh`; -1 takes the remaining devices. Parameter and optimiser-state
+shardings come from `gpn_jax.parallel.sharding`; the data-parallel execution of the model
+from `gpn_jax.parallel.spmd`.
+
+Multi-host: `jax.devices()` lists every process's devices, so the mesh spans all hosts; each
+host places only its own rows of a batch (`put_batch`). With `data` outermost, a host's
+devices hold a contiguous block of rows.
 """
 
 import math
@@ -9,7 +15,6 @@ import math
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -43,13 +48,24 @@ def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
     return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
 
 
+def check_batch(mesh, batch_size: int, grad_accum: int = 1) -> None:
+    """Each micro-batch must split evenly over the data x fsdp devices."""
+    n = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    if batch_size % (grad_accum * n):
+        raise ValueError(
+            f"batch_size {batch_size} does not split into {grad_accum} micro-batch(es) over "
+            f"data x fsdp = {n} devices (mesh {dict(mesh.shape)}); use a batch size divisible "
+            f"by {grad_accum * n} or set config.mesh"
+        )
+
+
 def batch_sharding(mesh) -> NamedSharding:
     """(B, T) batches: rows split over data x fsdp."""
-    return NamedSharding(mesh, P(BATCH_AXES))
+    return NamedSharding(mesh, jax.P(BATCH_AXES))
 
 
 def replicated(mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
+    return NamedSharding(mesh, jax.P())
 
 
 def put_batch(local_batch: np.ndarray, mesh) -> jax.Array:

@@ -22,6 +22,8 @@ from gpn_jax.core.window import check_remat_segment
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.parallel import sharding as shardlib
+from gpn_jax.parallel import spmd
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter
@@ -128,12 +130,8 @@ class _Run:
         check_config(config, self.model)
         self.is_lead = jax.process_index() == 0
         self.mesh = meshlib.make_mesh(config.mesh)
-        rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if config.train.batch_size % rows:
-            raise ValueError(
-                f"batch_size {config.train.batch_size} is not divisible by the {rows} devices "
-                "of the mesh's data x fsdp axes"
-            )
+        self.rules = shardlib.rules_from_config(config.mesh)
+        meshlib.check_batch(self.mesh, config.train.batch_size, config.train.grad_accum)
         t = config.train
         self.optimizer = make_optimizer(t, self.model.weight_decay_mask)
         self.schedule = learning_rate_schedule(t)
@@ -150,7 +148,9 @@ class _Run:
         init = lambda rng: ts.init_train_state(self.model, self.optimizer, rng)
         rng = jax.random.PRNGKey(self.config.seed)
         abstract = jax.eval_shape(init, rng)
-        self.state_sharding = jax.tree.map(lambda _: meshlib.replicated(self.mesh), abstract)
+        self.state_sharding = shardlib.tree_shardings(
+            abstract, self.mesh, self.rules, shardlib.model_sizes(self.model.config)
+        )
         data_state = None
         if self.ckpt.all_steps():
             target = jax.tree.map(
@@ -184,14 +184,20 @@ class _Run:
         t = self.config.train
         batch_sh = meshlib.batch_sharding(self.mesh)
         rep = meshlib.replicated(self.mesh)
-        step_fn = ts.make_train_step(self.model, self.optimizer, t.grad_accum)
+        # Data-parallel over data x fsdp, weights gathered once per step (see parallel.spmd).
+        sharded = spmd.ShardedModel(self.model, self.mesh, self.rules)
+        step_fn = ts.make_train_step(sharded, self.optimizer, t.grad_accum)
         self.train_step = jax.jit(
             step_fn,
             in_shardings=(self.state_sharding, batch_sh),
             out_shardings=(self.state_sharding, rep),
             donate_argnums=0,
         )
-        self.eval_step = jax.jit(ts.make_eval_step(self.model))
+        self.eval_step = jax.jit(
+            ts.make_eval_step(sharded),
+            in_shardings=(self.state_sharding.params, batch_sh),
+            out_shardings=rep,
+        )
         return self
 
     def save(self, step: int, metrics: dict | None = None, force: bool = False):
@@ -281,7 +287,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
     Returns the final metrics (also written to `<workdir>/final_metrics.json`), or
     `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
     """
-    run = _Run(config, workdir).init_or_restore().compile_steps()
+    run = _Run(config, workdir)
+    with jax.set_mesh(run.mesh):
+        return _train(run.init_or_restore().compile_steps())
+
+
+def _train(run: _Run) -> dict:
     run.writer = MetricWriter(run.workdir, enabled=run.is_lead)
     if run.is_lead:
         _print_header(run)

@@ -1,0 +1,160 @@
+"""The model, run data-parallel over `data` x `fsdp` with weights gathered once per step.
+
+`ShardedModel(model, mesh, specs)` offers the model's `loss` and `token_losses` (what the
+train and eval steps call) computed under `jax.shard_map`, manual over the batch axes
+(`data`, `fsdp`) and automatic (GSPMD) over `tensor`:
+
+* each device runs the unmodified model on its rows of the batch;
+* fsdp-sharded parameters are all-gathered over `fsdp` once, at the top of the shard_map,
+  before any `lax.scan` (the recurrence reads them T times; gathering inside the loop
+  body would run T all-gathers per step);
+* the loss gradient is taken *inside* the shard_map, with respect to the gathered
+  parameters, so the T-step backward scan accumulates purely local gradients; they are
+  reduce-scattered over `fsdp` (`psum_scatter`) and summed over `data` once, after it.
+
+The gradient is supplied through `jax.custom_vjp`: the forward pass of `value_and_grad`
+computes local loss and gradient together (one forward + backward, as `value_and_grad`
+would), the backward pass only scales the reduced gradient by the cotangent. So
+`jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0])` - the unmodified train step - gets
+the exact full-batch gradient, and no per-token collective over the batch axes exists.
+
+The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_RULES`
+(d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
+reductions.
+"""
+
+import jax
+from jax import P
+
+from gpn_jax.parallel import sharding as shlib
+from gpn_jax.parallel.mesh import BATCH_AXES
+
+MANUAL = frozenset(BATCH_AXES)
+
+
+def _manual_only(spec: P) -> P:
+    """`spec` restricted to the manual (batch) axes: shard_map specs may not name `tensor`."""
+    return shlib.without_axis(spec, shlib.TENSOR)
+
+
+class ShardedModel:
+    """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
+
+    Every other attribute is the wrapped model's. `storage_specs` is the PartitionSpec tree of
+    the parameters as stored (see `sharding.tree_specs`); only their `fsdp` entries matter here.
+    """
+
+    def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES):
+        self.model, self.mesh, self.rules = model, mesh, rules
+        self.sizes = shlib.model_sizes(model.config)
+        self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
+        self._loss = self._make_loss()
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    # ----------------------------------------------------------------- pieces
+    def _specs(self, params):
+        """(specs at the shard_map boundary, the fsdp-sharded dimension of each leaf or None)."""
+        storage = shlib.tree_specs(params, self.mesh, self.rules, self.sizes)
+        boundary = jax.tree.map(_manual_only, storage, is_leaf=shlib.is_spec)
+        dims = jax.tree.map(lambda s: shlib.axis_dim(s, shlib.FSDP), storage, is_leaf=shlib.is_spec)
+        return boundary, dims
+
+    def _gather(self, params, dims):
+        """All-gathers each fsdp-sharded leaf over `fsdp` (once; outside every loop)."""
+
+        def one(p, d):
+            return p if d is None else jax.lax.all_gather(p, shlib.FSDP, axis=d, tiled=True)
+
+        return jax.tree.map(one, params, dims, is_leaf=lambda x: x is None)
+
+    def _reduce(self, grads, dims):
+        """Mean over the batch shards: reduce-scatter over fsdp where stored sharded."""
+
+        def one(g, d):
+            if d is None:
+                return jax.lax.psum(g, tuple(BATCH_AXES)) / self._n_batch
+            g = jax.lax.psum_scatter(g, shlib.FSDP, scatter_dimension=d, tiled=True)
+            return jax.lax.psum(g, "data") / self._n_batch
+
+        return jax.tree.map(one, grads, dims, is_leaf=lambda x: x is None)
+
+    def _check_batch(self, tokens):
+        if tokens.shape[0] % self._n_batch:
+            raise ValueError(
+                f"batch of {tokens.shape[0]} rows does not split over data x fsdp = "
+                f"{self._n_batch} devices"
+            )
+
+    # ----------------------------------------------------------------- loss with custom gradient
+    def _make_loss(self):
+        batch = P(BATCH_AXES)
+        local_loss = lambda p, x: self.model.loss(p, x)[0]
+
+        def mapped(params, tokens, with_grad: bool):
+            boundary, dims = self._specs(params)
+
+            def body(p, x):
+                full = self._gather(p, dims)
+                if not with_grad:
+                    return jax.lax.pmean(local_loss(full, x), tuple(BATCH_AXES))
+                loss, grads = jax.value_and_grad(local_loss)(full, x)
+                return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
+
+            out_specs = P() if not with_grad else (P(), boundary)
+            fn = jax.shard_map(
+                body,
+                mesh=self.mesh,
+                in_specs=(boundary, batch),
+                out_specs=out_specs,
+                axis_names=MANUAL,
+                check_vma=False,
+            )
+            return fn(params, tokens)
+
+        @jax.custom_vjp
+        def loss(params, tokens):
+            return mapped(params, tokens, with_grad=False)
+
+        def fwd(params, tokens):
+            value, grads = mapped(params, tokens, with_grad=True)
+            return value, grads
+
+        def bwd(grads, ct):
+            return jax.tree.map(lambda g: (g * ct).astype(g.dtype), grads), None
+
+        loss.defvjp(fwd, bwd)
+        return loss
+
+    def loss(self, params, tokens_BxT, carry=None):
+        """Mean CE over the global batch. Returns (loss, (None, {'loss': loss})).
+
+        Differentiable in `params` (exact full-batch gradient); windows start fresh (carry=None).
+        """
+        if carry is not None:
+            raise NotImplementedError("ShardedModel.loss starts every window fresh (carry=None)")
+        self._check_batch(tokens_BxT)
+        value = self._loss(params, tokens_BxT)
+        return value, (None, {"loss": value})
+
+    def token_losses(self, params, tokens_BxT, carry=None):
+        """Per-position CE (B, T), batch-sharded; the carry is not returned (None)."""
+        if carry is not None:
+            raise NotImplementedError("ShardedModel.token_losses starts every window fresh")
+        self._check_batch(tokens_BxT)
+        boundary, dims = self._specs(params)
+        batch = P(BATCH_AXES)
+
+        def body(p, x):
+            return self.model.token_losses(self._gather(p, dims), x)[0]
+
+        fn = jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=(boundary, batch),
+            out_specs=batch,
+            axis_names=MANUAL,
+            check_vma=False,
+        )
+        return fn(params, tokens_BxT), None
