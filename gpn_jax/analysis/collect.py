@@ -1,0 +1,206 @@
+"""One streaming pass over held-out windows: every statistic the analyses need, in bounded memory.
+
+Each (b, T) micro-batch of windows is run from a fresh state (as training scores held-out
+windows) by a single jitted function that returns only summaries of the predicted states s^p:
+its count, mean and centred scatter matrix (d x d), norm sums, the sum of unit vectors, the
+per-lag state-cosine sums, the per-sequence running-mean directions at a few token counts, a
+fixed number of raw rows picked by the host's reservoir sampler, and the memory log-decays g
+(T, b, H), which are small. The host merges them in float64. No (N, d) array over the whole
+held-out set ever exists; the largest array is one micro-batch's (T, b, d) states on device.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpn_jax.analysis import horizons, stats
+from gpn_jax.core import gpn
+
+HIGHEST = jax.lax.Precision.HIGHEST
+CONVERGENCE_POINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+@dataclasses.dataclass
+class Collected:
+    """Everything the streaming pass accumulated (host, float64)."""
+
+    moments: stats.Moments
+    reservoir: stats.Reservoir
+    norm_sum: float
+    norm_sq_sum: float
+    unit_sum: np.ndarray  # (d,) sum of s^p / ||s^p|| over nonzero states
+    batch_means: list  # per held-out batch mean of s^p (the first `max_batch_means` batches)
+    state_horizon: horizons.StateHorizonAccumulator
+    retention: horizons.RetentionAccumulator | None
+    convergence_points: np.ndarray  # token counts n
+    convergence_dir_sum: np.ndarray  # (G, d) sum over sequences of unit(mean of s^p_0..n-1)
+    convergence_n: np.ndarray  # (G,) sequences whose running mean is nonzero
+    nonzero: int  # states with ||s^p|| > 0 (s^p_0 is exactly 0: zero carry, no biases)
+    sequences: int
+    batches: int
+    seq_len: int
+
+
+def make_micro_stats(model, state_lags, conv_points):
+    """Jitted `(params, tokens (b, T), sample_idx (S,)) -> (summaries, g or None)`."""
+    state_lags = tuple(int(k) for k in state_lags)
+    conv_idx = np.asarray(conv_points, np.int64) - 1
+
+    def fn(params, tokens_BxT, sample_idx):
+        out, _, _ = model.predicted_states(params, tokens_BxT)
+        p = out.p.astype(jnp.float32)  # (T, B, D)
+        T, B, D = p.shape
+        x = p.reshape(T * B, D)
+        mean = x.mean(0)
+        xc = x - mean
+        norms = jnp.sqrt(jnp.sum(x * x, -1))
+        unit = x / jnp.maximum(norms, 1e-30)[:, None]  # a zero state (s^p_0 = 0) stays 0
+        # per-sequence running means after n tokens (positions 0 .. n-1), as unit vectors
+        rm_dir, rm_ok = _unit(jnp.cumsum(p, axis=0)[conv_idx])  # (G, B, D), (G, B)
+        # state horizon: cosines at each lag, raw and with each sequence's window mean removed;
+        # a cosine with a zero vector is undefined and left out (s^p_0 = 0 for every sequence)
+        u, u_ok = _unit(p)
+        uc, uc_ok = _unit(p - p.mean(0, keepdims=True))
+        raw = jnp.stack([jnp.sum(u[:-k] * u[k:]) for k in state_lags])
+        cen = jnp.stack([jnp.sum(uc[:-k] * uc[k:]) for k in state_lags])
+        raw_n = jnp.stack([jnp.sum(u_ok[:-k] * u_ok[k:]) for k in state_lags])
+        cen_n = jnp.stack([jnp.sum(uc_ok[:-k] * uc_ok[k:]) for k in state_lags])
+        summary = {
+            "mean": mean,
+            "scatter": jnp.einsum("nd,ne->de", xc, xc, precision=HIGHEST),
+            "norm_sum": norms.sum(),
+            "norm_sq_sum": jnp.sum(norms * norms),
+            "unit_sum": unit.sum(0),
+            "nonzero": jnp.sum(norms > 0),
+            "conv_dir_sum": rm_dir.sum(1),
+            "conv_n": rm_ok.sum(1),
+            "horizon_raw": raw,
+            "horizon_centred": cen,
+            "horizon_raw_n": raw_n,
+            "horizon_centred_n": cen_n,
+            "sample": x[sample_idx],
+        }
+        return summary, out.log_decay
+
+    return jax.jit(fn)
+
+
+def _unit(x):
+    """x / ||x|| over the last axis (0 where x = 0) and the float mask of nonzero rows."""
+    n = jnp.sqrt(jnp.sum(x * x, -1, keepdims=True))
+    return x / jnp.maximum(n, 1e-30), (n[..., 0] > 0).astype(jnp.float32)
+
+
+def _micro(batch_size: int, micro_batch: int) -> int:
+    """The largest divisor of batch_size not above micro_batch."""
+    micro_batch = max(1, min(micro_batch or batch_size, batch_size))
+    return max(c for c in range(1, micro_batch + 1) if batch_size % c == 0)
+
+
+def collect(
+    model,
+    params,
+    windows,
+    *,
+    max_batches: int = 0,
+    micro_batch: int = 16,
+    sample_size: int = 4096,
+    max_batch_means: int = 256,
+    n_state_lags: int = 24,
+    seed: int = 0,
+    progress=None,
+) -> Collected:
+    """Streams `windows` (an iterable of (B, T) int batches) through the model once.
+
+    Args:
+      max_batches: stop after this many batches (0: all).
+      micro_batch: windows per device call (bounds device memory: (T, micro_batch, d) states).
+      sample_size: rows of s^p kept in the uniform reservoir sample.
+      max_batch_means: per-batch means kept for the per-batch cosine.
+      n_state_lags: points of the log lag grid of the state horizon.
+    """
+    D = params["decode"]["norm"].shape[0]
+    mem = gpn.memory_shape(params)
+    moments, reservoir = stats.Moments(D), stats.Reservoir(sample_size, D, seed)
+    norm_sum = norm_sq = 0.0
+    unit_sum, nonzero = np.zeros(D), 0
+    fn = ret = horizon = conv = conv_sum = None
+    batch_means, sequences, batches, T = [], 0, 0, 0
+    for bi, batch in enumerate(windows):
+        if max_batches and bi >= max_batches:
+            break
+        batch = np.asarray(batch, np.int32)
+        B, T_b = batch.shape
+        mb = _micro(B, micro_batch)
+        if fn is None:
+            T = T_b
+            if T < 2:
+                raise ValueError(f"analysis needs windows of at least 2 tokens, got {T}")
+            state_lags = horizons.log_lags(T - 1, n_state_lags)
+            conv = np.unique([n for n in CONVERGENCE_POINTS if n <= T] + [T])
+            conv_sum, conv_n = np.zeros((len(conv), D)), np.zeros(len(conv))
+            fn = make_micro_stats(model, state_lags, conv)
+            horizon = horizons.StateHorizonAccumulator(state_lags)
+            if mem is not None:
+                ret = horizons.RetentionAccumulator(horizons.retention_lags(T - 1), mem[0])
+            n_sample = max(1, min(sample_size, mb * T))
+        elif T_b != T:
+            raise ValueError(f"held-out windows changed length ({T} -> {T_b})")
+        batch_sum = np.zeros(D)
+        for r0 in range(0, B, mb):
+            tokens = batch[r0 : r0 + mb]
+            n = tokens.size
+            idx, slots = reservoir.offer(n)
+            summary, g = fn(params, tokens, _padded(idx, n_sample))
+            summary = jax.device_get(summary)
+            reservoir.put(slots, summary["sample"][: len(idx)])
+            moments.add_summary(n, summary["mean"], summary["scatter"])
+            norm_sum += float(summary["norm_sum"])
+            norm_sq += float(summary["norm_sq_sum"])
+            unit_sum += summary["unit_sum"]
+            conv_sum += summary["conv_dir_sum"]
+            horizon.add_sums(
+                summary["horizon_raw"],
+                summary["horizon_centred"],
+                summary["horizon_raw_n"],
+                summary["horizon_centred_n"],
+            )
+            nonzero += int(summary["nonzero"])
+            conv_n += summary["conv_n"]
+            if ret is not None:
+                ret.add(np.asarray(g))
+            batch_sum += np.asarray(summary["mean"], np.float64) * n
+        if len(batch_means) < max_batch_means:
+            batch_means.append(batch_sum / batch.size)
+        sequences += B
+        batches += 1
+        if progress is not None:
+            progress(batches)
+    if fn is None:
+        raise ValueError("no held-out windows to analyse")
+    return Collected(
+        moments=moments,
+        reservoir=reservoir,
+        norm_sum=norm_sum,
+        norm_sq_sum=norm_sq,
+        unit_sum=unit_sum,
+        batch_means=batch_means,
+        state_horizon=horizon,
+        retention=ret,
+        convergence_points=conv,
+        convergence_dir_sum=conv_sum,
+        convergence_n=conv_n,
+        nonzero=nonzero,
+        sequences=sequences,
+        batches=batches,
+        seq_len=T,
+    )
+
+
+def _padded(idx: np.ndarray, n: int) -> np.ndarray:
+    """idx as a fixed-length (n,) int32 array (zero-padded), so the jitted gather has one shape."""
+    pad = np.zeros(n, np.int32)
+    pad[: len(idx)] = idx
+    return pad

@@ -1,0 +1,73 @@
+"""Analyses a trained GPN / GPN+M run on its own held-out data.
+
+    python -m gpn_jax.analyze --workdir=/tmp/run --out=/tmp/run/analysis
+
+State geometry, the mean direction s̄, state and memory horizons (SPEC "Analyses the paper
+reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
+`--out` (default `<workdir>/analysis`) and prints the ablation table. Thin absl launcher over
+`gpn_jax.analysis.analyze`. User errors print one line and exit with status 1.
+"""
+
+import os
+
+from absl import app, flags, logging
+
+from gpn_jax import cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
+_OUT = flags.DEFINE_string("out", None, "Output folder (default: <workdir>/analysis).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
+_MAX_BATCHES = flags.DEFINE_integer("max_batches", 0, "Held-out batches analysed (0: all).")
+_ABL_BATCHES = flags.DEFINE_integer(
+    "ablation_batches",
+    0,
+    "Held-out batches per ablation (0: as --max_batches; -1: skip ablations).",
+)
+_BATCH = flags.DEFINE_integer("batch_size", 0, "Held-out windows per batch (0: training's).")
+_SEQ = flags.DEFINE_integer("seq_len", 0, "Held-out window length (0: training's).")
+_MICRO = flags.DEFINE_integer("micro_batch", 16, "Windows per device call (bounds memory).")
+_SAMPLE = flags.DEFINE_integer("sample_size", 4096, "States kept in the random sample.")
+_FIGURES = flags.DEFINE_bool("figures", True, "Write PNG figures.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sample / heat-map / random-direction seed.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def analyze(workdir: str) -> dict:
+    from gpn_jax.analysis import AnalysisConfig
+    from gpn_jax.analysis.runner import analyze as run_analysis
+    from gpn_jax.analysis.runner import check_model
+    from gpn_jax.training.restore import load_run
+
+    config = AnalysisConfig(
+        max_batches=_MAX_BATCHES.value,
+        ablation_batches=_ABL_BATCHES.value,
+        batch_size=_BATCH.value,
+        seq_len=_SEQ.value,
+        micro_batch=_MICRO.value,
+        sample_size=_SAMPLE.value,
+        figures=_FIGURES.value,
+        seed=_SEED.value,
+    )
+    for name in ("max_batches", "batch_size", "seq_len", "micro_batch", "sample_size"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"--{name} must be >= 0")
+    run = load_run(workdir, _STEP.value)
+    check_model(run)
+    out = _OUT.value or os.path.join(run.workdir, "analysis")
+    return run_analysis(run, out, config)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    cli.run_or_exit(analyze, _WORKDIR.value, prog="gpn-analyze")
+
+
+def run():
+    app.run(main, flags_parser=cli.flags_parser("gpn-analyze"))
+
+
+if __name__ == "__main__":
+    run()
