@@ -158,3 +158,36 @@ class ShardedModel:
             check_vma=False,
         )
         return fn(params, tokens_BxT), None
+
+
+def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
+    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile)."""
+    from gpn_jax.parallel.mesh import batch_sharding, replicated
+    from gpn_jax.training import train_step as ts
+
+    sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
+    return jax.jit(
+        ts.make_train_step(sharded, optimizer, grad_accum),
+        in_shardings=(state_sharding, batch_sharding(mesh)),
+        out_shardings=(state_sharding, replicated(mesh)),
+        donate_argnums=0,
+    )
+
+
+def jit_eval_step(model, mesh, param_sharding, rules=None):
+    """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
+    from gpn_jax.parallel.mesh import batch_sharding, replicated
+    from gpn_jax.training import train_step as ts
+
+    sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
+    return jax.jit(
+        ts.make_eval_step(sharded),
+        in_shardings=(param_sharding, batch_sharding(mesh)),
+        out_shardings=replicated(mesh),
+    )
+
+
+def state_shardings(abstract_state, mesh, model, rules=None):
+    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
+    rules = shlib.DEFAULT_RULES if rules is None else rules
+    return shlib.tree_shardings(abstract_state, mesh, rules, shlib.model_sizes(model.config))

@@ -148,9 +148,7 @@ class _Run:
         init = lambda rng: ts.init_train_state(self.model, self.optimizer, rng)
         rng = jax.random.PRNGKey(self.config.seed)
         abstract = jax.eval_shape(init, rng)
-        self.state_sharding = shardlib.tree_shardings(
-            abstract, self.mesh, self.rules, shardlib.model_sizes(self.model.config)
-        )
+        self.state_sharding = spmd.state_shardings(abstract, self.mesh, self.model, self.rules)
         data_state = None
         if self.ckpt.all_steps():
             target = jax.tree.map(
@@ -182,21 +180,12 @@ class _Run:
     # ---------------------------------------------------------------- steps
     def compile_steps(self):
         t = self.config.train
-        batch_sh = meshlib.batch_sharding(self.mesh)
-        rep = meshlib.replicated(self.mesh)
         # Data-parallel over data x fsdp, weights gathered once per step (see parallel.spmd).
-        sharded = spmd.ShardedModel(self.model, self.mesh, self.rules)
-        step_fn = ts.make_train_step(sharded, self.optimizer, t.grad_accum)
-        self.train_step = jax.jit(
-            step_fn,
-            in_shardings=(self.state_sharding, batch_sh),
-            out_shardings=(self.state_sharding, rep),
-            donate_argnums=0,
+        self.train_step = spmd.jit_train_step(
+            self.model, self.optimizer, t.grad_accum, self.mesh, self.state_sharding, self.rules
         )
-        self.eval_step = jax.jit(
-            ts.make_eval_step(sharded),
-            in_shardings=(self.state_sharding.params, batch_sh),
-            out_shardings=rep,
+        self.eval_step = spmd.jit_eval_step(
+            self.model, self.mesh, self.state_sharding.params, self.rules
         )
         return self
 

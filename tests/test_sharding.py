@@ -1,0 +1,244 @@
+"""Scale-out on 8 forced CPU devices: sharding rules, equivalence with one device, and the
+compiled recurrence (no per-token weight all-gather / gradient reduce-scatter)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax import P
+
+from gpn_jax.models import factory
+from gpn_jax.parallel import hlo, spmd
+from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.parallel import sharding as shardlib
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.optimizer import make_optimizer
+
+MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
+B, T = 8, 8
+MODELS = {
+    "gpn_m": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=1, loss_chunk=4,
+    ),
+    "transformer": dict(
+        family="transformer", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_ffn=32,
+        max_seq_len=T, loss_chunk=4,
+    ),
+    "gdn": dict(
+        family="gdn", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_key=4, d_value=8,
+        d_ffn=32, chunk_size=4, loss_chunk=4,
+    ),
+}  # fmt: skip
+
+
+def make_mesh(shape):
+    return meshlib.make_mesh(ml_collections.ConfigDict(dict(zip(meshlib.AXES, shape, strict=True))))
+
+
+# ----------------------------------------------------------------------------- mesh and rules
+def test_mesh_shape_from_config():
+    cfg = lambda **kw: ml_collections.ConfigDict(kw)
+    assert meshlib.mesh_shape(cfg(data=-1, fsdp=1, tensor=1), 8) == (8, 1, 1)
+    assert meshlib.mesh_shape(cfg(data=2, fsdp=-1, tensor=2), 8) == (2, 2, 2)
+    with pytest.raises(ValueError, match="at most one"):
+        meshlib.mesh_shape(cfg(data=-1, fsdp=-1), 8)
+    with pytest.raises(ValueError, match="needs 4 devices"):
+        meshlib.mesh_shape(cfg(data=2, fsdp=2, tensor=1), 8)
+    mesh = make_mesh((2, 4, 1))
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    with pytest.raises(ValueError, match="does not split into 2 micro-batch"):
+        meshlib.check_batch(mesh, 8, grad_accum=2)
+
+
+def test_rules_shard_params_and_follow_them_into_the_optimiser_state():
+    model = factory.build_model(MODELS["gpn_m"])
+    opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
+    state = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
+    specs = shardlib.tree_specs(
+        state, make_mesh((2, 2, 2)), sizes=shardlib.model_sizes(model.config)
+    )
+    p = specs.params
+    assert p["layer_0"]["w1"] == P("fsdp", "tensor")  # column-parallel over d_ffn
+    assert p["layer_0"]["w2"] == P("tensor", "fsdp")  # row-parallel
+    assert p["layer_0"]["wq"] == P("fsdp", "tensor")  # memory heads split
+    assert p["layer_0"]["wo"] == P("tensor", "fsdp")
+    assert p["write"]["A_log"] == P("tensor")
+    assert p["embed"] == P("tensor", "fsdp")  # vocab over tensor
+    assert p["layer_0"]["wpg"] == P("fsdp")  # whole on tensor
+    assert p["layer_0"]["ffn_norm"] == P()  # vectors replicated
+    mu = specs.opt_state[1][0].mu
+    assert mu == p  # Adam moments follow their parameters
+    assert specs.step == P()
+
+
+def test_specs_drop_axes_that_do_not_divide():
+    mesh_shape = {"data": 1, "fsdp": 4, "tensor": 2}
+    # 3 heads cannot split over tensor=2, even though 3 * 4 = 12 columns could.
+    sizes = {"heads": 3, "ffn": 32, "vocab": 64}
+    assert shardlib.spec_for("layer_0/wq", (16, 12), mesh_shape, sizes=sizes) == P("fsdp")
+    assert shardlib.spec_for("layer_0/w1", (16, 64), mesh_shape, sizes=sizes) == P("fsdp", "tensor")
+    assert shardlib.spec_for("embed", (63, 8), mesh_shape, sizes=sizes) == P(None, "fsdp")
+    # unmatched matrices: fsdp on the first divisible dimension; vectors replicated
+    assert shardlib.spec_for("x/unknown", (3, 8), mesh_shape) == P(None, "fsdp")
+    assert shardlib.spec_for("x/unknown", (8,), mesh_shape) == P()
+    # config rules come first and may name logical or mesh axes
+    rules = shardlib.rules_from_config(
+        ml_collections.ConfigDict({"rules": [[r"(^|/)wpg$", ["tensor", None]]]})
+    )
+    assert shardlib.spec_for("layer_0/wpg", (16, 16), mesh_shape, rules) == P("tensor")
+    with pytest.raises(ValueError, match="unknown axis"):
+        shardlib.rules_from_config(ml_collections.ConfigDict({"rules": [["w", ["model"]]]}))
+
+
+def _train_cfg():
+    return dict(
+        grad_clip=1.0, learning_rate=1e-2, warmup_steps=0, steps=10, min_lr_ratio=0.1,
+        b1=0.9, b2=0.95, weight_decay=0.1,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- equivalence
+@functools.cache
+def _problem(name):
+    """Model, perturbed params (so no gradient is trivially zero), a batch, single-device
+    loss and gradients."""
+    model = factory.build_model(MODELS[name])
+    params = model.init(jax.random.PRNGKey(0))
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree.unflatten(
+        tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    )
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, MODELS[name]["vocab_size"])
+    one = jax.devices()[0]
+    params, tokens = jax.device_put((params, tokens), one)
+    ref = jax.jit(jax.value_and_grad(lambda p, x: model.loss(p, x)[0]))(params, tokens)
+    return model, params, tokens, jax.device_get(ref)
+
+
+@functools.cache
+def _sharded(name, shape):
+    """Loss and gradients on `shape`, and the optimised HLO of that computation."""
+    model, params, tokens, _ = _problem(name)
+    mesh = make_mesh(shape)
+    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    sharded = spmd.ShardedModel(model, mesh)
+    batch = meshlib.batch_sharding(mesh)
+    with jax.set_mesh(mesh):
+        fn = jax.jit(
+            jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0]),
+            in_shardings=(shardings, batch),
+            out_shardings=(meshlib.replicated(mesh), shardings),
+        )
+        args = jax.device_put(params, shardings), jax.device_put(tokens, batch)
+        compiled = fn.lower(*args).compile()
+        loss, grads = compiled(*args)
+    assert jax.tree.map(lambda g: g.sharding, grads) == shardings
+    return jax.device_get((loss, grads)), compiled.as_text()
+
+
+def _assert_matches(name, shape):
+    ref_loss, ref_grads = _problem(name)[3]
+    (loss, grads), _ = _sharded(name, shape)
+    np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=1e-5)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        r = functools.reduce(lambda t, k: t[k.key], path, ref_grads)
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(ref_grads)) > 1e-2
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+def test_gpn_m_loss_and_grads_match_one_device(shape):
+    _assert_matches("gpn_m", shape)
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+def test_transformer_loss_and_grads_match_one_device(shape):
+    _assert_matches("transformer", shape)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+def test_gated_deltanet_loss_and_grads_match_one_device(shape):
+    _assert_matches("gdn", shape)
+
+
+def test_eval_token_losses_match_one_device():
+    model, params, tokens, _ = _problem("gpn_m")
+    ref, _ = jax.jit(model.token_losses)(params, tokens)
+    mesh = make_mesh((2, 2, 2))
+    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    sharded = spmd.ShardedModel(model, mesh)
+    with jax.set_mesh(mesh):
+        ce, _ = jax.jit(sharded.token_losses)(
+            jax.device_put(params, shardings),
+            jax.device_put(tokens, meshlib.batch_sharding(mesh)),
+        )
+    assert ce.sharding.spec == P(("data", "fsdp"))
+    np.testing.assert_allclose(ce, ref, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- compiled HLO
+def _recurrent_loops(text: str, steps: int):
+    """The while loops that run `steps` iterations: the recurrent scan forward and backward
+    (the chunked-loss loop runs T / loss_chunk times, RNG loops a handful)."""
+    loops = [lp for lp in hlo.while_loops(text) if lp.trip_count == steps]
+    assert len(loops) >= 2, [(lp.body, lp.trip_count) for lp in hlo.while_loops(text)]
+    return loops
+
+
+def test_fsdp_train_step_gathers_weights_once_outside_the_scan():
+    """GPN+M train step on (data 2, fsdp 4): weights all-gathered and gradients
+    reduce-scattered in the step, never inside a loop body (the scan runs T = 16 steps)."""
+    config = dict(MODELS["gpn_m"], loss_chunk=4)
+    model = factory.build_model(config)
+    opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
+    mesh = make_mesh((2, 4, 1))
+    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
+    state_sh = shardlib.tree_shardings(abstract, mesh, sizes=shardlib.model_sizes(model.config))
+    step = ts.make_train_step(spmd.ShardedModel(model, mesh), opt)
+    with jax.set_mesh(mesh):
+        text = (
+            jax.jit(
+                step,
+                in_shardings=(state_sh, meshlib.batch_sharding(mesh)),
+                out_shardings=(state_sh, meshlib.replicated(mesh)),
+                donate_argnums=0,
+            )
+            .lower(abstract, jax.ShapeDtypeStruct((8, 16), jnp.int32))
+            .compile()
+            .as_text()
+        )
+    everywhere = hlo.entry_collectives(text)
+    assert everywhere["all-gather"] > 0 and everywhere["reduce-scatter"] > 0  # fsdp is real
+    loops = hlo.while_loops(text)
+    assert len(_recurrent_loops(text, 16)) == 2  # forward and backward scan
+    assert any(lp.trip_count == 16 // 4 for lp in loops)  # the chunked loss
+    for lp in loops:  # no weight or gradient traffic in any loop body
+        assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
+
+
+def test_data_parallel_scan_has_no_collectives():
+    _, text = _sharded("gpn_m", (8, 1, 1))
+    for lp in hlo.while_loops(text):
+        assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
+
+
+def test_tensor_parallel_scan_reduces_once_per_layer_step():
+    """(2, 2, 2): d_ffn and memory heads split over tensor. Inside the recurrent loops there is
+    no all-gather / reduce-scatter; the forward step's layer outputs (FFN + memory read partial
+    sums) are reduced by one all-reduce of (B_local, d) values, plus the scalar-per-row
+    all-reduce of the read's RMSNorm over all heads."""
+    _, text = _sharded("gpn_m", (2, 2, 2))
+    loops = _recurrent_loops(text, T)
+    for lp in hlo.while_loops(text):
+        assert lp.collectives["all-gather"] == lp.collectives["reduce-scatter"] == 0, lp.op_names
+    forward = [lp for lp in loops if not any("transpose(" in w for w in lp.op_names)]
+    assert len(forward) == 1
+    reduces = [w for w in forward[0].op_names if w.startswith("all-reduce")]
+    assert 1 <= len(reduces) <= 2, forward[0].op_names
