@@ -1,0 +1,157 @@
+"""End to end on a tiny run's workdir: held-out PPL, the CLIs, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import gpn_m_tiny
+from gpn_jax.data.pipeline import build_data
+from gpn_jax.data.text_sources import embedded_corpus
+from gpn_jax.data.tokenizer import train_tokenizer
+from gpn_jax.eval import run_evals
+from gpn_jax.models import factory
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.checkpointing import Checkpointer
+from gpn_jax.training.loop import train_and_evaluate
+from gpn_jax.training.optimizer import make_optimizer
+from gpn_jax.training.restore import load_run
+
+TEXTS = [
+    "The interpreter reads the file and then executes every statement",
+    "A dictionary maps hashable keys to arbitrary values",
+    "Generators return an iterator",
+]
+
+
+def tiny_config():
+    c = gpn_m_tiny.get_config()  # batch 8: the 8 test CPU devices
+    c.train.update(dict(batch_size=8, steps=2, warmup_steps=1, eval_every=0, checkpoint_every=2))
+    c.train.async_checkpoints = False
+    return c
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """An untrained gpn_m_tiny checkpoint saved as training saves one (no compile needed)."""
+    c = tiny_config()
+    wd = str(tmp_path_factory.mktemp("run"))
+    model = factory.build_model(c.model)
+    state = ts.init_train_state(
+        model, make_optimizer(c.train, model.weight_decay_mask), jax.random.PRNGKey(0)
+    )
+    data = build_data(
+        c.data.source,
+        vocab_size=512,
+        seq_len=32,
+        batch_size=8,
+        workdir=wd,
+        seed=c.seed,
+        heldout_fraction=c.data.heldout_fraction,
+    )  # fmt: skip  (trains and saves the tokenizer)
+    with Checkpointer(wd, keep=None, async_save=False) as ckpt:
+        ckpt.save(2, state, data.train.get_state(), c.to_dict(), {"step": 2}, force=True)
+    return wd
+
+
+@pytest.fixture(scope="module")
+def lambada_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lambada") / "lambada.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return str(path)
+
+
+def cli(module, *args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def one_line_error(proc, match):
+    assert proc.returncode != 0, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert match in lines[0], lines[0]
+
+
+def test_heldout_ppl_is_exp_mean_loss_over_trainings_heldout_windows(workdir):
+    run = load_run(workdir)
+    r = run_evals(run, ["ppl"], ppl_max_batches=3)["ppl"]
+    c = tiny_config()
+    data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=workdir)
+    loss = jax.jit(lambda p, x: run.model.loss(p, x)[0])
+    batches = list(data.heldout_windows())[:3]
+    expected = np.mean([float(loss(run.params, b)) for b in batches])
+    assert r["tokens"] == 3 * 8 * 32 and r["ppl"] == pytest.approx(np.exp(expected), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_heldout_ppl_equals_the_trainers_final_number(tmp_path):
+    wd = str(tmp_path / "trained")
+    final = train_and_evaluate(tiny_config(), wd)
+    r = run_evals(load_run(wd), ["ppl"])["ppl"]
+    assert r["tokens"] == final["heldout_tokens"]
+    assert r["ppl"] == pytest.approx(final["heldout_ppl"], rel=1e-5)
+
+
+def test_evaluate_cli_writes_nested_json(workdir, lambada_file, tmp_path):
+    out = tmp_path / "out.json"
+    proc = cli(
+        "gpn_jax.evaluate",
+        f"--workdir={workdir}",
+        "--eval=ppl,lambada,stream,recall",
+        f"--lambada_path={lambada_file}",
+        f"--out={out}",
+        "--stream_buckets=0,256,1k",
+        "--batch_size=4",
+        "--recall_examples=8",
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert set(r) == {"run", "ppl", "lambada", "stream", "recall"} and r["run"]["step"] == 2
+    assert set(r["lambada"]["paper"]) == set(r["lambada"]["harness"]) == {"acc", "ppl"}
+    assert r["lambada"]["n"] == 3
+    assert list(r["stream"]["buckets"]) == ["0-256", "256-1k"] and r["stream"]["mode"] == "carried"
+    assert r["recall"]["examples"] == 8
+    saved = json.loads(open(os.path.join(workdir, "eval_results.json")).read())
+    assert saved["ppl"] == r["ppl"]
+    assert "held-out PPL" in proc.stdout and "harness acc / PPL" in proc.stdout
+
+
+def test_generate_cli(workdir):
+    proc = cli("gpn_jax.generate", f"--workdir={workdir}", "--prompt=The list", "--greedy",
+               "--max_new_tokens=5")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The list")
+
+
+def test_missing_checkpoint(tmp_path):
+    one_line_error(cli("gpn_jax.evaluate", f"--workdir={tmp_path}"), "no checkpoint")
+    one_line_error(cli("gpn_jax.generate", f"--workdir={tmp_path}", "--prompt=x"), "no checkpoint")
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [('{"text": "a b"}\n{"text": "c d\n', "line 2: not valid JSON"), ("", "is empty")],
+    ids=["malformed", "empty"],
+)
+def test_bad_lambada_file(workdir, tmp_path, content, match):
+    path = tmp_path / "l.jsonl"
+    path.write_text(content)
+    one_line_error(
+        cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=lambada", f"--lambada_path={path}"),
+        match,
+    )
+
+
+def test_tokenizer_mismatch(workdir, lambada_file, tmp_path):
+    other = str(tmp_path / "other.model")
+    train_tokenizer(embedded_corpus()[:20], 400, other)
+    proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=lambada",
+               f"--lambada_path={lambada_file}", f"--tokenizer_path={other}")  # fmt: skip
+    one_line_error(proc, "tokenizer vocab 400 != model vocab_size 512")

@@ -1,0 +1,94 @@
+"""Streaming long-context eval (carry across windows) and windowed held-out PPL."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from gpn_jax.data.windows import WindowIterator
+from gpn_jax.eval import ppl, stream
+from gpn_jax.models import factory
+
+V = 64
+GPN_M = dict(family="gpn", vocab_size=V, d_model=32, d_emb=16, d_ffn=64, n_heads=2, d_key=8,
+             d_value=8, loss_chunk=16)  # fmt: skip
+TF = dict(family="transformer", vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_ffn=64,
+          max_seq_len=32, loss_chunk=16)  # fmt: skip
+GDN = dict(family="gdn", vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_key=8, d_value=8,
+           d_ffn=64, chunk_size=16, loss_chunk=16)  # fmt: skip
+
+
+def build(cfg, seed=0):
+    model = factory.build_model(cfg)
+    return model, model.init(jax.random.PRNGKey(seed))
+
+
+def tokens(n, seed=0):
+    return np.random.default_rng(seed).integers(0, V, n).astype(np.int32)
+
+
+def test_parse_buckets():
+    assert stream.parse_buckets("0,2k,8k,32k") == [0, 2048, 8192, 32768]
+    assert stream.parse_buckets("64,128") == [0, 64, 128]
+    assert stream.parse_buckets([0, 10]) == [0, 10]
+    for bad in ("0,2x", "0,8k,2k", ""):
+        with pytest.raises(ValueError, match="bucket edge"):
+            stream.parse_buckets(bad)
+
+
+@pytest.mark.parametrize("cfg", [GPN_M, GDN], ids=["gpn_m", "gdn"])
+def test_streaming_with_carry_equals_one_long_window(cfg):
+    model, params = build(cfg)
+    x = tokens(2 * 96).reshape(2, 96)
+    streamed = stream.stream_token_losses(model, params, x, window=32, carry=True)
+    whole, _ = jax.jit(model.token_losses)(params, x)
+    np.testing.assert_allclose(streamed, np.asarray(whole), rtol=2e-5, atol=2e-5)
+    reset = stream.stream_token_losses(model, params, x, window=32, carry=False)
+    assert not np.allclose(reset[:, 32:], streamed[:, 32:])  # the carry matters
+    np.testing.assert_allclose(reset[:, :32], streamed[:, :32], rtol=1e-5, atol=1e-6)
+
+
+def test_buckets_of_a_recurrent_model():
+    model, params = build(GPN_M)
+    r = stream.stream_eval(model, params, tokens(300), window=32, buckets="0,64,128,1k")
+    # 300 tokens -> one stream of 9 windows (288 tokens); the last bucket is cut at 288
+    assert r["mode"] == "carried" and r["stream_tokens"] == 288
+    assert list(r["buckets"]) == ["0-64", "64-128", "128-288"]
+    assert [b["tokens"] for b in r["buckets"].values()] == [64, 64, 160]
+    ce = stream.stream_token_losses(model, params, tokens(300)[:288][None], 32)
+    assert r["buckets"]["64-128"]["loss"] == pytest.approx(ce[:, 64:128].mean(), rel=1e-6)
+    assert r["overall"]["ppl"] == pytest.approx(math.exp(ce.mean()), rel=1e-6)
+    assert set(r["reset"]["buckets"]) == set(r["buckets"])
+    assert r["reset"]["buckets"]["0-64"]["loss"] != r["buckets"]["0-64"]["loss"]  # 2nd window
+    r2 = stream.stream_eval(model, params, tokens(300), window=32, buckets="0,64", num_streams=2)
+    assert r2["streams"] == 2 and r2["stream_tokens"] == 64 and r2["overall"]["tokens"] == 128
+
+
+def test_transformer_reports_its_fixed_window_number():
+    model, params = build(TF)
+    x = tokens(128)
+    r = stream.stream_eval(model, params, x, window=32, buckets="0,64,128")
+    assert r["mode"] == "fixed_window" and "reset" not in r
+    restarted = np.asarray(jax.jit(model.token_losses)(params, x.reshape(4, 32))[0])
+    assert r["buckets"]["64-128"]["loss"] == pytest.approx(restarted[2:].mean(), rel=1e-5)
+
+
+def test_stream_too_short():
+    model, params = build(GPN_M)
+    with pytest.raises(ValueError, match="stream too short"):
+        stream.stream_eval(model, params, tokens(20), window=32)
+
+
+def test_windows_ppl_is_exp_mean_model_loss():
+    model, params = build(GPN_M)
+    heldout = tokens(5 * 4 * 16 + 7, seed=1)  # 20 windows of 16 and a ragged tail
+    it = lambda: WindowIterator(heldout, 4, 16, layout="sequential", repeat=False)
+    r = ppl.windows_ppl(model, params, it())
+    loss = jax.jit(lambda p, x: model.loss(p, x)[0])
+    losses = [float(loss(params, b)) for b in it()]
+    assert len(losses) == 5 and r["windows"] == 20 and r["tokens"] == 20 * 16
+    assert r["ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-6)
+    assert ppl.windows_ppl(model, params, it(), max_batches=2)["windows"] == 8
+    with pytest.raises(ValueError, match="no held-out windows"):
+        ppl.windows_ppl(model, params, [])
