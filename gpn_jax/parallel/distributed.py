@@ -4,9 +4,10 @@ Where the processes come from, in order:
 
 1. flags `--coordinator_address=host:port --num_processes=N --process_id=i` (any launcher);
 2. environment `GPN_COORDINATOR` (host:port), `GPN_NUM_PROCESSES`, `GPN_PROCESS_ID`;
-3. a detected cluster: a multi-host Cloud TPU slice (`TPU_WORKER_HOSTNAMES` lists several
-   hosts), Slurm (`SLURM_NTASKS` > 1) or Open MPI (`OMPI_COMM_WORLD_SIZE` > 1): JAX finds the
-   coordinator itself;
+3. `--distributed` (or `GPN_DISTRIBUTED=1`), or a detected cluster - a multi-host Cloud TPU
+   slice (`TPU_WORKER_HOSTNAMES` lists several hosts), Slurm (`SLURM_NTASKS` > 1), Open MPI
+   (`OMPI_COMM_WORLD_SIZE` > 1): `jax.distributed.initialize()` with JAX's own cluster
+   detection (on Cloud TPU it reads the VM metadata; `launch/tpu_vm.sh` passes `--distributed`);
 4. otherwise a single process: nothing to do.
 
 `--distributed_timeout` / `GPN_DISTRIBUTED_TIMEOUT` (seconds, default 300) bounds how long a
@@ -24,6 +25,9 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+_AUTO = flags.DEFINE_bool(
+    "distributed", False, "Multi-host: jax.distributed.initialize() with cluster auto-detection."
+)
 _TIMEOUT = flags.DEFINE_integer(
     "distributed_timeout", None, "Multi-host: seconds to wait for every process to join."
 )
@@ -81,6 +85,6 @@ def initialize(environ=None) -> None:
     if settings is not None:
         if settings["num_processes"] > 1:
             jax.distributed.initialize(**settings, initialization_timeout=_timeout(environ))
-    elif detected_cluster(environ):
+    elif _flag(_AUTO) or environ.get("GPN_DISTRIBUTED") == "1" or detected_cluster(environ):
         jax.distributed.initialize(initialization_timeout=_timeout(environ))
     _initialized = True
