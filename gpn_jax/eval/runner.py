@@ -88,7 +88,7 @@ def run_evals(
     data = None
     for name in names:
         if name == "ppl":
-            data = data or ppl.heldout_data(run)
+            data = ppl.heldout_data(run) if data is None else data
             results["ppl"] = ppl.heldout_ppl(run, data, ppl_max_batches)
         elif name == "lambada":
             results["lambada"] = lambada.evaluate_lambada(
@@ -100,7 +100,7 @@ def run_evals(
                     tokens = tokenizer.encode(f.read())
                 source = stream_path
             else:
-                data = data or ppl.heldout_data(run)
+                data = ppl.heldout_data(run) if data is None else data
                 tokens, source = data.heldout, "held-out split"
             window = stream_window or run.config.train.seq_len
             results["stream"] = stream.stream_eval(
