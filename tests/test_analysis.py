@@ -260,8 +260,8 @@ def test_analyze_writes_every_output(gpn_m, tmp_path):
         "base", "mean_dir", "random_dir", "fast_heads", "slow_heads", "no_read"
     }  # fmt: skip
     assert saved["ablations"]["rows"]["base"]["ppl"] == pytest.approx(
-        plain_ppl(model, params, data.batches), rel=1e-12
-    )
+        plain_ppl(model, params, data.batches), rel=1e-5
+    )  # micro-batched (2 windows at a time): equal up to float32 summation order
     assert res["state_geometry"] == saved["state_geometry"]
     report = (tmp_path / "report.md").read_text()
     for needle in (

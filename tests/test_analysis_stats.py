@@ -161,3 +161,14 @@ def test_lag_grids():
     assert g[0] == 1 and g[-1] == 2047 and np.all(np.diff(g) > 0)
     r = horizons.retention_lags(2047)
     assert r[:64].tolist() == list(range(1, 65)) and r[-1] == 2047
+
+
+def test_spearman_matches_scipy_with_ties():
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 5, 300).astype(float)  # many ties
+    b = a + rng.integers(0, 3, 300)
+    assert stats.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    np.testing.assert_array_equal(stats.average_ranks([3, 1, 3, 2]), [3.5, 1, 3.5, 2])
+    assert stats.spearman(np.ones(5), np.arange(5)) == 0.0

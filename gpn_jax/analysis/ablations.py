@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpn_jax.analysis.collect import micro_size
 from gpn_jax.core import gpn
 from gpn_jax.core.gpn import Intervention
 
@@ -77,10 +78,13 @@ def interventions(params, mean_dir, pools: dict | None, seed: int = 0) -> dict:
     return rows
 
 
-def ablation_ppl(model, params, windows, ivs: dict, max_batches: int = 0) -> dict:
+def ablation_ppl(
+    model, params, windows, ivs: dict, max_batches: int = 0, micro_batch: int = 0
+) -> dict:
     """Held-out loss / PPL of each intervention over the same windows (one pass, one compile).
 
     Per batch the mean CE over all B*T positions (training's loss); batches weighted by tokens.
+    micro_batch > 0 evaluates each batch that many windows at a time (bounds device memory).
     Returns {'rows': {name: {loss, ppl, label, delta_loss, ppl_ratio}}, 'tokens': n}.
     """
     loss_fn = jax.jit(lambda p, x, iv: model.loss(p, x, iv=iv)[0])
@@ -90,8 +94,11 @@ def ablation_ppl(model, params, windows, ivs: dict, max_batches: int = 0) -> dic
         if max_batches and i >= max_batches:
             break
         batch = np.asarray(batch, np.int32)
-        for name, iv in ivs.items():
-            totals[name] += float(loss_fn(params, batch, iv)) * batch.size
+        mb = micro_size(batch.shape[0], micro_batch)
+        for r0 in range(0, batch.shape[0], mb):
+            part = batch[r0 : r0 + mb]
+            for name, iv in ivs.items():
+                totals[name] += float(loss_fn(params, part, iv)) * part.size
         tokens += batch.size
     if not tokens:
         raise ValueError("no held-out windows for the ablations")

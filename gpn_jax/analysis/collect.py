@@ -3,9 +3,9 @@
 Each (b, T) micro-batch of windows is run from a fresh state (as training scores held-out
 windows) by a single jitted function that returns only summaries of the predicted states s^p:
 its count, mean and centred scatter matrix (d x d), norm sums, the sum of unit vectors, the
-per-lag state-cosine sums, the per-sequence running-mean directions at a few token counts, a
-fixed number of raw rows picked by the host's reservoir sampler, and the memory log-decays g
-(T, b, H), which are small. The host merges them in float64. No (N, d) array over the whole
+per-lag state-cosine sums, the per-sequence running-mean directions at a few token counts, and
+the memory log-decays g (T, b, H), which are small; the host gathers from the device only the
+rows its reservoir sampler picks. The host merges them in float64. No (N, d) array over the whole
 held-out set ever exists; the largest array is one micro-batch's (T, b, d) states on device.
 """
 
@@ -44,11 +44,14 @@ class Collected:
 
 
 def make_micro_stats(model, state_lags, conv_points):
-    """Jitted `(params, tokens (b, T), sample_idx (S,)) -> (summaries, g or None)`."""
+    """Jitted `(params, tokens (b, T)) -> (summaries, g or None, states (T*b, d))`.
+
+    The states stay on the device; the host gathers only its sampled rows from them.
+    """
     state_lags = tuple(int(k) for k in state_lags)
     conv_idx = np.asarray(conv_points, np.int64) - 1
 
-    def fn(params, tokens_BxT, sample_idx):
+    def fn(params, tokens_BxT):
         out, _, _ = model.predicted_states(params, tokens_BxT)
         p = out.p.astype(jnp.float32)  # (T, B, D)
         T, B, D = p.shape
@@ -80,9 +83,8 @@ def make_micro_stats(model, state_lags, conv_points):
             "horizon_centred": cen,
             "horizon_raw_n": raw_n,
             "horizon_centred_n": cen_n,
-            "sample": x[sample_idx],
         }
-        return summary, out.log_decay
+        return summary, out.log_decay, x
 
     return jax.jit(fn)
 
@@ -93,7 +95,7 @@ def _unit(x):
     return x / jnp.maximum(n, 1e-30), (n[..., 0] > 0).astype(jnp.float32)
 
 
-def _micro(batch_size: int, micro_batch: int) -> int:
+def micro_size(batch_size: int, micro_batch: int) -> int:
     """The largest divisor of batch_size not above micro_batch."""
     micro_batch = max(1, min(micro_batch or batch_size, batch_size))
     return max(c for c in range(1, micro_batch + 1) if batch_size % c == 0)
@@ -133,7 +135,7 @@ def collect(
             break
         batch = np.asarray(batch, np.int32)
         B, T_b = batch.shape
-        mb = _micro(B, micro_batch)
+        mb = micro_size(B, micro_batch)
         if fn is None:
             T = T_b
             if T < 2:
@@ -145,17 +147,18 @@ def collect(
             horizon = horizons.StateHorizonAccumulator(state_lags)
             if mem is not None:
                 ret = horizons.RetentionAccumulator(horizons.retention_lags(T - 1), mem[0])
-            n_sample = max(1, min(sample_size, mb * T))
         elif T_b != T:
             raise ValueError(f"held-out windows changed length ({T} -> {T_b})")
         batch_sum = np.zeros(D)
         for r0 in range(0, B, mb):
             tokens = batch[r0 : r0 + mb]
             n = tokens.size
+            summary, g, x = fn(params, tokens)
             idx, slots = reservoir.offer(n)
-            summary, g = fn(params, tokens, _padded(idx, n_sample))
+            if len(idx):
+                reservoir.put(slots, np.asarray(_gather(x, _padded(idx)))[: len(idx)])
+            del x
             summary = jax.device_get(summary)
-            reservoir.put(slots, summary["sample"][: len(idx)])
             moments.add_summary(n, summary["mean"], summary["scatter"])
             norm_sum += float(summary["norm_sum"])
             norm_sq += float(summary["norm_sq_sum"])
@@ -199,8 +202,13 @@ def collect(
     )
 
 
-def _padded(idx: np.ndarray, n: int) -> np.ndarray:
-    """idx as a fixed-length (n,) int32 array (zero-padded), so the jitted gather has one shape."""
-    pad = np.zeros(n, np.int32)
+@jax.jit
+def _gather(x, idx):
+    return x[idx]
+
+
+def _padded(idx: np.ndarray) -> np.ndarray:
+    """idx zero-padded to the next power of two, so the jitted gather compiles a few shapes only."""
+    pad = np.zeros(1 << max(len(idx) - 1, 0).bit_length(), np.int32)
     pad[: len(idx)] = idx
     return pad

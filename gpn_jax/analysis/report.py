@@ -75,6 +75,11 @@ def render(results: dict, figures: dict) -> str:
         f"| ‖s̄‖² / E‖s^p‖² (share of state energy in the mean) | {_f(md['mean_energy_share'])} |",
         f"| E_t cos(s^p_t, s̄) | {_f(md['mean_cos_to_state'])} |",
     ]
+    if q := md.get("sample_cos_to_mean_quantiles"):
+        out.append(
+            f"| cos(s^p_t, s̄) 5 % / 50 % / 95 % quantiles ({data['sample_rows']:,} sampled states) "
+            f"| {_f(q['0.05'])} / {_f(q['0.5'])} / {_f(q['0.95'])} |"
+        )
     if "batch_cos_mean" in md:
         out.append(
             f"| cosine between per-batch means: mean / min ({md['batch_cos_batches']} batches) "

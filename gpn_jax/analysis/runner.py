@@ -27,7 +27,8 @@ class AnalysisConfig:
     max_batches: held-out batches analysed (0: all).
     ablation_batches: held-out batches for the ablation PPLs (0: all; -1: no ablations).
     batch_size, seq_len: held-out window geometry (0: training's).
-    micro_batch: windows per device call (device memory ~ T x micro_batch x d floats).
+    micro_batch: windows per device call, in both passes (device memory ~ T x micro_batch x d
+      floats a few times over, plus the loss's decode chunk).
     sample_size: states kept in the bounded random sample (the only raw rows ever held).
     dead_rel: a dimension is dead if its std < dead_rel x the largest std.
     fast_max_lag: heads with a 1/e lag at or below this form the fast pool.
@@ -137,6 +138,7 @@ def analyze(
             heldout_windows(data, config),
             ivs,
             config.ablation_batches or config.max_batches,
+            config.micro_batch,
         )
         log(f"ablations ({len(ivs)} rows) in {time.perf_counter() - t1:.1f}s")
         log(report.ablation_table(results["ablations"]["rows"]))

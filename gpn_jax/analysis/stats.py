@@ -12,6 +12,8 @@ Spectral conventions (the paper does not say whether X is centred; we centre and
 * PCA components   = the fewest leading eigenvalues whose cumulative share reaches q.
 """
 
+import math
+
 import numpy as np
 
 
@@ -164,12 +166,27 @@ def geometry(moments: Moments, dead_rel: float = 1e-3) -> dict:
     }
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    from scipy.stats import spearmanr
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of x with ties given their average rank (scipy's 'average' method)."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    # start index of each run of equal values, and the average 1-based rank of the run
+    starts = np.flatnonzero(np.concatenate([[True], xs[1:] != xs[:-1]]))
+    ends = np.concatenate([starts[1:], [len(x)]])
+    avg = (starts + ends + 1) / 2.0
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat(avg, ends - starts)
+    return ranks
 
-    r = spearmanr(np.asarray(a, np.float64), np.asarray(b, np.float64)).statistic
-    return float(r) if np.isfinite(r) else 0.0
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation: Pearson correlation of the average ranks (0 if undefined)."""
+    ra = average_ranks(np.asarray(a, np.float64))
+    rb = average_ranks(np.asarray(b, np.float64))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = math.sqrt(float(ra @ ra) * float(rb @ rb))
+    return float(ra @ rb / den) if den > 0 else 0.0
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
