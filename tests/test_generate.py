@@ -67,7 +67,7 @@ def test_sampling_modes():
 def test_decoding_a_prompt_step_by_step_equals_the_full_forward(name):
     model, params = build(name)
     tokens = jnp.asarray([PROMPT], jnp.int32)
-    full, _ = model.logits(params, tokens)
+    full, _ = jax.jit(model.logits)(params, tokens)
     out = sampling.generate(model, params, PROMPT, max_new_tokens=0)
     np.testing.assert_allclose(out["prompt_logits"], np.asarray(full[0]), rtol=1e-4, atol=1e-4)
 
@@ -79,7 +79,7 @@ def test_greedy_generation_is_the_argmax_of_the_full_forward(name):
     out = sampling.generate(model, params, prompt, 6, SamplingConfig(greedy=True), num_samples=2)
     assert out["tokens"][0] == out["tokens"][1] and len(out["tokens"][0]) == 6
     seq = jnp.asarray([prompt + out["tokens"][0]], jnp.int32)
-    full, _ = model.logits(params, seq)
+    full, _ = jax.jit(model.logits)(params, seq)
     np.testing.assert_array_equal(np.argmax(full[0, len(prompt) :], -1), out["tokens"][0])
 
 

@@ -8,6 +8,7 @@ length; the Transformer++ KV cache is a fixed `max_seq_len` buffer, which bounds
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +86,7 @@ def context_limit(model) -> int | None:
     return None if max_len is None else max_len - 1
 
 
+@functools.lru_cache(maxsize=16)
 def make_step(model, cfg: SamplingConfig):
     """Jitted `step(params, state, logits, rng, forced) -> (token, logits, state)`.
 
@@ -97,6 +99,11 @@ def make_step(model, cfg: SamplingConfig):
         return token, logits, state
 
     return jax.jit(step)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_start(model):
+    return jax.jit(model.start_decode, static_argnames="batch_size")
 
 
 def generate(
@@ -130,7 +137,7 @@ def generate(
         if P + max_new_tokens - 1 > limit:
             max_new_tokens, truncated = limit - P + 1, True
     B = num_samples
-    logits, state = jax.jit(model.start_decode, static_argnames="batch_size")(params, batch_size=B)
+    logits, state = _jitted_start(model)(params, batch_size=B)
     step = make_step(model, cfg)
     rng = jax.random.PRNGKey(seed)
     prompt_logits = []
