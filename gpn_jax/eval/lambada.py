@@ -10,6 +10,10 @@ context_enc + target.
 * harness: acc = greedy decoding reproduces EVERY target sub-word;
            ppl = exp(-mean over examples of the summed target log-likelihood).
 
+Caveat: with a tokenizer that has a bare-space piece (this repo's SentencePiece keeps
+whitespace pieces), the first target sub-word is often just " ", which inflates the paper's
+accuracy; the harness's every-sub-word accuracy is immune to that.
+
 Batching is exact: examples are right-padded, and since position t depends only on tokens
 < t (every model family), positions before an example's length never see its padding;
 only those positions are read. Inputs longer than the model's window (`max_seq_len`,
