@@ -47,6 +47,7 @@ def test_compile_reports_sharded_state_and_memory():
     assert "per-device memory" in text and "fits in 1 GiB" in text
 
 
+@pytest.mark.slow
 def test_cli_forces_cpu_devices_and_prints_memory():
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     proc = subprocess.run(
@@ -65,6 +66,7 @@ def test_cli_forces_cpu_devices_and_prints_memory():
 
 
 def test_cli_reports_a_bad_mesh_in_one_line():
+    """Also shows the CLI forces the asked-for number of CPU devices (4 here)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     proc = subprocess.run(
         [

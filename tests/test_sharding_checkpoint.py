@@ -23,7 +23,7 @@ from gpn_jax.training.optimizer import make_optimizer
 
 def tiny_config():
     c = gpn_m_tiny.get_config()
-    c.train.update(dict(batch_size=8, seq_len=16, warmup_steps=0, steps=10))
+    c.train.update(dict(batch_size=8, seq_len=8, warmup_steps=0, steps=10))
     c.model.loss_chunk = 8
     return c
 
@@ -65,7 +65,7 @@ def test_checkpoint_written_on_2x4x1_restores_on_8x1x1_and_one_device(tmp_path):
     config = tiny_config()
     s = Setup(config)
     rng = np.random.RandomState(0)
-    batches = [rng.randint(0, config.model.vocab_size, (8, 16)).astype(np.int32) for _ in range(3)]
+    batches = [rng.randint(0, config.model.vocab_size, (8, 8)).astype(np.int32) for _ in range(3)]
 
     mesh_a = make_mesh((2, 4, 1))
     sh_a, step_a = s.on_mesh(mesh_a)
@@ -109,6 +109,7 @@ def test_training_resumes_on_another_mesh(tmp_path):
     def config(steps, mesh):
         c = tiny_config()
         c.train.update(dict(steps=steps, checkpoint_every=2, eval_every=0, log_every=1))
+        c.train.warmup_steps = 10  # the LR schedule then does not depend on `steps`
         c.train.final_eval_batches = 1
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
         return c
