@@ -1,6 +1,6 @@
 """The model, run data-parallel over `data` x `fsdp` with weights gathered once per step.
 
-`ShardedModel(model, mesh, specs)` offers the model's `loss` and `token_losses` (what the
+`ShardedModel(model, mesh, rules)` offers the model's `loss` and `token_losses` (what the
 train and eval steps call) computed under `jax.shard_map`, manual over the batch axes
 (`data`, `fsdp`) and automatic (GSPMD) over `tensor`:
 
@@ -21,13 +21,18 @@ the exact full-batch gradient, and no per-token collective over the batch axes e
 The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_RULES`
 (d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
 reductions.
+
+With `grad_accum` > 1 the train step scans micro-batches around `loss`, so gradients are
+reduce-scattered once per micro-batch (XLA hoists the loop-invariant all-gathers out of the
+accumulation loop); still never once per token.
 """
 
 import jax
 from jax import P
 
 from gpn_jax.parallel import sharding as shlib
-from gpn_jax.parallel.mesh import BATCH_AXES
+from gpn_jax.parallel.mesh import BATCH_AXES, batch_sharding, replicated
+from gpn_jax.training import train_step as ts
 
 MANUAL = frozenset(BATCH_AXES)
 
@@ -40,8 +45,8 @@ def _manual_only(spec: P) -> P:
 class ShardedModel:
     """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
 
-    Every other attribute is the wrapped model's. `storage_specs` is the PartitionSpec tree of
-    the parameters as stored (see `sharding.tree_specs`); only their `fsdp` entries matter here.
+    Every other attribute is the wrapped model's. The parameters' storage specs come from
+    `rules` (see `sharding.tree_specs`); only their `fsdp` entries matter here.
     """
 
     def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES):
@@ -103,6 +108,10 @@ class ShardedModel:
                 return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
+            # check_vma=False: the models' scans start from batch-invariant zero carries that
+            # become batch-varying, which the vma type check rejects. Nothing here is
+            # differentiated through the shard_map (the gradient is taken inside it), so no
+            # vma-dependent transpose is involved; the collectives above are explicit.
             fn = jax.shard_map(
                 body,
                 mesh=self.mesh,
@@ -162,9 +171,6 @@ class ShardedModel:
 
 def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
     """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile)."""
-    from gpn_jax.parallel.mesh import batch_sharding, replicated
-    from gpn_jax.training import train_step as ts
-
     sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
     return jax.jit(
         ts.make_train_step(sharded, optimizer, grad_accum),
@@ -176,9 +182,6 @@ def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rule
 
 def jit_eval_step(model, mesh, param_sharding, rules=None):
     """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
-    from gpn_jax.parallel.mesh import batch_sharding, replicated
-    from gpn_jax.training import train_step as ts
-
     sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
     return jax.jit(
         ts.make_eval_step(sharded),
