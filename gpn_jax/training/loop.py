@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from gpn_jax.core.window import check_remat_segment
@@ -110,9 +111,16 @@ def evaluate_heldout(eval_step, params, data, mesh, max_batches: int = 0) -> dic
             break
         ce, n = eval_step(params, meshlib.put_batch(batch, mesh))
         total, count = total + float(ce), count + float(n)
-        tokens.append(batch)
+        tokens.append(_all_hosts(batch))
     loss = total / count
     return {"loss": loss, "ppl": math.exp(loss), "tokens": np.concatenate(tokens)}
+
+
+def _all_hosts(rows: np.ndarray) -> np.ndarray:
+    """This host's rows of a batch -> the whole global batch (identity on one host)."""
+    if jax.process_count() == 1:
+        return rows
+    return np.asarray(multihost_utils.process_allgather(rows, tiled=True))
 
 
 def unigram_ppl(counts: np.ndarray, tokens: np.ndarray) -> float:

@@ -43,6 +43,11 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
         abstract = jax.eval_shape(
             lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
         )
+        # Restore onto this process's default device, whatever topology wrote the checkpoint.
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abstract = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract
+        )
         if step is None:
             got, state, _, _, _ = ckpt.restore_latest_good(abstract)
         else:
