@@ -1,8 +1,16 @@
 """Test setup: 8 forced CPU host devices (for sharding tests) before JAX starts."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Many tests (and the CLI subprocesses they start) compile the same tiny train steps: share
+# compiled executables through JAX's persistent cache for the duration of the machine.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "gpn_jax_test_xla_cache")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

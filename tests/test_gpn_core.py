@@ -94,11 +94,11 @@ def test_chunked_loss_equals_unchunked():
     params = random_params(ref)
     full_logits, _ = ref.logits(params, x)
     direct = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(full_logits), x[..., None], -1))
-    for chunk in (1, 4, 5, 12):
+    ref_grads = jax.grad(lambda p: ref.loss(p, x)[0])(params)
+    for chunk in (1, 5):  # 5 does not divide 12: the largest divisor below it (4) is used
         model = GPN(tiny(loss_chunk=chunk))
         loss, grads = jax.value_and_grad(lambda p, m=model: m.loss(p, x)[0])(params)
         np.testing.assert_allclose(loss, direct, rtol=1e-6)
-        ref_grads = jax.grad(lambda p: ref.loss(p, x)[0])(params)
         chex.assert_trees_all_close(grads, ref_grads, atol=1e-6, rtol=1e-5)
 
 

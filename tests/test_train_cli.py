@@ -134,10 +134,11 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
-    """The README's main job, shortened to 150 steps to fit the test budget."""
+    """The README's main job, shortened to 80 steps to fit the test budget."""
     proc = run_train(
         tmp_path / "demo",
-        "--config.train.steps=150",
+        "--config.train.steps=80",
+        "--config.train.eval_every=0",
         config="experiments/configs/demo.py",
         timeout=900,
     )

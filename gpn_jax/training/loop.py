@@ -209,6 +209,13 @@ class _Run:
             force=force,
         )
 
+    def save_once(self, step: int, metrics: dict | None = None):
+        """Saves `step` unless a checkpoint of it exists already, and waits until it is written."""
+        self.ckpt.wait_until_finished()  # a save of this very step may still be in flight
+        if step not in self.ckpt.all_steps():
+            self.save(step, metrics, force=True)
+            self.ckpt.wait_until_finished()
+
     def evaluate(self, max_batches: int) -> dict:
         return evaluate_heldout(
             self.eval_step, self.state.params, self.data, self.mesh, max_batches
@@ -297,8 +304,7 @@ def _train(run: _Run) -> dict:
     try:
         step = _loop(run, stop)
         if stop.requested:
-            run.save(step, force=True)
-            run.ckpt.wait_until_finished()
+            run.save_once(step)
             print(
                 f"SIGTERM: saved step {step} in {run.ckpt.directory}; rerun the command to resume"
             )
@@ -322,8 +328,7 @@ def _finish(run: _Run, step: int) -> dict:
         "step": step,
         "tokens_seen": step * run.tokens_per_step,
     }
-    if run.ckpt.latest_step() != step:
-        run.save(step, {"heldout_loss": ev["loss"]}, force=True)
+    run.save_once(step, {"heldout_loss": ev["loss"]})
     if run.is_lead:
         with open(os.path.join(run.workdir, FINAL_METRICS), "w") as f:
             json.dump(final, f, indent=2)
