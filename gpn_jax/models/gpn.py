@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core import gpn, window
+from gpn_jax.core import fast_window, gpn, window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
 
@@ -37,6 +37,9 @@ class GPNConfig:
     compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
+    # "autodiff": lax.scan over gpn.step, differentiated by JAX; "fused": gpn_jax.core.fast_window
+    # (fused projections, custom VJP with weight gradients out of the loop; same math)
+    scan_impl: str = "autodiff"
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -44,6 +47,8 @@ class GPNConfig:
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+        if self.scan_impl not in ("autodiff", "fused"):
+            raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
 
 
 # ----------------------------------------------------------------------------- initialisers
@@ -178,13 +183,23 @@ class GPN:
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
-        carry, out = window.scan_window(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
+        if self.config.scan_impl == "fused" and all(x is None for x in iv):
+            carry, out = fast_window.scan_window_fused(
+                cp, carry, xg_TxBxD, self.config.remat_segment
+            )
+        else:
+            carry, out = window.scan_window(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
         return out, carry, cp
 
     def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
         """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
         out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
-        total = window.cross_entropy_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+        ce_sum = (
+            fast_window.cross_entropy_sum_fused
+            if self.config.scan_impl == "fused"
+            else window.cross_entropy_sum
+        )
+        total = ce_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
         loss = total / tokens_BxT.size
         metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
         return loss, (carry, metrics)

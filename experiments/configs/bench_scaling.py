@@ -1,0 +1,13 @@
+"""GPN+M step time and peak memory vs T (256 -> 4096) and vs B, remat off / on (suite: scaling); models and sizes in `bench_common`.
+
+python -m gpn_jax.bench --config=experiments/configs/bench_scaling.py --workdir=/tmp/gpn_bench --out=/tmp/gpn_bench/scaling.json
+"""
+
+import ml_collections
+
+from experiments.configs import bench_common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    del arg
+    return bench_common.base_config("bench_scaling", "scaling")

@@ -1,0 +1,323 @@
+"""Benchmarks: training tokens/s and MFU side by side, scaling in T and B, generation latency.
+
+    python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=/tmp/gpn_bench \
+        --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate]
+
+Suites (the config's `suites`, or `--suites`):
+  train     each model of `config.train.models` at the same batch and window: median step time
+            (jitted loss + gradients + clipped AdamW, after compile and warm-up), tokens/s,
+            achieved FLOP/s from the analytic `model.flops_per_token`, MFU, peak memory;
+  scaling   `config.scaling.model` vs T and vs B, remat off and on (segment ~ sqrt(T)); PNG plot;
+  generate  per-token decoding latency and tokens/s after 1k / 8k / 32k tokens of context.
+
+MFU = achieved FLOP/s / the matmul peak measured in this run on this machine: a large jitted
+square matmul in the compute dtype (float32 on CPU, bfloat16 on GPU / TPU), timed at the start,
+after every record and at the end; the best time is the peak. Peak memory is the peak host RSS
+on CPU (each record runs in its own process, so the peak is that record's) and
+`memory_stats()["peak_bytes_in_use"]` on GPU / TPU. Times are wall clock: on a shared machine
+other jobs lower them (compare `load_average` in the output). Nothing here asserts on time.
+
+Outputs: `--out` (default <workdir>/<config name>.json): a JSON list, one record per
+model/config (keys include model, config, tokens_per_s, mfu, peak_mem_bytes);
+<workdir>/<config name>.md: the tables; <workdir>/<config name>_scaling.png: the plot;
+with `--profile`, <workdir>/profile/<model>/: a `jax.profiler` trace of one training step.
+"""
+
+import json
+import math
+import os
+import platform as pyplatform
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from gpn_jax import cli
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Benchmark config (experiments/configs/bench_*.py)."
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "/tmp/gpn_bench", "Directory for the JSON, tables, plot, profiles."
+)
+_OUT = flags.DEFINE_string("out", "", "JSON results file (default <workdir>/<config name>.json).")
+_SUITES = flags.DEFINE_string(
+    "suites", "", "Comma-separated suites to run (default: the config's)."
+)
+_PROFILE = flags.DEFINE_bool(
+    "profile", False, "Save a jax.profiler trace of one training step per model."
+)
+_ISOLATE = flags.DEFINE_bool(
+    "isolate",
+    True,
+    "Run each record in its own process (per-record peak RSS); off: all in this one.",
+)
+flags.mark_flags_as_required(["config"])
+
+PROG = "gpn-bench"
+SUITES = ("train", "scaling", "generate")
+
+
+def sqrt_segment(T: int) -> int:
+    """The largest divisor of T not above sqrt(T): the remat segment of the scaling sweep."""
+    r = math.isqrt(T)
+    return max(c for c in range(1, r + 1) if T % c == 0)
+
+
+def build_specs(config, suites, workdir: str, profile: bool) -> list[dict]:
+    """One spec per worker run (a training record, or a model x batch of generation records)."""
+    models = config.models.to_dict()
+    common = dict(
+        config=config.name,
+        compute_dtype=config.compute_dtype,
+        peak_size=config.peak.size,
+        peak_reps=max(1, config.peak.reps // 2),
+    )
+
+    def model(name):
+        if name not in models:
+            raise ValueError(f"unknown model {name!r}; the config has {sorted(models)}")
+        return models[name]
+
+    specs = []
+    if "train" in suites:
+        t = config.train
+        for name in _names(t.models):
+            specs.append(
+                common
+                | dict(
+                    suite="train",
+                    name=name,
+                    model=model(name),
+                    batch_size=t.batch_size,
+                    seq_len=t.seq_len,
+                    warmup=t.warmup,
+                    steps=t.steps,
+                    profile_dir=os.path.join(workdir, "profile", name) if profile else "",
+                )
+            )
+    if "scaling" in suites:
+        s = config.scaling
+        points = [(s.batch_size, T) for T in s.seq_lens]
+        points += [(B, s.seq_len) for B in s.batch_sizes if (B, s.seq_len) not in points]
+        for B, T in points:
+            for remat in (0, sqrt_segment(T)):
+                specs.append(
+                    common
+                    | dict(
+                        suite="scaling",
+                        name=s.model,
+                        model=model(s.model),
+                        batch_size=B,
+                        seq_len=T,
+                        warmup=s.warmup,
+                        steps=s.steps,
+                        overrides=dict(remat_segment=remat),
+                        config=f"{config.name}:B{B}xT{T}:remat{remat}",
+                    )
+                )
+    if "generate" in suites:
+        g = config.generate
+        for name in _names(g.models):
+            for B in g.batch_sizes:
+                specs.append(
+                    common
+                    | dict(
+                        suite="generate",
+                        name=name,
+                        model=model(name),
+                        batch_size=B,
+                        contexts=list(g.contexts),
+                        steps=g.steps,
+                        rounds=g.rounds,
+                        warmup=g.warmup,
+                        feed_window=g.feed_window,
+                        kv_cache_limit_bytes=int(g.kv_cache_limit_gb * 2**30),
+                    )
+                )
+    return specs
+
+
+def _names(csv: str) -> list[str]:
+    return [n.strip() for n in csv.split(",") if n.strip()]
+
+
+def run_spec(spec: dict, isolate: bool) -> dict:
+    """{'records': [...], 'peak_flops': [...]} of one spec, in a fresh process when `isolate`."""
+    if not isolate:
+        from gpn_jax.benchmarks import worker
+
+        return worker.run_spec(spec)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpn_jax.benchmarks.worker", spec_path, out_path],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode or not os.path.exists(out_path):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"worker exited with status {proc.returncode}: {' | '.join(tail)}")
+        with open(out_path) as f:
+            return json.load(f)
+
+
+def _describe(spec: dict) -> str:
+    if spec["suite"] == "generate":
+        return f"generate {spec['name']} B={spec['batch_size']} contexts={spec['contexts']}"
+    extra = spec.get("overrides", {}).get("remat_segment")
+    remat = f" remat={extra or 'off'}" if extra is not None else ""
+    return f"{spec['suite']} {spec['name']} B={spec['batch_size']} T={spec['seq_len']}{remat}"
+
+
+def _line(r: dict) -> str:
+    if r.get("skipped"):
+        return f"skipped ({r['skipped']})"
+    if r["suite"] == "generate":
+        return (
+            f"ctx {r['context']:,}: {1e3 * r['latency_s']:.2f} ms/token, "
+            f"{r['tokens_per_s']:,.1f} tokens/s"
+        )
+    return (
+        f"{r['step_time_s']:.3f} s/step, {r['tokens_per_s']:,.0f} tokens/s, "
+        f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s, peak mem {r['peak_mem_bytes'] / 2**30:.2f} GiB"
+    )
+
+
+def run(
+    config, workdir: str, out: str, suites: list[str], profile: bool, isolate: bool
+) -> list[dict]:
+    from gpn_jax.benchmarks import common, report
+
+    unknown = sorted(set(suites) - set(SUITES))
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    os.makedirs(workdir, exist_ok=True)
+    specs = build_specs(config, suites, workdir, profile)
+    dtype = common.resolve_dtype(config.compute_dtype)
+    machine = common.device_kind()
+    print(
+        f"{PROG}: {config.name} on {machine} ({common.platform()}, {dtype}), "
+        f"load average {_load()}",
+        flush=True,
+    )
+    peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
+    print(f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s", flush=True)
+
+    records = []
+    for i, spec in enumerate(specs):
+        t0 = time.perf_counter()
+        print(f"[{i + 1}/{len(specs)}] {_describe(spec)} ...", flush=True)
+        try:
+            result = run_spec(spec, isolate)
+        except Exception as e:  # noqa: BLE001 - one failed record must not lose the others
+            print(f"    failed: {e}", flush=True)
+            records.append(
+                {
+                    "model": spec["name"],
+                    "config": spec["config"],
+                    "suite": spec["suite"],
+                    "error": str(e),
+                    "tokens_per_s": None,
+                    "mfu": None,
+                    "peak_mem_bytes": None,
+                }
+            )
+            continue
+        peaks += result["peak_flops"]
+        for r in result["records"]:
+            print(f"    {_line(r)}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        records += result["records"]
+    peaks.append(common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
+    peak = max(peaks)
+
+    import jax
+
+    for r in records:
+        if r.get("achieved_flops") is not None:
+            r["mfu"] = r["achieved_flops"] / peak
+        else:
+            r.setdefault("mfu", None)
+            r.setdefault("tokens_per_s", None)
+            r.setdefault("peak_mem_bytes", None)
+        r.update(
+            peak_flops=peak,
+            machine=machine,
+            platform=common.platform(),
+            jax_version=jax.__version__,
+        )
+
+    sections = [
+        f"{config.name}: {machine}, {dtype}, jax {jax.__version__}, python {pyplatform.python_version()}",
+        f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
+        f"(samples {', '.join(f'{p / 1e9:.0f}' for p in peaks)}); load average at end {_load()}",
+    ]
+    ok = [r for r in records if not r.get("error")]
+    for title, table in (
+        ("Training step", report.train_table(ok)),
+        ("Scaling", report.scaling_table(ok)),
+        ("Generation", report.generate_table(ok)),
+    ):
+        if table:
+            sections += ["", f"## {title}", "", table]
+    if "scaling" in suites and ok:
+        for remat in (False, True):
+            for B in {r["batch_size"] for r in ok if r.get("suite") == "scaling"}:
+                slopes = report.memory_slopes(ok, remat, B)
+                if len(slopes) > 1:
+                    desc = ", ".join(f"{a}->{b}: {s:.2f}" for a, b, s in slopes)
+                    sections.append(
+                        f"\nmemory log-log slope vs T (B={B}, remat {'on' if remat else 'off'}): {desc}"
+                    )
+        png = os.path.join(workdir, f"{config.name}_scaling.png")
+        if report.plot_scaling(ok, png):
+            sections.append(f"\nplot: {png}")
+    checks = report.generate_checks(ok)
+    if checks:
+        sections += [""] + checks
+    text = "\n".join(sections)
+    print("\n" + text, flush=True)
+
+    out = out or os.path.join(workdir, f"{config.name}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(records, f, indent=1)
+    with open(os.path.join(workdir, f"{config.name}.md"), "w") as f:
+        f.write(text + "\n")
+    print(f"\nresults: {out}", flush=True)
+    return records
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = cli.config_or_exit(_CONFIG, PROG)
+    suites = _names(_SUITES.value or config.suites)
+    cli.run_or_exit(
+        run, config, _WORKDIR.value, _OUT.value, suites, _PROFILE.value, _ISOLATE.value, prog=PROG
+    )
+
+
+def entry():
+    app.run(main, flags_parser=cli.flags_parser(PROG))
+
+
+if __name__ == "__main__":
+    entry()

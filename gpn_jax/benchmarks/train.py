@@ -1,0 +1,82 @@
+"""One training-step record: a model's jitted step (loss, gradients, clipped AdamW) timed.
+
+Tokens are random (the cost of a step does not depend on them). FLOPs are the analytic
+`model.flops_per_token(T)["train"]` (matmuls only, 3 x forward), so MFU is comparable
+across families: achieved FLOP/s divided by the matmul peak measured in the same run.
+"""
+
+import os
+import time
+
+import jax
+
+from experiments.configs import common as recipe
+from gpn_jax.benchmarks import common
+from gpn_jax.models import accounting
+from gpn_jax.training.optimizer import make_optimizer
+from gpn_jax.training.train_step import init_train_state, make_train_step
+
+
+def run(spec: dict) -> dict:
+    """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
+    compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
+    dtype = common.resolve_dtype(spec["compute_dtype"])
+    B, T = spec["batch_size"], spec["seq_len"]
+    overrides = dict(spec.get("overrides") or {})
+    if spec["model"].get("family") == "transformer":
+        overrides.setdefault("max_seq_len", T)
+    model = common.build_model(spec["model"], dtype, **overrides)
+    rss0 = common.host_rss_bytes()
+
+    train_cfg = recipe.base_config().train
+    optimizer = make_optimizer(train_cfg, model.weight_decay_mask)
+    # jitted: eager initialisation would compile (and keep) one executable per op
+    state = jax.jit(lambda key: init_train_state(model, optimizer, key))(jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, model.config.vocab_size)
+    step = jax.jit(make_train_step(model, optimizer), donate_argnums=0)
+
+    t0 = time.perf_counter()
+    compiled = step.lower(state, tokens).compile()
+    compile_s = time.perf_counter() - t0
+    holder = {"state": state}
+
+    def one():
+        holder["state"], metrics = compiled(holder["state"], tokens)
+        return metrics["loss"]
+
+    for _ in range(spec.get("warmup", 1)):
+        loss = one()
+    times = common.time_calls(one, spec["steps"])
+    mem, mem_kind = common.peak_memory_bytes()
+    loss = float(one())
+
+    if spec.get("profile_dir"):
+        os.makedirs(spec["profile_dir"], exist_ok=True)
+        with jax.profiler.trace(spec["profile_dir"]):
+            jax.block_until_ready(one())
+
+    flops_tok = model.flops_per_token(T)["train"]
+    step_s = common.median(times)
+    return {
+        "model": spec["name"],
+        "config": spec["config"],
+        "suite": spec.get("suite", "train"),
+        "family": spec["model"].get("family", "gpn"),
+        "scan_impl": getattr(model.config, "scan_impl", None),
+        "params": accounting.param_counts(model)["total"],
+        "batch_size": B,
+        "seq_len": T,
+        "remat_segment": getattr(model.config, "remat_segment", None),
+        "compute_dtype": dtype,
+        "step_time_s": step_s,
+        "step_time_min_s": min(times),
+        "step_times_s": times,
+        "compile_s": compile_s,
+        "tokens_per_s": B * T / step_s,
+        "flops_per_token": flops_tok,
+        "achieved_flops": flops_tok * B * T / step_s,
+        "peak_mem_bytes": mem,
+        "peak_mem_kind": mem_kind,
+        "baseline_rss_bytes": rss0,
+        "loss": loss,
+    }

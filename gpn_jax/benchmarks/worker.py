@@ -1,0 +1,35 @@
+"""Runs one benchmark spec and writes its records: `python -m gpn_jax.benchmarks.worker SPEC OUT`.
+
+A fresh process per spec makes each record's peak host RSS its own (the process peak is
+monotone, so records measured in one process would inherit each other's peaks). After the
+timed work the worker also measures the matmul peak once more, so load on a shared machine
+is sampled throughout the run.
+"""
+
+import json
+import sys
+
+
+def run_spec(spec: dict) -> dict:
+    from gpn_jax.benchmarks import common, generate, train
+
+    if spec["suite"] == "generate":
+        records = generate.run(spec)
+    else:
+        records = [train.run(spec)]
+    dtype = common.resolve_dtype(spec["compute_dtype"])
+    peak = common.peak_matmul_flops(dtype, spec.get("peak_size", 0), spec.get("peak_reps", 3))
+    return {"records": records, "peak_flops": [peak]}
+
+
+def main(argv):
+    spec_path, out_path = argv[1], argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = run_spec(spec)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,113 @@
+"""`python -m gpn_jax.bench`: records, JSON, tables, plot and profile on toy configs (no timing asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.configs import bench_tiny
+from gpn_jax import bench
+from gpn_jax.benchmarks import report
+
+REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
+
+
+@pytest.mark.slow
+def test_all_suites_in_process(tmp_path):
+    config = bench_tiny.get_config()
+    config.train.models = "gpn_m,gdn"
+    config.scaling.update(dict(seq_lens=(8, 16), batch_size=1, batch_sizes=(1,), seq_len=8))
+    config.generate.models = "gpn_m,transformer"
+    config.generate.batch_sizes = (1, 4)
+    config.generate.kv_cache_limit_gb = 60_000 / 2**30  # the batch-4 cache at 64 is over it
+    out = tmp_path / "out" / "tiny.json"
+    bench.run(
+        config,
+        str(tmp_path),
+        str(out),
+        ["train", "scaling", "generate"],
+        profile=True,
+        isolate=False,
+    )
+
+    records = json.loads(out.read_text())
+    assert all(k in r for r in records for k in REQUIRED)
+    assert not [r for r in records if r.get("error")]
+    train = [r for r in records if r["suite"] == "train"]
+    assert [r["model"] for r in train] == ["gpn_m", "gdn"]
+    for r in train:
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 2 and r["peak_mem_bytes"] > 0
+        assert r["step_time_s"] > 0 and len(r["step_times_s"]) == config.train.steps
+
+    scaling = [r for r in records if r["suite"] == "scaling"]
+    points = {(r["batch_size"], r["seq_len"], r["remat_segment"]) for r in scaling}
+    assert points == {(1, 8, 0), (1, 8, 2), (1, 16, 0), (1, 16, 4)}
+    assert (tmp_path / "bench_tiny_scaling.png").stat().st_size > 0
+
+    gen = [r for r in records if r["suite"] == "generate"]
+    assert len(gen) == 2 * 2 * 2
+    skipped = [r for r in gen if r.get("skipped")]
+    assert [(r["model"], r["batch_size"], r["context"]) for r in skipped] == [
+        ("transformer", 4, 64)
+    ]
+    for r in gen:
+        if not r.get("skipped"):
+            assert r["latency_s"] > 0 and r["tokens_per_s"] > 0
+
+    text = (tmp_path / "bench_tiny.md").read_text()
+    assert "| GPN+M (fused) |" in text and "## Generation" in text and "not run: KV cache" in text
+    assert any(files for _, _, files in os.walk(tmp_path / "profile" / "gpn_m"))
+
+
+def test_one_record_in_its_own_process(tmp_path):
+    config = bench_tiny.get_config()
+    config.train.models = "gpn"
+    (spec,) = bench.build_specs(config, ["train"], str(tmp_path), profile=False)
+    result = bench.run_spec(spec, isolate=True)
+    (record,) = result["records"]
+    assert record["model"] == "gpn" and record["tokens_per_s"] > 0
+    assert record["peak_mem_bytes"] >= record["baseline_rss_bytes"] > 0
+    assert result["peak_flops"][0] > 0
+
+
+def test_specs_and_remat_segments():
+    config = bench_tiny.get_config()
+    specs = bench.build_specs(config, ["scaling"], "/tmp/x", profile=False)
+    assert {s["overrides"]["remat_segment"] for s in specs} == {0, 4, 8}
+    assert [bench.sqrt_segment(t) for t in (256, 512, 1024, 2048, 4096)] == [16, 16, 32, 32, 64]
+    with pytest.raises(ValueError, match="unknown model"):
+        config.train.models = "nope"
+        bench.build_specs(config, ["train"], "/tmp/x", profile=False)
+
+
+def test_memory_slopes():
+    rec = lambda T, mem: dict(
+        suite="scaling",
+        batch_size=8,
+        seq_len=T,
+        remat_segment=4,
+        peak_mem_bytes=mem,
+        baseline_rss_bytes=100,
+    )
+    slopes = report.memory_slopes([rec(256, 200), rec(512, 300), rec(1024, 500)], True, 8)
+    assert [round(s, 3) for _, _, s in slopes] == [1.0, 1.0]
+
+
+def test_cli_unknown_suite_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpn_jax.bench",
+            "--config=experiments/configs/bench_tiny.py",
+            f"--workdir={tmp_path}",
+            "--suites=train,nope",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("gpn-bench: error: unknown suite")

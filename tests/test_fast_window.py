@@ -1,0 +1,154 @@
+"""The fused GPN window (`scan_impl="fused"`) against the plain autodiff scan: loss, carry, gradients.
+
+Every check compiles two small programs; the cases are chosen so that together they cover
+L = 1 and 2, memory on / off, decoder bias, a nonzero or fresh initial carry, a cotangent on
+the final carry, several memory-checkpoint segments, remat segments, loss chunks and T = 1.
+"""
+
+import dataclasses
+from functools import partial
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpn_jax.core import fast_window
+from gpn_jax.core.gpn import GPNCarry, Intervention
+from gpn_jax.models.gpn import GPN, GPNConfig
+from tests.test_gpn_core import random_params
+
+V, B = 37, 2
+# These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
+jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+NO_MEM = dict(memory=False, n_heads=0, d_key=0, d_value=0)
+
+
+def pair(**kw):
+    base = dict(vocab_size=V, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
+    cfg = GPNConfig(**(base | kw))
+    return GPN(cfg), GPN(dataclasses.replace(cfg, scan_impl="fused"))
+
+
+def tokens(t, seed=0):
+    return jax.random.randint(jax.random.PRNGKey(seed + 100), (B, t), 0, V)
+
+
+def random_carry(model, seed=5):
+    c = model.init_state(B)
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    s = jax.random.normal(k[0], c.s.shape)
+    if c.M is None:
+        return GPNCarry(s, None, None)
+    return GPNCarry(s, jax.random.normal(k[1], c.s.shape), 0.3 * jax.random.normal(k[2], c.M.shape))
+
+
+def loss_and_grads(model, params, x, carry):
+    """Loss plus a term on the final carry (so cotangents also enter through the carry);
+    gradients w.r.t. the parameters and the initial carry."""
+
+    def f(p, c):
+        loss, (c2, _) = model.loss(p, x, c)
+        on_carry = sum(jnp.sum(jnp.sin(a)) for a in jax.tree.leaves(c2))
+        return loss + 0.1 * on_carry, (loss, c2)
+
+    return jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
+
+
+CASES = {
+    # without remat, memory checkpoints every MIN_SEGMENT = 4 steps (patched below): 4 segments
+    "L1-bias": (dict(n_layers=1, decoder_bias=True), 16, True),
+    "L2-remat4-chunk4": (dict(n_layers=2, remat_segment=4, loss_chunk=4), 16, True),
+    "L2-nomem": (dict(n_layers=2, **NO_MEM), 16, True),
+    "L1-nomem-remat4-fresh": (dict(n_layers=1, remat_segment=4, **NO_MEM), 8, False),
+    "L2-T1": (dict(n_layers=2), 1, True),
+    "L2-T3-fresh": (dict(n_layers=2, decoder_bias=True), 3, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_carry_and_gradients_equal_autodiff(name, monkeypatch):
+    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    kw, t, nonzero_carry = CASES[name]
+    ref, fused = pair(**kw)
+    params = random_params(ref)
+    carry = random_carry(ref) if nonzero_carry else ref.init_state(B)
+    (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, tokens(t), carry)
+    (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, tokens(t), carry)
+    np.testing.assert_allclose(loss_f, loss_r, atol=1e-6, rtol=1e-6)
+    chex.assert_trees_all_close(carry_f, carry_r, atol=1e-6, rtol=1e-6)
+    chex.assert_trees_all_close(grads_f, grads_r, atol=1e-5, rtol=1e-5)
+
+
+def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
+    ref, fused = pair(n_layers=2)
+    params, carry, x = random_params(ref), random_carry(ref), tokens(12)
+
+    def run(m):
+        def f(p):
+            ce, c = m.token_losses(p, x, carry)
+            out, _, _ = m.predicted_states(p, x, carry)
+            g = jax.grad(lambda q: jnp.sum(jnp.cos(m.predicted_states(q, x, carry)[0].log_decay)))(
+                p
+            )
+            return ce, c, out, g
+
+        return jit(f)(params)
+
+    chex.assert_trees_all_close(run(fused), run(ref), atol=1e-5, rtol=1e-5)
+
+
+def test_intervention_falls_back_to_autodiff(monkeypatch):
+    _, fused = pair(n_layers=1)
+    params, x = random_params(fused), tokens(8)
+
+    def refuse(*a, **k):
+        raise AssertionError("the fused window must not run with an intervention")
+
+    monkeypatch.setattr(fast_window, "scan_window_fused", refuse)
+    jax.eval_shape(lambda p: fused.loss(p, x, iv=Intervention(read_scale=jnp.asarray(0.5))), params)
+    with pytest.raises(AssertionError, match="must not run"):
+        jax.eval_shape(lambda p: fused.loss(p, x), params)
+
+
+def test_bfloat16_close_to_autodiff():
+    ref, fused = pair(n_layers=2, compute_dtype="bfloat16")
+    params, x = random_params(ref), tokens(8)
+    grad = lambda m: jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
+    g_r, g_f = jax.tree.leaves(grad(ref)), jax.tree.leaves(grad(fused))
+    for a, b in zip(g_r, g_f, strict=True):
+        assert bool(jnp.all(jnp.isfinite(b)))
+        a, b = a.astype(jnp.float32).ravel(), b.astype(jnp.float32).ravel()
+        cos = jnp.vdot(a, b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b) + 1e-12)
+        assert float(cos) > 0.98 or float(jnp.linalg.norm(a)) < 1e-6
+
+
+def test_jits_once():
+    _, fused = pair(n_layers=1, **NO_MEM)
+    params = random_params(fused)
+    traces = []
+
+    def step(p, x):
+        traces.append(1)
+        return jax.value_and_grad(lambda p: fused.loss(p, x)[0])(p)
+
+    f = jit(step)
+    for seed in range(3):
+        jax.block_until_ready(f(params, tokens(8, seed)))
+    assert len(traces) == 1
+
+
+def test_bad_remat_segment_and_scan_impl():
+    _, fused = pair(n_layers=1, remat_segment=3)
+    params = random_params(fused)
+    with pytest.raises(ValueError, match="not divisible"):
+        jax.eval_shape(lambda p: fused.loss(p, tokens(8)), params)
+    with pytest.raises(ValueError, match="scan_impl"):
+        pair(scan_impl="nope")
+
+
+def test_default_segment_divides():
+    for T in (1, 7, 64, 100, 512, 4096):
+        S = fast_window.default_segment(T)
+        assert T % S == 0 and 1 <= S <= max(fast_window.MIN_SEGMENT, int(np.sqrt(T)))
