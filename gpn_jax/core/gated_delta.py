@@ -91,6 +91,29 @@ def chunk_len(T: int, chunk_size: int) -> int:
     return max(1, min(chunk_size, T))
 
 
+def inverse_doublings(C: int) -> int:
+    """Factors (I + N^(2^i)) needed to cover every power N^j, j < C, of a nilpotent N."""
+    return max(1, (C - 1).bit_length())
+
+
+def unit_lower_inverse(a: Array) -> Array:
+    """(I + a)^-1 for strictly lower-triangular a (..., C, C), by matmuls only.
+
+    With n = -a nilpotent (n^C = 0), (I - n)^-1 = sum_j n^j = prod_i (I + n^(2^i)), so
+    ceil(log2 C) squarings and products give the exact inverse. We avoid
+    `lax.linalg.triangular_solve` on purpose: its batched CPU kernel (jaxlib 0.10) waits on
+    sub-tasks in the thread pool it runs in and deadlocks on small machines, and matmuls
+    are what accelerators do fastest anyway.
+    """
+    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+    power = -a
+    inverse = eye + power
+    for _ in range(inverse_doublings(a.shape[-1]) - 1):
+        power = power @ power
+        inverse = inverse @ (eye + power)
+    return inverse
+
+
 def chunked(q, k, v, beta, g, initial_state=None, scale=None, chunk_size=64):
     """Chunkwise-parallel gated delta rule; same arguments and results as `recurrent`.
 
@@ -118,14 +141,12 @@ def chunked(q, k, v, beta, g, initial_state=None, scale=None, chunk_size=64):
     G = jnp.cumsum(g, axis=-1)  # (B, H, N, C), from the chunk start, inclusive
     eG = jnp.exp(G)
 
-    # UT transform: U~ and W for every chunk at once, by one unit lower-triangular solve.
+    # UT transform: U~ and W for every chunk at once, by one unit lower-triangular inverse.
     kk = jnp.einsum("...ik,...jk->...ij", k, k)
     eye = jnp.eye(C, dtype=jnp.float32)
     system = eye + jnp.where(strict, beta[..., :, None] * kk * decay, 0.0)
     rhs = jnp.concatenate([beta[..., None] * v, (beta * eG)[..., None] * k], axis=-1)
-    sol = jax.lax.linalg.triangular_solve(
-        system, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    sol = unit_lower_inverse(system - eye) @ rhs
     u_tilde, w = sol[..., :U], sol[..., U:]
 
     qk = jnp.einsum("...ik,...jk->...ij", q, k) * decay  # intra-chunk attention, lower incl.
@@ -149,9 +170,11 @@ def chunked(q, k, v, beta, g, initial_state=None, scale=None, chunk_size=64):
 def flops_per_token(n_heads: int, d_key: int, d_value: int, chunk: int) -> int:
     """Matmul FLOPs per token (2 per multiply-add) of `chunked`'s forward pass, chunk length C.
 
-    Per head: K K^T and Q K^T (C K each), the triangular solve on [V, K] (C (K + U) / 2),
-    W S0, Q S0 and the state update (K U each), and the intra-chunk read (C U).
+    Per head: K K^T and Q K^T (C K each), the unit-lower inverse (2 log2 C - 1 products of
+    C x C matrices, per chunk: (2 log2 C - 1) C^2 per token) and its product with [V, K]
+    (C (K + U)), W S0, Q S0 and the state update (K U each), and the intra-chunk read (C U).
     """
     C, K, U = chunk, d_key, d_value
-    macs = 2 * C * K + C * (K + U) // 2 + 3 * K * U + C * U
+    inverse = (2 * inverse_doublings(C) - 1) * C * C
+    macs = 2 * C * K + inverse + C * (K + U) + 3 * K * U + C * U
     return 2 * n_heads * macs
