@@ -66,7 +66,11 @@ def check_config(config, model) -> None:
 
 
 class StopSignal:
-    """Turns SIGTERM into a flag the loop checks between steps (main thread only)."""
+    """Turns SIGTERM into a flag the loop checks between steps (main thread only).
+
+    A second SIGTERM is not caught: it terminates the process, so a run stuck inside a step
+    can still be stopped (the last finished checkpoint stays the latest).
+    """
 
     def __init__(self):
         self.requested = False
@@ -75,8 +79,9 @@ class StopSignal:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
-        del signum, frame
+        del frame
         self.requested = True
+        signal.signal(signum, signal.SIG_DFL)
 
     def restore(self):
         if self._previous is not None:
