@@ -1,0 +1,503 @@
+"""One command trains and compares GPN+M, GPN, Transformer++ and Gated DeltaNet.
+
+    python -m experiments.compare --config=experiments/configs/compare_tiny.py --workdir=/tmp/cmp \
+        [--lambada_path=lambada_test.jsonl]
+
+A compare config (`experiments/configs/compare_*.py`) holds the shared blocks of a training
+config (`seed`, `data`, `train`, `mesh`), a dict `models` of model blocks and a `compare` block.
+Every model's run config is the shared blocks plus its own model block, so all four train with
+the same budget (steps, batch, seq_len, tokens, optimiser recipe) on the same data with one
+tokenizer (obtained once: `data.tokenizer_path`, else trained into `<workdir>/tokenizer.model`),
+and are evaluated identically (held-out PPL over the same held-out windows; LAMBADA with the
+same file and protocol when `--lambada_path` is given).
+
+Each model trains in `<workdir>/<name>` with `gpn_jax.training.loop.train_and_evaluate`; a
+rerun reuses a finished run (its `final_metrics.json`) and resumes an unfinished one. Outputs in
+the workdir: `comparison.md` and `comparison.json` (a table shaped like the paper's Table 1) and
+`loss_curves.png` (training loss vs step / tokens).
+
+From Python: `compare(config, workdir, lambada_path=None) -> dict` (the `comparison.json`).
+"""
+
+import json
+import os
+import time
+
+import jax
+import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
+from gpn_jax.data.sources import load_documents
+from gpn_jax.data.spec import parse_spec
+from gpn_jax.data.split import split_documents
+from gpn_jax.models import accounting, factory
+from gpn_jax.training.loop import FINAL_METRICS, prepare_workdir, train_and_evaluate
+
+RUN_CONFIG = "compare_run_config.json"  # the run config a model's subdirectory was trained with
+LAMBADA_CACHE = "compare_lambada.json"
+TABLE_MD, TABLE_JSON, PLOT = "comparison.md", "comparison.json", "loss_curves.png"
+COLUMNS = (
+    "Model",
+    "Params",
+    "Layers",
+    "State dim",
+    "Memory cells / state size",
+    "Held-out PPL",
+    "LAMBADA acc",
+    "LAMBADA PPL",
+)
+_SHARED_EXCLUDED = ("models", "compare")
+
+
+def _avoid_cpu_solver_deadlock() -> None:
+    """Gives XLA's CPU thread pool at least 4 threads (read when JAX starts its CPU backend).
+
+    jaxlib 0.10's CPU `triangular_solve` (GDN's chunked delta rule, forward and backward)
+    splits its batch over XLA's intra-op pool and blocks until the pieces finish; on a 2-core
+    machine the pool has 2 threads, so two solves running concurrently wait on each other
+    forever (the GDN train step hangs at step 1 or 2 with every thread idle). `PJRT_NPROC`
+    sizes that pool; an explicit PJRT_NPROC / NPROC is left alone.
+    """
+    if "PJRT_NPROC" in os.environ or "NPROC" in os.environ:
+        return
+    if len(os.sched_getaffinity(0)) < 4:
+        os.environ["PJRT_NPROC"] = "4"
+
+
+_avoid_cpu_solver_deadlock()
+
+
+# ------------------------------------------------------------------------------ configs
+def model_names(config) -> list[str]:
+    """The models to run, in table order (`compare.models`, a comma-separated list)."""
+    names = [n.strip() for n in config.compare.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in config.models]
+    if unknown or not names:
+        raise ValueError(
+            f"compare.models names {unknown or 'nothing'}; choose from {sorted(config.models)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def label(config, name: str) -> str:
+    labels = config.compare.get("labels") or {}
+    return labels.get(name, name)
+
+
+def run_config(config, name: str, tokenizer_path: str = "") -> ml_collections.ConfigDict:
+    """The full training config of model `name`: a copy of the shared blocks + its model block."""
+    shared = {k: v for k, v in config.to_dict().items() if k not in _SHARED_EXCLUDED}
+    c = ml_collections.ConfigDict(shared)
+    c.model = ml_collections.ConfigDict(config.models[name].to_dict())
+    if "max_seq_len" in c.model:  # the Transformer's window is the shared training window
+        c.model.max_seq_len = c.train.seq_len
+    if tokenizer_path:
+        c.data.tokenizer_path = tokenizer_path
+    return c
+
+
+def check_shared(config) -> int:
+    """One vocabulary for all models (they share the tokenizer); returns it."""
+    vocabs = {n: config.models[n].vocab_size for n in model_names(config)}
+    if len(set(vocabs.values())) != 1:
+        raise ValueError(f"the models must share one vocab_size (one tokenizer), got {vocabs}")
+    return next(iter(vocabs.values()))
+
+
+def shared_tokenizer(config, workdir: str) -> str:
+    """The one tokenizer every run uses: the given one, else `<workdir>/tokenizer.model`
+    (trained once on the shared training split, exactly as a run would). '' for token data."""
+    d = config.data
+    if d.tokenizer_path:
+        return os.path.abspath(os.path.expanduser(d.tokenizer_path))
+    source = parse_spec(d.source)
+    if source.kind in ("bin", "recall"):
+        return ""  # already token ids; nothing to share
+    path = os.path.join(workdir, TOKENIZER_FILE)
+    if not os.path.exists(path):
+        docs, _ = load_documents(
+            source, data_dir=d.data_dir or None, text_field=d.text_field or None
+        )
+        train_docs, _ = split_documents(docs, d.heldout_fraction)
+        resolve_tokenizer(train_docs, check_shared(config), None, workdir)
+        print(f"Trained the shared tokenizer (vocab {check_shared(config)}) -> {path}")
+    return path
+
+
+# ------------------------------------------------------------------------------ model stats
+def model_stats(model_cfg, seq_len: int) -> dict:
+    """Params, layers, state width and memory / state size of a model block (no weights)."""
+    model = factory.build_model(model_cfg)
+    m = model.config
+    family = model_cfg.get("family", "gpn")
+    counts = accounting.param_counts(model)
+    if family == "gpn" and m.memory:
+        cells = m.n_heads * m.d_key * m.d_value
+        kind, formula = "matrix memory", f"{m.n_heads}×{m.d_key}×{m.d_value} memory"
+    elif family == "gpn":
+        cells, kind, formula = 0, "none", "no memory"
+    elif family == "gdn":
+        cells = m.n_layers * m.n_heads * m.d_key * m.d_value
+        kind = "recurrent state"
+        formula = f"{m.n_layers}×{m.n_heads}×{m.d_key}×{m.d_value} state"
+    elif family == "transformer":
+        cells = 2 * m.n_layers * seq_len * m.d_model
+        kind, formula = "KV cache", f"KV cache 2×{m.n_layers}×{seq_len}×{m.d_model}"
+    else:
+        cells, kind, formula = None, "?", "?"
+    return {
+        "family": family,
+        "params": counts["total"],
+        "param_groups": counts["groups"],
+        "layers": m.n_layers,
+        "state_dim": m.d_model,
+        "memory_cells": cells,
+        "state_kind": kind,
+        "state_formula": formula,
+        "train_flops_per_token": int(model.flops_per_token(seq_len)["train"]),
+    }
+
+
+def print_param_counts(rows: list[dict]) -> None:
+    counts = [r["params"] for r in rows]
+    print("Parameter counts:")
+    for r in rows:
+        print(f"  {r['label']:<16}{r['params']:>14,}")
+    spread = max(counts) / min(counts) - 1
+    print(f"  largest / smallest - 1 = {spread:.1%}")
+
+
+# ------------------------------------------------------------------------------ runs
+def _json(obj):
+    return json.loads(json.dumps(obj))
+
+
+def _diff(a, b, prefix="") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out = []
+    for k in keys:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _diff(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def train_one(rc, run_dir: str, is_lead: bool = True) -> tuple[dict, float | None]:
+    """Final metrics of one run: reused if finished with the same config, else trained/resumed.
+
+    Returns (final metrics, training wall seconds or None when reused).
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    wanted = _json(rc.to_dict())
+    saved_path = os.path.join(run_dir, RUN_CONFIG)
+    if os.path.exists(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+        if saved != wanted:
+            raise ValueError(
+                f"{run_dir} was trained with another config (differs in "
+                f"{', '.join(_diff(saved, wanted)[:5])}); use a fresh --workdir or delete it"
+            )
+        final_path = os.path.join(run_dir, FINAL_METRICS)
+        if os.path.exists(final_path):
+            with open(final_path) as f:
+                final = json.load(f)
+            if final.get("step") == rc.train.steps:
+                print(f"Reusing {final_path}")
+                return final, None
+    elif is_lead:
+        with open(saved_path, "w") as f:
+            json.dump(wanted, f, indent=2)
+    start = time.perf_counter()
+    final = train_and_evaluate(rc, run_dir)
+    return final, time.perf_counter() - start
+
+
+def lambada_results(run_dir: str, path: str, batch_size: int) -> dict | None:
+    """LAMBADA results of a finished run (cached per file and step); None if unavailable."""
+    try:
+        from gpn_jax.eval import run_evals
+        from gpn_jax.training.restore import load_run
+    except ImportError as e:  # evaluation not installed in this tree
+        print(f"LAMBADA skipped: gpn_jax.eval has no run_evals ({e})")
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    st = os.stat(path)
+    key = {"path": path, "size": st.st_size, "mtime": st.st_mtime}
+    cache = os.path.join(run_dir, LAMBADA_CACHE)
+    run = load_run(run_dir)
+    key["step"] = int(run.step)
+    if os.path.exists(cache):
+        with open(cache) as f:
+            saved = json.load(f)
+        if saved.get("key") == key:
+            return saved["lambada"]
+    res = run_evals(run, ["lambada"], lambada_path=path, batch_size=batch_size)["lambada"]
+    with open(cache, "w") as f:
+        json.dump({"key": key, "lambada": res}, f, indent=2)
+    return res
+
+
+# ------------------------------------------------------------------------------ outputs
+def loss_curve(run_dir: str) -> tuple[list, list, list, list]:
+    """(steps, training loss, eval steps, held-out loss) from metrics.jsonl (last row per step
+    wins: a resumed run rewrites the steps after its checkpoint)."""
+    train, heldout = {}, {}
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a kill
+                if "loss" in row:
+                    train[row["step"]] = row["loss"]
+                if "heldout_loss" in row:
+                    heldout[row["step"]] = row["heldout_loss"]
+    ts, hs = sorted(train), sorted(heldout)
+    return ts, [train[s] for s in ts], hs, [heldout[s] for s in hs]
+
+
+def plot_losses(rows: list[dict], budget: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tps = budget["tokens_per_step"]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for i, r in enumerate(rows):
+        color = f"C{i}"
+        steps, loss, hsteps, hloss = loss_curve(r["workdir"])
+        ax.plot(steps, loss, color=color, lw=1.5, label=f"{r['label']} ({r['params']:,} params)")
+        if hsteps:
+            ax.plot(hsteps, hloss, "o", color=color, ms=4, mfc="none")
+    ax.plot([], [], "o", color="gray", mfc="none", label="held-out loss (periodic eval)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats / token)")
+    top = ax.secondary_xaxis("top", functions=(lambda s: s * tps / 1e6, lambda t: t * 1e6 / tps))
+    top.set_xlabel("tokens (millions)")
+    fig.suptitle(
+        f"{budget['steps']} steps × {budget['batch_size']} × {budget['seq_len']} tokens, "
+        "same data and tokenizer",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        cells = "—" if not r["memory_cells"] else f"{r['memory_cells']:,} ({r['state_formula']})"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["label"],
+                    f"{r['params']:,}",
+                    str(r["layers"]),
+                    f"{r['state_dim']:,}",
+                    cells,
+                    _fmt(r["heldout_ppl"], ".2f"),
+                    _fmt(r["lambada_acc"], ".3f"),
+                    _fmt(r["lambada_ppl"], ".2f"),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    b = result["budget"]
+    parts = [
+        "Shared budget: "
+        f"{b['steps']:,} steps × {b['batch_size']} × {b['seq_len']} tokens = "
+        f"{b['tokens']:,} training tokens per model; AdamW lr {b['learning_rate']:g} "
+        f"(warm-up {b['warmup_steps']}, cosine to {b['min_lr_ratio']:g}×), wd "
+        f"{b['weight_decay']:g}, clip {b['grad_clip']:g}.",
+        f"Data: {result['data']['source']}; tokenizer {result['data']['tokenizer'] or 'none'}. "
+        f"Held-out PPL over the same {result['heldout_tokens']:,} held-out tokens for every "
+        f"model (unigram PPL {result['unigram_ppl']:.2f}).",
+        "",
+        markdown_table(result["rows"]),
+        "",
+    ]
+    lam = result["lambada"]
+    if lam["path"]:
+        parts.append(
+            f"LAMBADA: {lam['path']} (paper protocol: first-sub-word accuracy, PPL over the "
+            "target sub-words)."
+        )
+    else:
+        parts.append(f"LAMBADA: {lam['note']}")
+    return "\n".join(parts) + "\n"
+
+
+def _check_same_heldout(rows: list[dict]) -> tuple[int, float]:
+    seen = {(r["heldout_tokens"], round(r["unigram_ppl"], 6)) for r in rows}
+    if len(seen) != 1:
+        raise ValueError(
+            "the runs were evaluated on different held-out tokens "
+            f"({[(r['label'], r['heldout_tokens']) for r in rows]}); use a fresh --workdir"
+        )
+    return rows[0]["heldout_tokens"], rows[0]["unigram_ppl"]
+
+
+# ------------------------------------------------------------------------------ the job
+def compare(config, workdir: str, lambada_path: str | None = None) -> dict:
+    """Trains (or reuses) every model of a compare config and writes the comparison.
+
+    Returns the `comparison.json` dict ({'budget', 'data', 'rows', ...}), or
+    {'stopped_at': {name: step}} if SIGTERM stopped a run (rerun to resume).
+    """
+    workdir = prepare_workdir(workdir)
+    names = model_names(config)
+    check_shared(config)
+    lambada_path = lambada_path or config.compare.get("lambada_path") or None
+    if lambada_path and not os.path.isfile(lambada_path):
+        raise FileNotFoundError(f"LAMBADA file not found: {lambada_path}")
+    is_lead = jax.process_index() == 0
+    t = config.train
+
+    rows = []
+    for name in names:
+        rows.append(
+            {"name": name, "label": label(config, name), "workdir": os.path.join(workdir, name)}
+            | model_stats(run_config(config, name).model, t.seq_len)
+        )
+    print_param_counts(rows)
+    tokenizer = shared_tokenizer(config, workdir)
+
+    for i, row in enumerate(rows, 1):
+        print(f"[{i}/{len(rows)}] {row['label']} -> {row['workdir']}")
+        rc = run_config(config, row["name"], tokenizer)
+        final, seconds = train_one(rc, row["workdir"], is_lead)
+        if "stopped_at" in final:
+            print("Stopped; rerun the same command to resume.")
+            return {"stopped_at": {row["name"]: final["stopped_at"]}}
+        row |= {
+            "heldout_ppl": final["heldout_ppl"],
+            "heldout_loss": final["heldout_loss"],
+            "unigram_ppl": final["unigram_ppl"],
+            "heldout_tokens": final["heldout_tokens"],
+            "tokens_seen": final["tokens_seen"],
+            "step": final["step"],
+            "train_seconds": seconds,
+        }
+        _, loss, _, _ = loss_curve(row["workdir"])
+        row["final_train_loss"] = loss[-1] if loss else None
+
+    lam_note = "not run (pass --lambada_path=<lambada_openai jsonl>)"
+    for row in rows:
+        res = None
+        if lambada_path:
+            res = lambada_results(row["workdir"], lambada_path, config.compare.lambada_batch_size)
+            if res is None:
+                lam_note = "not run: gpn_jax.eval has no LAMBADA API in this tree"
+        row["lambada"] = res
+        row["lambada_acc"] = res["paper"]["acc"] if res else None
+        row["lambada_ppl"] = res["paper"]["ppl"] if res else None
+    lambada_ran = all(r["lambada"] is not None for r in rows) and bool(lambada_path)
+
+    heldout_tokens, unigram = _check_same_heldout(rows)
+    budget = {
+        k: t[k]
+        for k in (
+            "steps",
+            "batch_size",
+            "seq_len",
+            "grad_accum",
+            "learning_rate",
+            "warmup_steps",
+            "min_lr_ratio",
+            "weight_decay",
+            "b1",
+            "b2",
+            "grad_clip",
+        )
+    }
+    budget |= {
+        "tokens_per_step": t.batch_size * t.seq_len,
+        "tokens": t.steps * t.batch_size * t.seq_len,
+    }
+    result = {
+        "columns": list(COLUMNS),
+        "budget": budget,
+        "data": {"source": config.data.source, "tokenizer": tokenizer, "seed": config.seed},
+        "heldout_tokens": heldout_tokens,
+        "unigram_ppl": unigram,
+        "lambada": {
+            "path": os.path.abspath(lambada_path) if lambada_ran else None,
+            "note": None if lambada_ran else lam_note,
+        },
+        "rows": rows,
+        "files": {
+            "markdown": os.path.join(workdir, TABLE_MD),
+            "json": os.path.join(workdir, TABLE_JSON),
+            "plot": os.path.join(workdir, PLOT),
+        },
+    }
+    if is_lead:
+        md = markdown(result)
+        with open(result["files"]["markdown"], "w") as f:
+            f.write(md)
+        with open(result["files"]["json"], "w") as f:
+            json.dump(result, f, indent=2)
+        plot_losses(rows, budget, result["files"]["plot"])
+        print()
+        print(md)
+        print(f"Wrote {result['files']['markdown']}, {TABLE_JSON} and {PLOT}")
+    return result
+
+
+# ------------------------------------------------------------------------------ command line
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "compare config file (experiments/configs/compare_*.py)."
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Comparison directory: one subdirectory per model, the table and the plot."
+)
+_LAMBADA = flags.DEFINE_string(
+    "lambada_path", None, "lambada_openai jsonl file; adds LAMBADA acc / PPL columns."
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    from gpn_jax import cli
+    from gpn_jax.parallel import distributed
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    distributed.initialize()
+    config = cli.config_or_exit(_CONFIG, "gpn-compare")
+    start = time.perf_counter()
+    result = cli.run_or_exit(compare, config, _WORKDIR.value, _LAMBADA.value, prog="gpn-compare")
+    if "rows" in result:
+        print(f"Total wall time {time.perf_counter() - start:,.0f} s")
+
+
+def run():
+    from gpn_jax import cli
+
+    app.run(main, flags_parser=cli.flags_parser("gpn-compare"))
+
+
+if __name__ == "__main__":
+    run()
