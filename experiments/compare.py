@@ -51,24 +51,6 @@ COLUMNS = (
 _SHARED_EXCLUDED = ("models", "compare")
 
 
-def _avoid_cpu_solver_deadlock() -> None:
-    """Gives XLA's CPU thread pool at least 4 threads (read when JAX starts its CPU backend).
-
-    jaxlib 0.10's CPU `triangular_solve` (GDN's chunked delta rule, forward and backward)
-    splits its batch over XLA's intra-op pool and blocks until the pieces finish; on a 2-core
-    machine the pool has 2 threads, so two solves running concurrently wait on each other
-    forever (the GDN train step hangs at step 1 or 2 with every thread idle). `PJRT_NPROC`
-    sizes that pool; an explicit PJRT_NPROC / NPROC is left alone.
-    """
-    if "PJRT_NPROC" in os.environ or "NPROC" in os.environ:
-        return
-    if len(os.sched_getaffinity(0)) < 4:
-        os.environ["PJRT_NPROC"] = "4"
-
-
-_avoid_cpu_solver_deadlock()
-
-
 # ------------------------------------------------------------------------------ configs
 def model_names(config) -> list[str]:
     """The models to run, in table order (`compare.models`, a comma-separated list)."""
