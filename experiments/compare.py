@@ -448,13 +448,22 @@ def compare(config, workdir: str, lambada_path: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------ command line
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "compare config file (experiments/configs/compare_*.py)."
+    "config",
+    None,
+    "compare config file (experiments/configs/compare_*.py).",
+    allow_override=True,  # tests import several entry points into one process
 )
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Comparison directory: one subdirectory per model, the table and the plot."
+    "workdir",
+    None,
+    "Comparison directory: one subdirectory per model, the table and the plot.",
+    allow_override=True,
 )
 _LAMBADA = flags.DEFINE_string(
-    "lambada_path", None, "lambada_openai jsonl file; adds LAMBADA acc / PPL columns."
+    "lambada_path",
+    None,
+    "lambada_openai jsonl file; adds LAMBADA acc / PPL columns.",
+    allow_override=True,
 )
 flags.mark_flags_as_required(["config", "workdir"])
 

@@ -26,14 +26,25 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "ml_collections config file (path.py[:cpu])."
+    "config",
+    None,
+    "ml_collections config file (path.py[:cpu]).",
+    allow_override=True,  # tests import several entry points into one process
 )
-_DEVICES = flags.DEFINE_integer("devices", 8, "Number of devices of the target mesh.")
+_DEVICES = flags.DEFINE_integer(
+    "devices", 8, "Number of devices of the target mesh.", allow_override=True
+)
 _MESH = flags.DEFINE_string(
-    "mesh", None, "Mesh sizes: 'data,fsdp,tensor' (e.g. 2,4,1) or 'fsdp=4,tensor=2' (rest: data)."
+    "mesh",
+    None,
+    "Mesh sizes: 'data,fsdp,tensor' (e.g. 2,4,1) or 'fsdp=4,tensor=2' (rest: data).",
+    allow_override=True,
 )
 _MEMORY_GB = flags.DEFINE_float(
-    "memory_gb", None, "Accelerator memory per device (GiB) to compare the estimate with."
+    "memory_gb",
+    None,
+    "Accelerator memory per device (GiB) to compare the estimate with.",
+    allow_override=True,
 )
 flags.mark_flags_as_required(["config"])
 
