@@ -26,6 +26,10 @@ with `--profile`, <workdir>/profile/<model>/: a `jax.profiler` trace of one trai
 import json
 import math
 import os
+
+# On GPU the parent (peak matmul) and each record's worker process share the device: no
+# process may grab most of its memory up front. Set before JAX is imported.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import platform as pyplatform
 import subprocess
 import sys

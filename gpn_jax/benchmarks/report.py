@@ -158,13 +158,18 @@ def plot_scaling(records: list[dict], path: str) -> bool:
             if not pts:
                 continue
             lab = "remat (segment ~sqrt(T))" if remat else "no remat"
-            axes[row][0].plot([r[x] for r in pts], [r["step_time_s"] for r in pts], "o-", label=lab)
-            axes[row][1].plot(
-                [r[x] for r in pts], [r["peak_mem_bytes"] / 2**30 for r in pts], "o-", label=lab
-            )
+            px = [r[x] for r in pts]
+            for col, y in enumerate(
+                ([r["step_time_s"] for r in pts], [r["peak_mem_bytes"] / 2**30 for r in pts])
+            ):
+                axes[row][col].plot(px, y, "o-", label=lab)
+                if not remat and len(px) > 1:  # linear-growth reference through the first point
+                    ref = [y[0] * v / px[0] for v in px]
+                    axes[row][col].plot(px, ref, "--", color="gray", lw=1, label=f"∝ {label[0]}")
         for col, ylab in enumerate(("step time (s)", "peak memory (GiB)")):
             ax = axes[row][col]
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
             ax.set_xlabel(f"{label}, {fixed} = {fixed_value}")
             ax.set_ylabel(ylab)
             ax.grid(True, alpha=0.3)
