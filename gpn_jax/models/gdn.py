@@ -48,6 +48,7 @@ from gpn_jax.core import gated_delta
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
 from gpn_jax.core.window import chunk_size as loss_chunk_size
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
+from gpn_jax.models.params import lecun, nest, ones, small
 
 Array = jax.Array
 
@@ -117,9 +118,6 @@ class GDNDecodeState(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- parameters
-lecun = nn.initializers.lecun_normal()
-ones = nn.initializers.ones
-small = nn.initializers.normal(stddev=0.02)
 
 
 class _Params(nn.Module):
@@ -164,18 +162,6 @@ class _Params(nn.Module):
         if not c.tie_embeddings:
             tree["head"] = self.param("head", lecun, (d, v))
         return tree
-
-
-def _nest(flat: dict) -> dict:
-    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
-    out: dict = {}
-    for key, value in flat.items():
-        *outer, leaf = key.split("/")
-        node = out
-        for k in outer:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return out
 
 
 def weight_decay_mask(params) -> dict:
@@ -272,7 +258,7 @@ class GatedDeltaNet:
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
         flat = _Params(self.config).init(rng)["params"]
-        return _nest(dict(flat))
+        return nest(dict(flat))
 
     def init_state(self, batch_size: int) -> GDNCarry:
         c = self.config

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from gpn_jax.core import fast_window, gpn, window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
+from gpn_jax.models.params import lecun, nest, ones, small, zeros
 
 Array = jax.Array
 
@@ -62,11 +63,6 @@ def dt_bias_init(key, shape, dtype=jnp.float32):
     u = jax.random.uniform(key, shape, dtype, math.log(1e-3), math.log(1e-1))
     dt = jnp.maximum(jnp.exp(u), 1e-4)
     return dt + jnp.log(-jnp.expm1(-dt))
-
-
-lecun = nn.initializers.lecun_normal()
-zeros, ones = nn.initializers.zeros, nn.initializers.ones
-small = nn.initializers.normal(stddev=0.02)
 
 
 class _Params(nn.Module):
@@ -138,18 +134,6 @@ class _Params(nn.Module):
         return tree
 
 
-def _nest(flat: dict) -> dict:
-    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
-    out: dict = {}
-    for key, value in flat.items():
-        *outer, leaf = key.split("/")
-        node = out
-        for k in outer:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return out
-
-
 def weight_decay_mask(params) -> dict:
     """Decay matrices only: never norms, biases, A_log or dt_bias (all of which are vectors)."""
     return jax.tree.map(lambda p: p.ndim >= 2, params)
@@ -164,7 +148,7 @@ class GPN:
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
         flat = _Params(self.config).init(rng)["params"]
-        return _nest(dict(flat))
+        return nest(dict(flat))
 
     def init_state(self, batch_size: int) -> GPNCarry:
         c = self.config

@@ -37,6 +37,7 @@ import optax
 
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
 from gpn_jax.core.window import chunk_size
+from gpn_jax.models.params import lecun, nest, ones, small
 
 Array = jax.Array
 
@@ -75,9 +76,6 @@ class TransformerConfig:
 
 
 # ----------------------------------------------------------------------------- parameters
-lecun = nn.initializers.lecun_normal()
-ones = nn.initializers.ones
-small = nn.initializers.normal(stddev=0.02)
 
 
 class _Params(nn.Module):
@@ -109,18 +107,6 @@ class _Params(nn.Module):
         if not c.tie_embeddings:
             tree["head"] = self.param("head", lecun, (d, v))
         return tree
-
-
-def _nest(flat: dict) -> dict:
-    """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
-    out: dict = {}
-    for key, value in flat.items():
-        *outer, leaf = key.split("/")
-        node = out
-        for k in outer:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return out
 
 
 def weight_decay_mask(params) -> dict:
@@ -186,7 +172,7 @@ class Transformer:
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
         flat = _Params(self.config).init(rng)["params"]
-        return _nest(dict(flat))
+        return nest(dict(flat))
 
     def init_state(self, batch_size: int = 0):
         """No state crosses windows: always None."""
