@@ -25,6 +25,11 @@ recurrent:
 
 Interventions (`gpn.Intervention`) are not supported here; `gpn_jax.models.gpn` falls back
 to the autodiff path when one is given.
+
+Measured (`python -m gpn_jax.bench --config=experiments/configs/bench_small.py`, GPN+M 1L
+d=512, B=16, T=512, float32, 2-core AMD EPYC, matmul peak measured in the run 214 GFLOP/s):
+training step 4.47 s -> 3.07 s, MFU 31.8 % -> 46.4 %, peak RSS 3.55 -> 1.13 GiB (autodiff ->
+fused). `UNROLL` 1, 2 and 4 measured the same on CPU; 1 compiles fastest.
 """
 
 import dataclasses
