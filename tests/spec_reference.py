@@ -63,9 +63,8 @@ def read(lp, c, M):
 
 
 def layer(lp, c, M):
-    u = norm(c, lp["ffn_norm"]) @ lp["w1"]
-    f = u.shape[-1] // 2
-    ffn = (silu(u[:f]) * u[f:]) @ lp["w2"]
+    n = norm(c, lp["ffn_norm"])
+    ffn = (silu(n @ lp["w1"]) * (n @ lp["w3"])) @ lp["w2"]
     pg = sigmoid(norm(c, lp["pg_norm"]) @ lp["wpg"] + lp["bpg"])
     out = pg * c + ffn
     if M is not None:

@@ -3,6 +3,7 @@ compiled recurrence (no per-token weight all-gather / gradient reduce-scatter)."
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -27,6 +28,10 @@ MODELS = {
     "transformer": dict(
         family="transformer", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_ffn=32,
         max_seq_len=T, loss_chunk=4,
+    ),
+    "gpn_m_2l": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=2, loss_chunk=4,
     ),
     "gdn": dict(
         family="gdn", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_key=4, d_value=8,
@@ -63,7 +68,7 @@ def test_rules_shard_params_and_follow_them_into_the_optimiser_state():
         state, make_mesh((2, 2, 2)), sizes=shardlib.model_sizes(model.config)
     )
     p = specs.params
-    assert p["layer_0"]["w1"] == P("fsdp", "tensor")  # column-parallel over d_ffn
+    assert p["layer_0"]["w1"] == p["layer_0"]["w3"] == P("fsdp", "tensor")  # column-parallel
     assert p["layer_0"]["w2"] == P("tensor", "fsdp")  # row-parallel
     assert p["layer_0"]["wq"] == P("fsdp", "tensor")  # memory heads split
     assert p["layer_0"]["wo"] == P("tensor", "fsdp")
@@ -196,35 +201,49 @@ def _recurrent_loops(text: str, steps: int):
     return loops
 
 
-def test_fsdp_train_step_gathers_weights_once_outside_the_scan():
-    """GPN+M train step on (data 2, fsdp 4): weights all-gathered and gradients
-    reduce-scattered in the step, never inside a loop body (the scan runs T = 16 steps)."""
+def _fsdp_train_step(grad_accum: int):
+    """GPN+M train step on (data 2, fsdp 4): (model, optimizer, abstract state, jitted step)."""
     config = dict(MODELS["gpn_m"], loss_chunk=4)
     model = factory.build_model(config)
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     mesh = make_mesh((2, 4, 1))
     abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    state_sh = shardlib.tree_shardings(abstract, mesh, sizes=shardlib.model_sizes(model.config))
-    step = ts.make_train_step(spmd.ShardedModel(model, mesh), opt)
+    state_sh = spmd.state_shardings(abstract, mesh, model)
+    step = spmd.jit_train_step(model, opt, grad_accum, mesh, state_sh)
+    return model, opt, abstract, step, mesh
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
+    """Weights all-gathered and gradients reduce-scattered once per train step, never inside a
+    loop body: not in the scan (T = 16 steps), nor - with grad_accum - per micro-batch."""
+    *_, abstract, step, mesh = _fsdp_train_step(grad_accum)
     with jax.set_mesh(mesh):
-        text = (
-            jax.jit(
-                step,
-                in_shardings=(state_sh, meshlib.batch_sharding(mesh)),
-                out_shardings=(state_sh, meshlib.replicated(mesh)),
-                donate_argnums=0,
-            )
-            .lower(abstract, jax.ShapeDtypeStruct((8, 16), jnp.int32))
-            .compile()
-            .as_text()
-        )
+        text = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32)).compile().as_text()
     everywhere = hlo.entry_collectives(text)
     assert everywhere["all-gather"] > 0 and everywhere["reduce-scatter"] > 0  # fsdp is real
     loops = hlo.while_loops(text)
-    assert len(_recurrent_loops(text, 16)) == 2  # forward and backward scan
+    assert len(_recurrent_loops(text, 16)) == 2  # forward and backward scan (nested with accum)
     assert any(lp.trip_count == 16 // 4 for lp in loops)  # the chunked loss
+    if grad_accum > 1:
+        assert any(lp.trip_count == grad_accum for lp in loops)  # the micro-batch loop
     for lp in loops:  # no weight or gradient traffic in any loop body
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
+
+
+def test_sharded_gradient_accumulation_equals_one_device_full_batch():
+    model, opt, _, step, mesh = _fsdp_train_step(grad_accum=2)
+    state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (16, 16), 0, MODELS["gpn_m"]["vocab_size"])
+    one = jax.devices()[0]
+    ref_state, ref = jax.jit(ts.make_train_step(model, opt))(*jax.device_put((state, tokens), one))
+    with jax.set_mesh(mesh):
+        new_state, metrics = step(state, tokens)
+    np.testing.assert_allclose(metrics["loss"], ref["loss"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(metrics["grad_norm"], ref["grad_norm"], rtol=1e-5)
+    chex.assert_trees_all_close(new_state.params, ref_state.params, atol=1e-6)
+    with pytest.raises(ValueError, match="does not split into 2 micro-batch"):
+        step(state, tokens[:8])
 
 
 def test_data_parallel_scan_has_no_collectives():
@@ -233,16 +252,17 @@ def test_data_parallel_scan_has_no_collectives():
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
 
 
-def test_tensor_parallel_scan_reduces_once_per_layer_step():
-    """(2, 2, 2): d_ffn and memory heads split over tensor. Inside the recurrent loops there is
-    no all-gather / reduce-scatter; the forward step's layer outputs (FFN + memory read partial
-    sums) are reduced by one all-reduce of (B_local, d) values, plus the scalar-per-row
-    all-reduce of the read's RMSNorm over all heads."""
-    _, text = _sharded("gpn_m", (2, 2, 2))
+@pytest.mark.parametrize("name", ["gpn_m", "gpn_m_2l"])
+def test_tensor_parallel_scan_reduces_once_per_layer_step(name):
+    """(2, 2, 2): d_ffn and memory heads split over tensor, Megatron style. Each recurrent loop
+    (forward and backward scan) holds exactly one all-reduce per layer - the layer's partial
+    sums (SwiGLU down projection, memory read, the read norm's sum of squares) reduced
+    together - and no other collective: no all-gather / reduce-scatter of weights, no
+    resharding (collective-permute / all-to-all) between gate and up halves."""
+    _assert_matches(name, (2, 2, 2))
+    _, text = _sharded(name, (2, 2, 2))
+    n_layers = MODELS[name]["n_layers"]
     loops = _recurrent_loops(text, T)
-    for lp in hlo.while_loops(text):
-        assert lp.collectives["all-gather"] == lp.collectives["reduce-scatter"] == 0, lp.op_names
-    forward = [lp for lp in loops if not any("transpose(" in w for w in lp.op_names)]
-    assert len(forward) == 1
-    reduces = [w for w in forward[0].op_names if w.startswith("all-reduce")]
-    assert 1 <= len(reduces) <= 2, forward[0].op_names
+    assert len(loops) == 2  # forward and backward scan
+    for lp in loops:
+        assert dict(lp.collectives) == {"all-reduce": n_layers}, (lp.trip_count, lp.op_names)

@@ -78,8 +78,8 @@ class Dims:
         return self.hk + self.hu + 2 * self.h if self.memory else 0
 
     def layer_cols(self) -> list[int]:
-        """Column widths of a predict layer's fused input projection [w1 | wpg | wq | wrg]."""
-        cols = [2 * self.f, self.d]
+        """Column widths of a predict layer's fused input projection [w1 | w3 | wpg | wq | wrg]."""
+        cols = [self.f, self.f, self.d]
         return cols + ([self.hk, self.hu] if self.memory else [])
 
 
@@ -96,8 +96,10 @@ def fuse_params(cp: gpn.Params) -> dict:
         return (norm[:, None] * w.astype(jnp.float32)).astype(w.dtype)
 
     def layer_proj(lp):
-        mats = [fold(lp["ffn_norm"], lp["w1"]), fold(lp["pg_norm"], lp["wpg"])]
-        biases = [jnp.zeros((lp["w1"].shape[1],), jnp.float32), lp["bpg"]]
+        mats = [fold(lp["ffn_norm"], lp[n]) for n in ("w1", "w3")] + [
+            fold(lp["pg_norm"], lp["wpg"])
+        ]
+        biases = [jnp.zeros((2 * lp["w1"].shape[1],), jnp.float32), lp["bpg"]]
         if mem:
             mats += [fold(lp["read_norm"], lp["wq"]), fold(lp["read_norm"], lp["wrg"])]
             biases += [lp["bq"], jnp.zeros((lp["wrg"].shape[1],), jnp.float32)]
@@ -168,16 +170,16 @@ def _write(dm: Dims, zk_prev, zw, a, M):
 
 
 def _layer_pre(dm: Dims, Z, Mn):
-    """From a layer's fused projection: X2 = [silu(u1) * u2 | silu(zrg) * rms(q . M')] and the gate."""
-    parts = _split(Z, dm.layer_cols())
-    u1, u2 = jnp.split(parts[0], 2, axis=-1)
-    h = jax.nn.silu(u1) * u2
-    pg = jax.nn.sigmoid(parts[1])
+    """From a layer's fused projection: X2 = [silu(gate) * up | silu(zrg) * rms(q . M')] and pg."""
+    gate, up, zpg, *read = _split(Z, dm.layer_cols())
+    h = jax.nn.silu(gate) * up
+    pg = jax.nn.sigmoid(zpg)
     if not dm.memory:
         return h, pg
-    q = l2n(jax.nn.relu(_heads(parts[2], dm.h)))
+    zq, zrg = read
+    q = l2n(jax.nn.relu(_heads(zq, dm.h)))
     o = jnp.einsum("bhk,bhku->bhu", q, Mn).reshape(*q.shape[:-2], dm.hu)
-    return jnp.concatenate([h, jax.nn.silu(parts[3]) * rms(o)], axis=-1), pg
+    return jnp.concatenate([h, jax.nn.silu(zrg) * rms(o)], axis=-1), pg
 
 
 def _mm_t(dz: Array, w: Array) -> Array:

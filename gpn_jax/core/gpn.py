@@ -9,7 +9,7 @@ Parameters are plain nested dicts (declared by `gpn_jax.models.gpn`):
     decode {norm (D), proj (D, E), [bias (E)]}
     ground {emb_norm (E), fuse (E, D), gate_norm (D), gate_w (D, D), gate_b (D)}
     write  {norm (D), wk (D, HK), bk (HK), wv (D, HU), wbeta (D, H), wa (D, H), A_log (H), dt_bias (H)}
-    layer_i {ffn_norm (D), w1 (D, 2F), w2 (F, D), pg_norm (D), wpg (D, D), bpg (D),
+    layer_i {ffn_norm (D), w1 (D, F), w3 (D, F), w2 (F, D), pg_norm (D), wpg (D, D), bpg (D),
              [read_norm (D), wq (D, HK), bq (HK), wrg (D, HU), out_norm (HU), wo (HU, D)]}
 
 One token x_t, from carry (s, s_prev, M):
@@ -26,7 +26,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core.norms import l2n, mm, rms_norm
+from gpn_jax.core.mlp import swiglu
+from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms_norm
 
 Array = jax.Array
 Params = dict
@@ -118,15 +119,19 @@ def memory_read(lp: Params, c: Array, M: Array, iv: Intervention) -> Array:
     o = jnp.einsum("bhk,bhku->bhu", q, M)  # (B, H, U)
     if iv.head_mask is not None:
         o = o * iv.head_mask[:, None]
-    o = o.reshape(*o.shape[:-2], -1)
-    read = mm(jax.nn.silu(mm(r, lp["wrg"])) * rms_norm(o, lp["out_norm"]), lp["wo"])
-    return read if iv.read_scale is None else read * iv.read_scale
+    o = o.reshape(*o.shape[:-2], -1)  # (B, HU)
+    # norm_o(o) = o * scale * out_norm with one scale per row, so the scale is applied after
+    # the Wo product (the same value). With heads split over `tensor`, this leaves each
+    # layer's partial sums (ffn, read, sum of o^2) independent: XLA reduces them together.
+    scale = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + RMS_EPS)
+    read = mm(jax.nn.silu(mm(r, lp["wrg"])) * o * lp["out_norm"], lp["wo"])
+    read = read if iv.read_scale is None else read * iv.read_scale
+    return read * scale
 
 
 def predict_layer(lp: Params, c: Array, M: Array | None, iv: Intervention) -> Array:
     """c <- pg(c) * c + ffn(c) [+ read(c, M)]."""
-    u1, u2 = jnp.split(mm(rms_norm(c, lp["ffn_norm"]), lp["w1"]), 2, axis=-1)
-    ffn = mm(jax.nn.silu(u1) * u2, lp["w2"])
+    ffn = swiglu(lp, rms_norm(c, lp["ffn_norm"]))
     pg = jax.nn.sigmoid(mm(rms_norm(c, lp["pg_norm"]), lp["wpg"]) + lp["bpg"])
     out = pg * c + ffn
     if M is not None:

@@ -5,6 +5,11 @@ Its trainer pickles `{'step', 'data_position', 'params', 'opt_state'}` with nump
 is the state of `optax.chain(clip_by_global_norm, adamw(..., mask))` over that dict. We map names
 both ways; optimiser moments (any dict keyed by parameter names) are renamed the same way, so a
 run can continue from the paper's checkpoint with our trainer.
+
+One parameter is not a rename: the paper keeps the SwiGLU gate and up projections in one
+(d, 2F) matrix `ffn_w1_k` = [gate | up]; we keep them as `w1` (gate) and `w3` (up), each
+(d, F), so that tensor parallelism splits them together (`gpn_jax.core.mlp`). They are
+concatenated on the way out and split on the way in (moments alike).
 """
 
 import os
@@ -49,6 +54,25 @@ _LAYER = {
 }
 
 
+def _fuse_gate_up(layer: dict) -> dict:
+    """Our layer dict -> the paper's: w1 (gate) and w3 (up) become one [gate | up] w1."""
+    layer = dict(layer)
+    layer["w1"] = np.concatenate([np.asarray(layer["w1"]), np.asarray(layer.pop("w3"))], axis=-1)
+    return layer
+
+
+def _split_gate_up(layer: dict) -> dict:
+    """The paper's [gate | up] w1 -> our w1 (gate) and w3 (up)."""
+    if "w1" not in layer:
+        raise ValueError(f"paper checkpoint layer without {_LAYER['w1']!r}")
+    gate, up = np.split(np.asarray(layer["w1"]), 2, axis=-1)
+    return dict(layer, w1=gate, w3=up)
+
+
+def _layers(tree: dict, fn) -> dict:
+    return {k: fn(v) if k.startswith("layer_") else v for k, v in tree.items()}
+
+
 def _paper_name(path: tuple, memory: bool) -> str:
     if path[0].startswith("layer_"):
         # GPN+M (`sot_m`) prefixes every layer's names with L{i}_; GPN (`sot`) has one unprefixed layer.
@@ -74,7 +98,7 @@ def to_paper_params(params: dict) -> dict:
     """Our nested params -> the paper's flat dict of numpy arrays."""
     memory = "write" in params
     flat = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(_layers(params, _fuse_gate_up)):
         keys = tuple(k.key for k in path)
         flat[_paper_name(keys, memory)] = np.asarray(leaf)
     return flat
@@ -89,7 +113,7 @@ def from_paper_params(flat: dict) -> dict:
         for k in path[:-1]:
             node = node.setdefault(k, {})
         node[path[-1]] = np.asarray(leaf)
-    return out
+    return _layers(out, _split_gate_up)
 
 
 def _is_param_dict(x) -> bool:

@@ -8,14 +8,14 @@ Architecture (the layer of flash-linear-attention's `GatedDeltaNet`): token embe
         q, k    = l2n(q) per head, l2n(k) per head;  beta = sigmoid(Wb · n)
         g       = -exp(A_log) * softplus(Wa · n + dt_bias)                     log-decay <= 0
         o       = gated delta rule(q, k, v, beta, g), query scale d_key^-1/2   (core.gated_delta)
-    x = x + W2 · (silu(gate) * up),   [gate | up] = W1 · rms(x)                   SwiGLU MLP
+    x = x + W2 · (silu(W1 · rms(x)) * W3 · rms(x))                                 SwiGLU MLP
 
 then a final RMSNorm and the LM head (the transposed embedding when `tie_embeddings`, else a
 separate (d, V) matrix). No biases. Heads: H = n_heads, K = d_key (q/k), U = d_value (v); the
 output RMSNorm is per head with one (U,) weight shared by the heads.
 
 Initialisation (our choice, documented here, as for Transformer++):
-  * embedding N(0, 0.02); input projections (Wq, Wk, Wv, Wa, Wb, Wg, W1, untied head)
+  * embedding N(0, 0.02); input projections (Wq, Wk, Wv, Wa, Wb, Wg, W1, W3, untied head)
     LeCun-normal; output projections (Wo, W2) N(0, 0.02 / sqrt(2 * n_layers));
   * short-convolution filters U(-1/sqrt(w), 1/sqrt(w)), w = conv_size (PyTorch's Conv1d
     default for a depthwise filter);
@@ -45,10 +45,11 @@ import jax.numpy as jnp
 import optax
 
 from gpn_jax.core import gated_delta
+from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
 from gpn_jax.core.window import chunk_size as loss_chunk_size
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
-from gpn_jax.models.params import lecun, nest, ones, small
+from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs
 
 Array = jax.Array
 
@@ -63,7 +64,7 @@ class GDNConfig:
     n_heads: int
     d_key: int  # head width of q and k
     d_value: int  # head width of v (and of the output gate)
-    d_ffn: int  # SwiGLU hidden width (W1 is (d, 2 * d_ffn))
+    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
     conv_size: int = 4  # depthwise causal short-convolution kernel on q, k, v
     tie_embeddings: bool = True
     bos_id: int = 1
@@ -152,8 +153,7 @@ class _Params(nn.Module):
                 "o_norm": (ones, (c.d_value,)),
                 "wo": (out_init, (c.d_v, d)),
                 "mlp_norm": (ones, (d,)),
-                "w1": (lecun, (d, 2 * f)),  # [gate | up]
-                "w2": (out_init, (f, d)),
+                **swiglu_specs(d, f, out_init),
             }
             tree[f"layer_{i}"] = {
                 k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
@@ -208,16 +208,11 @@ def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int):
     return mm(o, lp["wo"]), conv_state, S
 
 
-def swiglu(lp: dict, x: Array) -> Array:
-    gate, up = jnp.split(mm(rms_norm(x, lp["mlp_norm"]), lp["w1"]), 2, axis=-1)
-    return mm(jax.nn.silu(gate) * up, lp["w2"])
-
-
 def block(lp, x, conv_state, S, cfg: GDNConfig, chunk: int):
     """One pre-norm block: mixer and MLP with residuals. Returns (x, conv state, S)."""
     upd, conv_state, S = token_mixer(lp, x, conv_state, S, cfg, chunk)
     x = x + upd
-    return x + swiglu(lp, x), conv_state, S
+    return x + swiglu(lp, rms_norm(x, lp["mlp_norm"])), conv_state, S
 
 
 def head_logits(cp: dict, h: Array, tie: bool) -> Array:

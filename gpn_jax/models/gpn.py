@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from gpn_jax.core import fast_window, gpn, window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
-from gpn_jax.models.params import lecun, nest, ones, small, zeros
+from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs, zeros
 
 Array = jax.Array
 
@@ -115,8 +115,7 @@ class _Params(nn.Module):
         for i in range(c.n_layers):
             layer = {
                 "ffn_norm": (ones, (d,)),
-                "w1": (lecun, (d, 2 * f)),
-                "w2": (zeros, (f, d)),
+                **swiglu_specs(d, f, zeros),
                 "pg_norm": (ones, (d,)),
                 "wpg": (zeros, (d, d)),
                 "bpg": (zeros, (d,)),

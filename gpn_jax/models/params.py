@@ -7,6 +7,12 @@ zeros, ones = nn.initializers.zeros, nn.initializers.ones
 small = nn.initializers.normal(stddev=0.02)  # embeddings and memory-read output (SPEC)
 
 
+def swiglu_specs(d: int, f: int, down_init) -> dict:
+    """{name: (init, shape)} of a SwiGLU block (`gpn_jax.core.mlp`): gate `w1` and up `w3`
+    LeCun-normal (fan-in d, as one (d, 2f) matrix would be), down `w2` with `down_init`."""
+    return {"w1": (lecun, (d, f)), "w3": (lecun, (d, f)), "w2": (down_init, (f, d))}
+
+
 def nest(flat: dict) -> dict:
     """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
     out: dict = {}

@@ -3,7 +3,7 @@
 Architecture (the "Transformer++" recipe): token embedding, then `n_layers` pre-norm blocks
 
     x = x + Wo · Attn(RoPE(Wq · rms(x)), RoPE(Wk · rms(x)), Wv · rms(x))    causal, multi-head
-    x = x + W2 · (silu(gate) * up),   [gate | up] = W1 · rms(x)              SwiGLU MLP
+    x = x + W2 · (silu(W1 · rms(x)) * W3 · rms(x))                            SwiGLU MLP
 
 then a final RMSNorm and the LM head (the transposed embedding when `tie_embeddings`, else
 a separate (d, V) matrix). No biases anywhere. Attention goes through
@@ -12,7 +12,7 @@ where one exists (cuDNN needs a 16-bit compute dtype).
 
 Initialisation (our choice, documented here):
   * embedding: N(0, 0.02);
-  * input projections (Wq, Wk, Wv, W1, untied head): LeCun-normal, std 1/sqrt(fan_in);
+  * input projections (Wq, Wk, Wv, W1, W3, untied head): LeCun-normal, std 1/sqrt(fan_in);
   * output projections (Wo, W2), which write into the residual stream:
     N(0, 0.02 / sqrt(2 * n_layers)) (GPT-2 style depth scaling, so the residual variance
     does not grow with depth);
@@ -35,9 +35,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
 from gpn_jax.core.window import chunk_size
-from gpn_jax.models.params import lecun, nest, ones, small
+from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs
 
 Array = jax.Array
 
@@ -50,7 +51,7 @@ class TransformerConfig:
     d_model: int
     n_layers: int
     n_heads: int
-    d_ffn: int  # SwiGLU hidden width (W1 is (d, 2 * d_ffn))
+    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
     max_seq_len: int  # training window; also the KV-cache length when decoding
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
@@ -97,8 +98,7 @@ class _Params(nn.Module):
                 "wv": (lecun, (d, d)),
                 "wo": (out_init, (d, d)),
                 "mlp_norm": (ones, (d,)),
-                "w1": (lecun, (d, 2 * f)),  # [gate | up]
-                "w2": (out_init, (f, d)),
+                **swiglu_specs(d, f, out_init),
             }
             tree[f"layer_{i}"] = {
                 k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
@@ -130,11 +130,6 @@ def apply_rope(x_BxTxNxH: Array, cos_TxH2: Array, sin_TxH2: Array) -> Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def swiglu(lp: dict, x: Array) -> Array:
-    gate, up = jnp.split(mm(rms_norm(x, lp["mlp_norm"]), lp["w1"]), 2, axis=-1)
-    return mm(jax.nn.silu(gate) * up, lp["w2"])
-
-
 def qkv(lp: dict, x_BxTxD: Array, positions_T: Array, cfg: TransformerConfig):
     """Rotated queries, keys and values (B, T, N, Dh) in the compute dtype."""
     B, T, _ = x_BxTxD.shape
@@ -154,7 +149,7 @@ def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig) -> Array:
     q, k, v = qkv(lp, x_BxTxD, jnp.arange(T), cfg)
     att = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     x = x_BxTxD + mm(att.reshape(B, T, D), lp["wo"])
-    return x + swiglu(lp, x)
+    return x + swiglu(lp, rms_norm(x, lp["mlp_norm"]))
 
 
 def head_logits(cp: dict, h: Array, tie: bool) -> Array:
@@ -265,7 +260,7 @@ class Transformer:
             )
             att = jax.nn.dot_product_attention(q, K, V, mask=valid)
             x = x + mm(att.reshape(B, 1, c.d_model), lp["wo"])
-            x = x + swiglu(lp, x)
+            x = x + swiglu(lp, rms_norm(x, lp["mlp_norm"]))
             ks.append(K)
             vs.append(V)
         logits = head_logits(cp, rms_norm(x[:, 0], cp["final_norm"]), c.tie_embeddings)

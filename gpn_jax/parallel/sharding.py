@@ -9,7 +9,8 @@ Logical axes and the mesh axis each maps to:
 
 * `fsdp` -> `fsdp`: storage of a matrix split along one dimension (ZeRO-3 style). The model
   computes with parameters gathered over `fsdp` once per step (`gpn_jax.parallel.spmd`).
-* `ffn` -> `tensor`: d_ffn, Megatron style: `w1` column-parallel, `w2` row-parallel.
+* `ffn` -> `tensor`: d_ffn, Megatron style: gate `w1` and up `w3` column-parallel, down `w2`
+  row-parallel (one reduction per SwiGLU block; see `gpn_jax.core.mlp`).
 * `heads` -> `tensor`: memory / attention heads: key, value, query, gate, beta and decay
   projections column-parallel (with their per-head vectors), the output projection `wo`
   row-parallel; each head's memory lives on one device.
@@ -39,7 +40,7 @@ LOGICAL_AXES = {"fsdp": FSDP, "ffn": TENSOR, "heads": TENSOR, "vocab": TENSOR}
 DEFAULT_RULES: Rules = (
     (r"(^|/)embed$", ("vocab", "fsdp")),  # (V, E)
     (r"(^|/)head$", ("fsdp", "vocab")),  # (d, V)
-    (r"(^|/)w1$", ("fsdp", "ffn")),  # (d, 2F) [gate | up]
+    (r"(^|/)w[13]$", ("fsdp", "ffn")),  # (d, F) gate, up
     (r"(^|/)w2$", ("ffn", "fsdp")),  # (F, d)
     (r"(^|/)(wq|wk|wv|wg|wrg|wbeta|wa|wb)$", ("fsdp", "heads")),  # (d, H*) column-parallel
     (r"(^|/)conv_[qkv]$", (None, "heads")),  # (W, H*) depthwise filters

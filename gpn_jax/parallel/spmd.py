@@ -22,12 +22,14 @@ The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_R
 (d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
 reductions.
 
-With `grad_accum` > 1 the train step scans micro-batches around `loss`, so gradients are
-reduce-scattered once per micro-batch (XLA hoists the loop-invariant all-gathers out of the
-accumulation loop); still never once per token.
+With `grad_accum` = k > 1 each device splits its rows into k micro-batches and scans them
+inside the shard_map, accumulating local gradients, so weights are still gathered once and
+gradients reduce-scattered once per training step (not once per micro-batch). Micro-batches
+are equal in size, so the mean of their means is the full-batch loss and gradient.
 """
 
 import jax
+import jax.numpy as jnp
 from jax import P
 
 from gpn_jax.parallel import sharding as shlib
@@ -46,11 +48,13 @@ class ShardedModel:
     """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
 
     Every other attribute is the wrapped model's. The parameters' storage specs come from
-    `rules` (see `sharding.tree_specs`); only their `fsdp` entries matter here.
+    `rules` (see `sharding.tree_specs`); only their `fsdp` entries matter here. The gradient
+    of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
     """
 
-    def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES):
+    def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES, grad_accum: int = 1):
         self.model, self.mesh, self.rules = model, mesh, rules
+        self.grad_accum = grad_accum
         self.sizes = shlib.model_sizes(model.config)
         self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
         self._loss = self._make_loss()
@@ -85,12 +89,27 @@ class ShardedModel:
 
         return jax.tree.map(one, grads, dims, is_leaf=lambda x: x is None)
 
-    def _check_batch(self, tokens):
-        if tokens.shape[0] % self._n_batch:
+    def _check_batch(self, tokens, grad_accum: int = 1):
+        if tokens.shape[0] % (self._n_batch * grad_accum):
             raise ValueError(
-                f"batch of {tokens.shape[0]} rows does not split over data x fsdp = "
-                f"{self._n_batch} devices"
+                f"batch of {tokens.shape[0]} rows does not split into {grad_accum} "
+                f"micro-batch(es) over data x fsdp = {self._n_batch} devices"
             )
+
+    def _local_value_and_grad(self, params, tokens):
+        """Loss and gradient of this device's rows, accumulated over `grad_accum` micro-batches."""
+        vg = jax.value_and_grad(lambda p, x: self.model.loss(p, x)[0])
+        k = self.grad_accum
+        if k == 1:
+            return vg(params, tokens)
+
+        def one(acc, micro):
+            return jax.tree.map(jnp.add, acc, vg(params, micro)), None
+
+        zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        micro = tokens.reshape(k, tokens.shape[0] // k, *tokens.shape[1:])
+        total, _ = jax.lax.scan(one, zero, micro)
+        return jax.tree.map(lambda x: x / k, total)
 
     # ----------------------------------------------------------------- loss with custom gradient
     def _make_loss(self):
@@ -104,7 +123,7 @@ class ShardedModel:
                 full = self._gather(p, dims)
                 if not with_grad:
                     return jax.lax.pmean(local_loss(full, x), tuple(BATCH_AXES))
-                loss, grads = jax.value_and_grad(local_loss)(full, x)
+                loss, grads = self._local_value_and_grad(full, x)
                 return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
@@ -143,7 +162,7 @@ class ShardedModel:
         """
         if carry is not None:
             raise NotImplementedError("ShardedModel.loss starts every window fresh (carry=None)")
-        self._check_batch(tokens_BxT)
+        self._check_batch(tokens_BxT, self.grad_accum)
         value = self._loss(params, tokens_BxT)
         return value, (None, {"loss": value})
 
@@ -170,10 +189,13 @@ class ShardedModel:
 
 
 def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
-    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile)."""
-    sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
+    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
+
+    Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
+    rules = shlib.DEFAULT_RULES if rules is None else rules
+    sharded = ShardedModel(model, mesh, rules, grad_accum)
     return jax.jit(
-        ts.make_train_step(sharded, optimizer, grad_accum),
+        ts.make_train_step(sharded, optimizer),
         in_shardings=(state_sharding, batch_sharding(mesh)),
         out_shardings=(state_sharding, replicated(mesh)),
         donate_argnums=0,
