@@ -25,6 +25,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from gpn_jax import cli  # imports JAX without starting a backend (force_cpu_devices still works)
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,
@@ -207,7 +209,6 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     n = _DEVICES.value
     force_cpu_devices(n)
-    from gpn_jax import cli
 
     def run():
         config = _CONFIG.value
@@ -222,4 +223,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("gpn-aot"))

@@ -65,15 +65,33 @@ def test_cli_forces_cpu_devices_and_prints_memory():
     assert "no collective inside any loop body" in out
 
 
-def test_cli_reports_a_bad_mesh_in_one_line():
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--mesh=3,1,1"],
+            "gpn-aot: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, have 4",
+        ),
+        (
+            ["--mesh=1,2,2", "--config.model.scan_impl=fused"],
+            "gpn-aot: error: scan_impl='fused' does not support tensor parallelism",
+        ),
+        (
+            ["--config.model.d_modle=8"],
+            "gpn-aot: error: unknown config field or bad value in --config.model.d_modle=8",
+        ),
+    ],
+    ids=["mesh", "fused_tensor", "unknown_field"],
+)
+def test_cli_reports_bad_input_in_one_line(args, message):
     """Also shows the CLI forces the asked-for number of CPU devices (4 here)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpn_jax.aot", "--config=experiments/configs/gpn_m_tiny.py",
-            "--devices=4", "--mesh=3,1,1",
+            "--devices=4", *args,
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 1
-    assert "gpn-aot: error: mesh" in proc.stderr and "needs 3 devices, have 4" in proc.stderr
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr

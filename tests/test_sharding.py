@@ -33,6 +33,10 @@ MODELS = {
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
         d_value=8, n_layers=2, loss_chunk=4,
     ),
+    "gpn_m_fused": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused",
+    ),
     "gdn": dict(
         family="gdn", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_key=4, d_value=8,
         d_ffn=32, chunk_size=4, loss_chunk=4,
@@ -160,6 +164,21 @@ def _assert_matches(name, shape):
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
 def test_gpn_m_loss_and_grads_match_one_device(shape):
     _assert_matches("gpn_m", shape)
+
+
+@pytest.mark.parametrize("shape", MESHES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_fused_window_loss_and_grads_match_one_device(shape):
+    """The custom-VJP window (scan_impl='fused') under data / fsdp: same loss and gradients,
+    and no collective in any loop body (weights gathered before the scan)."""
+    _assert_matches("gpn_m_fused", shape)
+    for lp in hlo.while_loops(_sharded("gpn_m_fused", shape)[1]):
+        assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
+
+
+def test_fused_window_refuses_tensor_parallelism():
+    model = factory.build_model(MODELS["gpn_m_fused"])
+    with pytest.raises(ValueError, match=r"scan_impl='fused' does not support tensor parallel"):
+        spmd.ShardedModel(model, make_mesh((2, 2, 2)))
 
 
 @pytest.mark.parametrize(

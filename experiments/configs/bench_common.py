@@ -15,6 +15,8 @@ the same dtype).
 
 import ml_collections
 
+from experiments.configs import common
+
 VOCAB = 8192
 
 
@@ -65,15 +67,14 @@ def models() -> ml_collections.ConfigDict:
         loss_chunk=64,
         remat=False,
     )
-    return ml_collections.ConfigDict(
-        dict(
-            gpn_m=gpn_m,
-            gpn_m_autodiff=gpn_m | dict(scan_impl="autodiff"),
-            gpn=gpn,
-            transformer=transformer,
-            gdn=gdn,
-        )
+    blocks = dict(
+        gpn_m=gpn_m,
+        gpn_m_autodiff=gpn_m | dict(scan_impl="autodiff"),
+        gpn=gpn,
+        transformer=transformer,
+        gdn=gdn,
     )
+    return ml_collections.ConfigDict({k: common.model_block(m) for k, m in blocks.items()})
 
 
 def base_config(name: str, suites: str) -> ml_collections.ConfigDict:

@@ -4,7 +4,11 @@ Every experiment config is `get_config(arg=None)`; `--config=path.py:cpu` shrink
 a CPU run (small widths, short windows, few steps) without touching the model family or recipe.
 """
 
+import dataclasses
+
 import ml_collections
+
+from gpn_jax.models import factory
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -53,8 +57,20 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def model_block(fields) -> ml_collections.ConfigDict:
+    """A `model` block holding every field of its family's config dataclass: `fields` plus the
+    dataclass defaults, so each one can be set from the command line
+    (`--config.model.scan_impl=fused`); ml_collections only overrides fields that exist."""
+    _, cfg = factory.model_config(fields)  # validates family and field names
+    return ml_collections.ConfigDict(
+        dict(family=fields.get("family", "gpn"), **dataclasses.asdict(cfg))
+    )
+
+
 def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """`:cpu` shrinks a config for a quick CPU run; None leaves it unchanged."""
+    """Completes the model block (`model_block`); `:cpu` shrinks the config for a quick CPU
+    run, None leaves it unchanged."""
+    c.model = model_block(c.model)
     if not arg:
         return c
     if arg != "cpu":

@@ -17,7 +17,7 @@ def compare_config(models: dict) -> ml_collections.ConfigDict:
     """Shared blocks + `models` ({name: model ConfigDict}, run and tabled in this order)."""
     c = common.base_config()
     del c["model"]  # each entry of `models` becomes one run's `model` block
-    c.models = ml_collections.ConfigDict(models)
+    c.models = ml_collections.ConfigDict({k: common.model_block(m) for k, m in models.items()})
     c.compare = ml_collections.ConfigDict(
         dict(
             models=",".join(models),  # which entries of `models` run, in table order

@@ -38,7 +38,7 @@ def recall_config(memory: bool, arg: str | None = None) -> ml_collections.Config
     )
     if not memory:  # the memory's write and read parameters go to the FFN (d_ffn 128 -> 216)
         model.update(memory=False, n_heads=0, d_key=0, d_value=0, d_ffn=216)
-    c.model = ml_collections.ConfigDict(model)
+    c.model = common.model_block(model)
     c.data.source = TASK
     c.data.heldout_fraction = 0.05  # unused by recall data (it holds out `heldout` examples)
     c.train.update(

@@ -53,6 +53,13 @@ class ShardedModel:
     """
 
     def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES, grad_accum: int = 1):
+        if getattr(model.config, "scan_impl", None) == "fused" and mesh.shape[shlib.TENSOR] > 1:
+            # The fused window concatenates projections that `tensor` splits differently, so
+            # XLA would reshard them inside the scan (per token). data / fsdp meshes are fine.
+            raise ValueError(
+                f"scan_impl='fused' does not support tensor parallelism (mesh tensor = "
+                f"{mesh.shape[shlib.TENSOR]}); use --config.model.scan_impl=autodiff"
+            )
         self.model, self.mesh, self.rules = model, mesh, rules
         self.grad_accum = grad_accum
         self.sizes = shlib.model_sizes(model.config)
