@@ -30,11 +30,6 @@ def models() -> ml_collections.ConfigDict:
         n_heads=4,
         d_key=64,
         d_value=128,
-        n_layers=1,
-        memory=True,
-        decoder_bias=False,
-        compute_dtype="float32",
-        remat_segment=0,
         loss_chunk=64,
         scan_impl="fused",
     )
@@ -47,10 +42,7 @@ def models() -> ml_collections.ConfigDict:
         n_heads=4,
         d_ffn=528,
         max_seq_len=512,
-        tie_embeddings=True,
-        compute_dtype="float32",
         loss_chunk=64,
-        remat=False,
     )
     gdn = dict(
         family="gdn",
@@ -61,11 +53,7 @@ def models() -> ml_collections.ConfigDict:
         d_key=64,
         d_value=128,
         d_ffn=612,
-        tie_embeddings=True,
-        compute_dtype="float32",
-        chunk_size=64,
         loss_chunk=64,
-        remat=False,
     )
     blocks = dict(
         gpn_m=gpn_m,

@@ -57,6 +57,24 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def tiny_train(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The `*_tiny` configs' training block: 20 steps of 4 x 32 tokens (CPU tests, smoke runs)."""
+    c.train.update(
+        dict(
+            batch_size=4,
+            seq_len=32,
+            steps=20,
+            warmup_steps=5,
+            learning_rate=3e-3,
+            log_every=5,
+            eval_every=10,
+            eval_batches=2,
+            checkpoint_every=10,
+        )
+    )
+    return c
+
+
 def model_block(fields) -> ml_collections.ConfigDict:
     """A `model` block holding every field of its family's config dataclass: `fields` plus the
     dataclass defaults, so each one can be set from the command line

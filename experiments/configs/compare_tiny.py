@@ -5,88 +5,52 @@
 One shared budget (300 steps of 16 x 128 tokens = 614,400 tokens per model, ~5 epochs of the
 embedded corpus's training split; the paper's AdamW / cosine recipe at a CPU learning rate) on
 the embedded corpus with one SentencePiece tokenizer (vocab 2048) trained once into the workdir.
-Sizes put the four within 4 % of each other: GPN+M 1,118,856 / GPN 1,134,592 /
-Transformer++ 1,090,688 / Gated DeltaNet 1,097,104 parameters. About 10 minutes on 2 idle CPU
-cores (GDN's steps cost about twice GPN+M's and three times the Transformer's).
+GPN+M is `demo.py`'s model block, unchanged. Sizes put the four within 4 % of each other:
+GPN+M 1,118,856 / GPN 1,134,592 / Transformer++ 1,090,688 / Gated DeltaNet 1,097,104
+parameters. About 10 minutes on 2 idle CPU cores (GDN's steps cost about twice GPN+M's and
+three times the Transformer's).
 """
 
 import ml_collections
 
-from experiments.configs import compare_common
+from experiments.configs import compare_common, demo
 
 VOCAB = 2048
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
-    gpn_m = ml_collections.ConfigDict(
-        dict(
-            family="gpn",
-            vocab_size=VOCAB,
-            d_model=256,
-            d_emb=128,
-            d_ffn=512,
-            n_heads=4,
-            d_key=32,
-            d_value=64,
-            n_layers=1,
-            memory=True,
-            decoder_bias=False,
-            compute_dtype="float32",
-            remat_segment=0,
-            loss_chunk=64,
-        )
+    gpn_m = demo.get_config().model
+    gpn = dict(
+        family="gpn",
+        vocab_size=VOCAB,
+        d_model=320,
+        d_emb=128,
+        d_ffn=608,
+        memory=False,
+        loss_chunk=64,
     )
-    gpn = ml_collections.ConfigDict(
-        dict(
-            family="gpn",
-            vocab_size=VOCAB,
-            d_model=320,
-            d_emb=128,
-            d_ffn=608,
-            n_layers=1,
-            memory=False,
-            decoder_bias=False,
-            compute_dtype="float32",
-            remat_segment=0,
-            loss_chunk=64,
-        )
+    transformer = dict(
+        family="transformer",
+        vocab_size=VOCAB,
+        d_model=128,
+        n_layers=4,
+        n_heads=4,
+        d_ffn=368,
+        max_seq_len=128,  # follows train.seq_len (set by the compare)
+        loss_chunk=64,
     )
-    transformer = ml_collections.ConfigDict(
-        dict(
-            family="transformer",
-            vocab_size=VOCAB,
-            d_model=128,
-            n_layers=4,
-            n_heads=4,
-            d_ffn=368,
-            max_seq_len=128,  # follows train.seq_len (set by the compare)
-            rope_theta=10000.0,
-            tie_embeddings=True,
-            bos_id=1,
-            compute_dtype="float32",
-            loss_chunk=64,
-            remat=False,
-        )
-    )
-    gdn = ml_collections.ConfigDict(
-        dict(
-            family="gdn",
-            vocab_size=VOCAB,
-            d_model=128,
-            n_layers=4,
-            n_heads=2,
-            d_key=32,
-            d_value=64,
-            d_ffn=368,
-            conv_size=4,
-            tie_embeddings=True,
-            bos_id=1,
-            compute_dtype="float32",
-            chunk_size=32,
-            loss_chunk=64,
-            remat=False,
-        )
+    gdn = dict(
+        family="gdn",
+        vocab_size=VOCAB,
+        d_model=128,
+        n_layers=4,
+        n_heads=2,
+        d_key=32,
+        d_value=64,
+        d_ffn=368,
+        chunk_size=32,
+        loss_chunk=64,
     )
     c = compare_common.compare_config(dict(gpn_m=gpn_m, gpn=gpn, transformer=transformer, gdn=gdn))
     c.train.update(

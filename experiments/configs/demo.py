@@ -29,11 +29,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_heads=4,
             d_key=32,
             d_value=64,
-            n_layers=1,
-            memory=True,
-            decoder_bias=False,
-            compute_dtype="float32",
-            remat_segment=0,
             loss_chunk=64,
         )
     )

@@ -29,12 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             d_key=128,
             d_value=256,
             d_ffn=2496,
-            conv_size=4,
-            tie_embeddings=True,
-            bos_id=1,
             compute_dtype="bfloat16",  # bf16 matmuls; residual, norms, conv, delta rule float32
-            chunk_size=64,
-            loss_chunk=128,
             remat=True,  # recompute each block in the backward pass (math unchanged)
         )
     )

@@ -24,10 +24,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             d_ffn=8320,
             n_layers=1,
             memory=False,
-            decoder_bias=False,
             compute_dtype="bfloat16",
             remat_segment=64,
-            loss_chunk=128,
         )
     )
     return common.apply_arg(c, arg)

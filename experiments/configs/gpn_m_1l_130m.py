@@ -26,11 +26,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             d_key=128,
             d_value=256,
             n_layers=1,
-            memory=True,
-            decoder_bias=False,
             compute_dtype="bfloat16",  # bf16 matmuls, float32 state and memory (paper recipe)
             remat_segment=64,  # full BPTT over 2048 tokens, activations recomputed per 64
-            loss_chunk=128,
         )
     )
     return common.apply_arg(c, arg)

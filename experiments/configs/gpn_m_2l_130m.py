@@ -27,11 +27,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             d_key=128,
             d_value=256,
             n_layers=2,
-            memory=True,
-            decoder_bias=False,
             compute_dtype="bfloat16",
             remat_segment=64,
-            loss_chunk=128,
         )
     )
     c.train.seq_len = 512  # truncated BPTT at 512

@@ -17,25 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_heads=2,
             d_key=16,
             d_value=32,
-            n_layers=1,
-            memory=True,
-            decoder_bias=False,
-            compute_dtype="float32",
-            remat_segment=0,
             loss_chunk=32,
         )
     )
-    c.train.update(
-        dict(
-            batch_size=4,
-            seq_len=32,
-            steps=20,
-            warmup_steps=5,
-            learning_rate=3e-3,
-            log_every=5,
-            eval_every=10,
-            eval_batches=2,
-            checkpoint_every=10,
-        )
-    )
-    return common.apply_arg(c, arg)
+    return common.apply_arg(common.tiny_train(c), arg)

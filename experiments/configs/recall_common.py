@@ -29,11 +29,6 @@ def recall_config(memory: bool, arg: str | None = None) -> ml_collections.Config
         n_heads=2,
         d_key=16,
         d_value=32,
-        n_layers=1,
-        memory=True,
-        decoder_bias=False,
-        compute_dtype="float32",
-        remat_segment=0,
         loss_chunk=32,
     )
     if not memory:  # the memory's write and read parameters go to the FFN (d_ffn 128 -> 216)

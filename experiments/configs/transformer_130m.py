@@ -25,11 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_heads=12,
             d_ffn=2752,
             max_seq_len=2048,
-            rope_theta=10000.0,
-            tie_embeddings=True,
-            bos_id=1,
             compute_dtype="bfloat16",  # bf16 matmuls + fused (cuDNN) attention; float32 residual
-            loss_chunk=128,
             remat=True,  # recompute each block in the backward pass (math unchanged)
         )
     )

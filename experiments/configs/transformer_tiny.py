@@ -16,25 +16,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_heads=2,
             d_ffn=128,
             max_seq_len=32,
-            rope_theta=10000.0,
-            tie_embeddings=True,
-            bos_id=1,
-            compute_dtype="float32",
             loss_chunk=32,
-            remat=False,
         )
     )
-    c.train.update(
-        dict(
-            batch_size=4,
-            seq_len=32,
-            steps=20,
-            warmup_steps=5,
-            learning_rate=3e-3,
-            log_every=5,
-            eval_every=10,
-            eval_batches=2,
-            checkpoint_every=10,
-        )
-    )
-    return common.apply_arg(c, arg)
+    return common.apply_arg(common.tiny_train(c), arg)
