@@ -25,14 +25,16 @@ import time
 
 import jax
 import ml_collections
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
 
+from gpn_jax import cli
 from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents
 from gpn_jax.models import accounting, factory
+from gpn_jax.parallel import distributed
 from gpn_jax.training.loop import FINAL_METRICS, prepare_workdir, train_and_evaluate
 
 RUN_CONFIG = "compare_run_config.json"  # the run config a model's subdirectory was trained with
@@ -468,26 +470,17 @@ _LAMBADA = flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv):
-    from gpn_jax import cli
-    from gpn_jax.parallel import distributed
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
+def _body():
     distributed.initialize()
     config = cli.config_or_exit(_CONFIG, "gpn-compare")
     start = time.perf_counter()
-    result = cli.run_or_exit(compare, config, _WORKDIR.value, _LAMBADA.value, prog="gpn-compare")
+    result = compare(config, _WORKDIR.value, _LAMBADA.value)
     if "rows" in result:
         print(f"Total wall time {time.perf_counter() - start:,.0f} s")
+    return result
 
 
-def run():
-    from gpn_jax import cli
-
-    app.run(main, flags_parser=cli.flags_parser("gpn-compare"))
+main, run = cli.absl_entry(_body, "gpn-compare")
 
 
 if __name__ == "__main__":

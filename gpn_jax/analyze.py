@@ -10,7 +10,7 @@ reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figur
 
 import os
 
-from absl import app, flags, logging
+from absl import flags
 
 from gpn_jax import cli
 
@@ -57,16 +57,11 @@ def analyze(workdir: str) -> dict:
     return run_analysis(run, out, config)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    cli.run_or_exit(analyze, _WORKDIR.value, prog="gpn-analyze")
+def _body():
+    return analyze(_WORKDIR.value)
 
 
-def run():
-    app.run(main, flags_parser=cli.flags_parser("gpn-analyze"))
+main, run = cli.absl_entry(_body, "gpn-analyze")
 
 
 if __name__ == "__main__":

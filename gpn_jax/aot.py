@@ -19,10 +19,9 @@ per cent), not an exact figure. `--memory_gb` compares the total with a device's
 
 import math
 import os
-import sys
 import time
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli  # imports JAX without starting a backend (force_cpu_devices still works)
@@ -204,23 +203,19 @@ def format_report(config, result, report, memory_gb: float | None = None) -> str
     return "\n".join(lines)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def _body():
     n = _DEVICES.value
     force_cpu_devices(n)
+    config = _CONFIG.value
+    sizes = parse_mesh(_MESH.value, config.mesh)
+    result = compile_train_step(config, n, sizes)
+    report = memory_report(result, _MEMORY_GB.value)
+    print(format_report(config, result, report, _MEMORY_GB.value), flush=True)
+    return report
 
-    def run():
-        config = _CONFIG.value
-        sizes = parse_mesh(_MESH.value, config.mesh)
-        result = compile_train_step(config, n, sizes)
-        report = memory_report(result, _MEMORY_GB.value)
-        print(format_report(config, result, report, _MEMORY_GB.value))
-        return report
 
-    cli.run_or_exit(run, prog="gpn-aot")
-    sys.stdout.flush()
+main, run = cli.absl_entry(_body, "gpn-aot", quiet=False)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.flags_parser("gpn-aot"))
+    run()

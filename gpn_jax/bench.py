@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli
@@ -309,18 +309,13 @@ def _load() -> str:
         return "n/a"
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def _body():
     config = cli.config_or_exit(_CONFIG, PROG)
     suites = _names(_SUITES.value or config.suites)
-    cli.run_or_exit(
-        run, config, _WORKDIR.value, _OUT.value, suites, _PROFILE.value, _ISOLATE.value, prog=PROG
-    )
+    return run(config, _WORKDIR.value, _OUT.value, suites, _PROFILE.value, _ISOLATE.value)
 
 
-def entry():
-    app.run(main, flags_parser=cli.flags_parser(PROG))
+main, entry = cli.absl_entry(_body, PROG, quiet=False)
 
 
 if __name__ == "__main__":

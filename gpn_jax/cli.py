@@ -1,4 +1,9 @@
-"""What every absl entry point shares: one-line errors with a non-zero exit."""
+"""What every absl entry point shares: one-line errors with a non-zero exit.
+
+An entry point declares its flags and one function, `body()`, that reads them and does the
+work; `absl_entry(body, prog)` gives it `main(argv)` (for `app.run`) and `run()` (the console
+script and `python -m`), so argument checks, log level and error handling live here once.
+"""
 
 import re
 import sys
@@ -63,3 +68,26 @@ def config_or_exit(holder, prog: str):
         detail = next((ln for ln in lines if "Errno" in ln or "Error" in ln), lines[-1])
         _exit(prog, f"cannot load config file: {detail}")
     return config
+
+
+def absl_entry(body, prog: str, quiet: bool = True):
+    """(main, run) of an entry point whose work is `body()` (which reads the parsed flags).
+
+    `main(argv)` rejects stray positional arguments, lowers absl logging to WARNING unless
+    `--verbosity` was given (when `quiet`; JAX / orbax INFO lines would bury the progress
+    output) and runs `body` through `run_or_exit`. `run()` is `app.run(main)` with this
+    module's one-line flag errors.
+    """
+    from absl import app, flags, logging
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        if quiet and not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.WARNING)
+        run_or_exit(body, prog=prog)  # nothing returned: absl would exit with it as status
+
+    def run():
+        app.run(main, flags_parser=flags_parser(prog))
+
+    return main, run

@@ -8,7 +8,7 @@ Thin absl launcher over `gpn_jax.eval.run_evals`. Results go to `<workdir>/eval_
 jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
 """
 
-from absl import app, flags, logging
+from absl import flags
 
 from gpn_jax import cli
 
@@ -60,16 +60,11 @@ def evaluate(workdir: str) -> dict:
     return results
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    cli.run_or_exit(evaluate, _WORKDIR.value, prog="gpn-evaluate")
+def _body():
+    return evaluate(_WORKDIR.value)
 
 
-def run():
-    app.run(main, flags_parser=cli.flags_parser("gpn-evaluate"))
+main, run = cli.absl_entry(_body, "gpn-evaluate")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ context for GPN / GPN+M: no growing cache), then tokens are sampled with one jit
 Runs without a tokenizer (e.g. recall) take `--prompt_ids=3,40,7` and print ids.
 """
 
-from absl import app, flags, logging
+from absl import flags
 
 from gpn_jax import cli
 
@@ -83,16 +83,11 @@ def generate(workdir: str) -> list:
     return out["tokens"]
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    cli.run_or_exit(generate, _WORKDIR.value, prog="gpn-generate")
+def _body():
+    return generate(_WORKDIR.value)
 
 
-def run():
-    app.run(main, flags_parser=cli.flags_parser("gpn-generate"))
+main, run = cli.absl_entry(_body, "gpn-generate")
 
 
 if __name__ == "__main__":

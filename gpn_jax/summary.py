@@ -5,7 +5,7 @@ python -m gpn_jax.summary --config=experiments/configs/gpn_m_1l_130m.py [--json]
 
 import json
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli
@@ -27,16 +27,13 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv
+def _body():
     config = cli.config_or_exit(_CONFIG, "gpn-summary")
-    model = cli.run_or_exit(factory.build_model, config.model, prog="gpn-summary")
-    s = accounting.summary(model, config.train.seq_len)
+    s = accounting.summary(factory.build_model(config.model), config.train.seq_len)
     print(json.dumps(s, indent=2) if _JSON.value else format_summary(s))
 
 
-def run():
-    app.run(main, flags_parser=cli.flags_parser("gpn-summary"))
+main, run = cli.absl_entry(_body, "gpn-summary", quiet=False)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ function Colab calls. `--config.train.steps=100`-style overrides and `config.py:
 Rerunning the same command on the same workdir resumes from its newest checkpoint.
 """
 
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli
@@ -19,18 +19,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, met
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax/JAX INFO lines would bury the progress bar
+def _body():
     distributed.initialize()
     config = cli.config_or_exit(_CONFIG, "gpn-train")
-    cli.run_or_exit(train_and_evaluate, config, _WORKDIR.value, prog="gpn-train")
+    return train_and_evaluate(config, _WORKDIR.value)
 
 
-def run():
-    app.run(main, flags_parser=cli.flags_parser("gpn-train"))
+main, run = cli.absl_entry(_body, "gpn-train")
 
 
 if __name__ == "__main__":
