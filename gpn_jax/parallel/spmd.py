@@ -20,7 +20,11 @@ the exact full-batch gradient, and no per-token collective over the batch axes e
 
 The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_RULES`
 (d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
-reductions.
+reductions. The model is written so that these are Megatron-style: SwiGLU gate and up are
+separate column-parallel matrices (`core.mlp`) and the memory read applies its norm's
+per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
+sums are independent and XLA reduces them in one all-reduce per scan step (forward and
+backward; `tests/test_sharding.py` reads it off the optimised HLO).
 
 With `grad_accum` = k > 1 each device splits its rows into k micro-batches and scans them
 inside the shard_map, accumulating local gradients, so weights are still gathered once and
