@@ -78,6 +78,17 @@ def test_paper_names_for_gpn_m(n_layers):
     assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
 
 
+def test_paper_ffn_w1_is_gate_then_up():
+    """The paper's one (d, 2F) [gate | up] matrix is our separate w1 (gate) and w3 (up)."""
+    params = GPN(tiny()).init(jax.random.PRNGKey(0))
+    lp = params["layer_0"]
+    d, f = lp["w1"].shape
+    fused = paper_checkpoint.to_paper_params(params)["L0_ffn_w1_k"]
+    assert fused.shape == (d, 2 * f)
+    np.testing.assert_array_equal(fused[:, :f], lp["w1"])
+    np.testing.assert_array_equal(fused[:, f:], lp["w3"])
+
+
 def test_paper_names_for_gpn_without_memory():
     params = GPN(tiny(memory=False, n_heads=0, d_key=0, d_value=0)).init(jax.random.PRNGKey(0))
     assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT
