@@ -27,8 +27,8 @@ Interventions (`gpn.Intervention`) are not supported here; `gpn_jax.models.gpn` 
 to the autodiff path when one is given.
 
 Measured (`python -m gpn_jax.bench --config=experiments/configs/bench_small.py`, GPN+M 1L
-d=512, B=16, T=512, float32, 2-core AMD EPYC, matmul peak measured in the run 214 GFLOP/s):
-training step 4.47 s -> 3.07 s, MFU 31.8 % -> 46.4 %, peak RSS 3.55 -> 1.13 GiB (autodiff ->
+d=512, B=16, T=512, float32, 2-core AMD EPYC, matmul peak measured in the run 213 GFLOP/s):
+training step 4.66 s -> 2.96 s, MFU 30.7 % -> 48.3 %, peak RSS 3.57 -> 1.20 GiB (autodiff ->
 fused). `UNROLL` 1, 2 and 4 measured the same on CPU; 1 compiles fastest.
 """
 
