@@ -7,7 +7,7 @@ embedded corpus's training split; the paper's AdamW / cosine recipe at a CPU lea
 the embedded corpus with one SentencePiece tokenizer (vocab 2048) trained once into the workdir.
 GPN+M is `demo.py`'s model block, unchanged. Sizes put the four within 4 % of each other:
 GPN+M 1,118,856 / GPN 1,134,592 / Transformer++ 1,090,688 / Gated DeltaNet 1,097,104
-parameters. About 10 minutes on 2 idle CPU cores (GDN's steps cost about twice GPN+M's and
+parameters. About 5 minutes on 2 idle CPU cores (GDN's steps cost about twice GPN+M's and
 three times the Transformer's).
 """
 
