@@ -234,6 +234,17 @@ def test_keep_last_n_plus_best(tmp_path):
         assert ck.all_steps() == [2, 6, 7]
 
 
+def test_unranked_periodic_save_is_quiet(tmp_path, caplog):
+    """A save between evaluations (no metric) is normal with keep_best: no orbax warning."""
+    state = {"x": jnp.zeros((2,), jnp.float32)}
+    with caplog.at_level(logging.WARNING), Checkpointer(tmp_path, keep=2, keep_best=1) as ck:
+        ck.save(1, state, {}, {}, {})
+        ck.save(2, state, {}, {}, {}, metrics={"heldout_loss": 0.5})
+        ck.wait_until_finished()
+        assert ck.all_steps() == [1, 2]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 def test_keep_best_max_mode(tmp_path):
     state = {"x": jnp.zeros((2,), jnp.float32)}
     with Checkpointer(tmp_path, keep=1, keep_best=2, best_metric="acc", best_mode="max") as ck:

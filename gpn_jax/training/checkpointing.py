@@ -29,6 +29,18 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 log = logging.getLogger(__name__)
 
+
+class _UnrankedSaveFilter(logging.Filter):
+    """Drops orbax's warning for a save without metrics when keep_best is on: periodic
+    checkpoints between held-out evaluations are unranked by design (kept as "last N", never
+    as "best"), so the warning would repeat at every such save and bury the progress output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Requested `tracked_metric`; did not provide metrics" not in record.getMessage()
+
+
+_UNRANKED_FILTER = _UnrankedSaveFilter()
+
 _JSON_ITEMS = ("data", "config", "meta")
 
 
@@ -154,6 +166,8 @@ class Checkpointer:
             _remove_unfinished(self.directory)
         self.best_metric = best_metric
         self._track_best = keep_best is not None
+        if self._track_best:
+            logging.getLogger("absl").addFilter(_UNRANKED_FILTER)  # orbax logs through absl
         options = ocp.CheckpointManagerOptions(
             # orbax only writes/reads per-step metrics when best_fn is set.
             best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
