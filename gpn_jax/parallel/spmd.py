@@ -37,7 +37,6 @@ is one gathered (unsharded) float32 gradient accumulator per device, 4 bytes per
 """
 
 import jax
-import jax.numpy as jnp
 from jax import P
 
 from gpn_jax.parallel import sharding as shlib
@@ -56,11 +55,12 @@ class ShardedModel:
     """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
 
     Every other attribute is the wrapped model's. The parameters' storage specs come from
-    `rules` (see `sharding.tree_specs`); only their `fsdp` entries matter here. The gradient
-    of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
+    `rules` (None: `sharding.DEFAULT_RULES`; see `sharding.tree_specs`); only their `fsdp`
+    entries matter here. The gradient of `loss` accumulates over `grad_accum` local
+    micro-batches (see the module doc).
     """
 
-    def __init__(self, model, mesh, rules=shlib.DEFAULT_RULES, grad_accum: int = 1):
+    def __init__(self, model, mesh, rules=None, grad_accum: int = 1):
         if getattr(model.config, "scan_impl", None) == "fused" and mesh.shape[shlib.TENSOR] > 1:
             # The fused window concatenates projections that `tensor` splits differently, so
             # XLA would reshard them inside the scan (per token). data / fsdp meshes are fine.
@@ -68,7 +68,8 @@ class ShardedModel:
                 f"scan_impl='fused' does not support tensor parallelism (mesh tensor = "
                 f"{mesh.shape[shlib.TENSOR]}); use --config.model.scan_impl=autodiff"
             )
-        self.model, self.mesh, self.rules = model, mesh, rules
+        self.model, self.mesh = model, mesh
+        self.rules = shlib.DEFAULT_RULES if rules is None else rules
         self.grad_accum = grad_accum
         self.sizes = shlib.model_sizes(model.config)
         self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -111,50 +112,41 @@ class ShardedModel:
                 f"micro-batch(es) over data x fsdp = {self._n_batch} devices"
             )
 
-    def _local_value_and_grad(self, params, tokens):
-        """Loss and gradient of this device's rows, accumulated over `grad_accum` micro-batches."""
-        vg = jax.value_and_grad(lambda p, x: self.model.loss(p, x)[0])
-        k = self.grad_accum
-        if k == 1:
-            return vg(params, tokens)
+    def _local_loss(self, params, tokens):
+        return self.model.loss(params, tokens)[0]
 
-        def one(acc, micro):
-            return jax.tree.map(jnp.add, acc, vg(params, micro)), None
-
-        zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-        micro = tokens.reshape(k, tokens.shape[0] // k, *tokens.shape[1:])
-        total, _ = jax.lax.scan(one, zero, micro)
-        return jax.tree.map(lambda x: x / k, total)
+    def _shard_map(self, body, boundary, out_specs):
+        """`body(params, tokens)` manual over the batch axes; `tensor` stays automatic."""
+        # check_vma=False: the models' scans start from batch-invariant zero carries that
+        # become batch-varying, which the vma type check rejects. Nothing here is
+        # differentiated through the shard_map (the gradient is taken inside it), so no
+        # vma-dependent transpose is involved; the collectives are explicit.
+        return jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=(boundary, P(BATCH_AXES)),
+            out_specs=out_specs,
+            axis_names=MANUAL,
+            check_vma=False,
+        )
 
     # ----------------------------------------------------------------- loss with custom gradient
     def _make_loss(self):
-        batch = P(BATCH_AXES)
-        local_loss = lambda p, x: self.model.loss(p, x)[0]
-
         def mapped(params, tokens, with_grad: bool):
             boundary, dims = self._specs(params)
 
             def body(p, x):
                 full = self._gather(p, dims)
                 if not with_grad:
-                    return jax.lax.pmean(local_loss(full, x), tuple(BATCH_AXES))
-                loss, grads = self._local_value_and_grad(full, x)
+                    return jax.lax.pmean(self._local_loss(full, x), tuple(BATCH_AXES))
+                # Local gradient, accumulated over this device's micro-batches, reduced once.
+                loss, grads = ts.accumulated_value_and_grad(
+                    self._local_loss, full, x, self.grad_accum
+                )
                 return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
-            # check_vma=False: the models' scans start from batch-invariant zero carries that
-            # become batch-varying, which the vma type check rejects. Nothing here is
-            # differentiated through the shard_map (the gradient is taken inside it), so no
-            # vma-dependent transpose is involved; the collectives above are explicit.
-            fn = jax.shard_map(
-                body,
-                mesh=self.mesh,
-                in_specs=(boundary, batch),
-                out_specs=out_specs,
-                axis_names=MANUAL,
-                check_vma=False,
-            )
-            return fn(params, tokens)
+            return self._shard_map(body, boundary, out_specs)(params, tokens)
 
         @jax.custom_vjp
         def loss(params, tokens):
@@ -187,27 +179,17 @@ class ShardedModel:
             raise NotImplementedError("ShardedModel.token_losses starts every window fresh")
         self._check_batch(tokens_BxT)
         boundary, dims = self._specs(params)
-        batch = P(BATCH_AXES)
 
         def body(p, x):
             return self.model.token_losses(self._gather(p, dims), x)[0]
 
-        fn = jax.shard_map(
-            body,
-            mesh=self.mesh,
-            in_specs=(boundary, batch),
-            out_specs=batch,
-            axis_names=MANUAL,
-            check_vma=False,
-        )
-        return fn(params, tokens_BxT), None
+        return self._shard_map(body, boundary, P(BATCH_AXES))(params, tokens_BxT), None
 
 
 def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
     """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
 
     Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
-    rules = shlib.DEFAULT_RULES if rules is None else rules
     sharded = ShardedModel(model, mesh, rules, grad_accum)
     return jax.jit(
         ts.make_train_step(sharded, optimizer),
@@ -219,7 +201,7 @@ def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rule
 
 def jit_eval_step(model, mesh, param_sharding, rules=None):
     """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
-    sharded = ShardedModel(model, mesh, shlib.DEFAULT_RULES if rules is None else rules)
+    sharded = ShardedModel(model, mesh, rules)
     return jax.jit(
         ts.make_eval_step(sharded),
         in_shardings=(param_sharding, batch_sharding(mesh)),

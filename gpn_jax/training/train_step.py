@@ -35,21 +35,28 @@ def _micro_batches(batch_BxT: Array, grad_accum: int) -> Array:
     return batch_BxT.reshape(grad_accum, b // grad_accum, *batch_BxT.shape[1:])
 
 
+def accumulated_value_and_grad(loss_fn, params, batch_BxT: Array, grad_accum: int = 1):
+    """(loss, grads) of the scalar `loss_fn(params, batch)`, averaged over `grad_accum` equal
+    micro-batches scanned in order (so the full-batch value and gradient, at a micro-batch's
+    activation memory)."""
+    grad_fn = jax.value_and_grad(loss_fn)
+    if grad_accum == 1:
+        return grad_fn(params, batch_BxT)
+
+    def body(acc, micro):
+        return jax.tree.map(jnp.add, acc, grad_fn(params, micro)), None
+
+    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    total, _ = jax.lax.scan(body, zero, _micro_batches(batch_BxT, grad_accum))
+    return jax.tree.map(lambda x: x / grad_accum, total)
+
+
 def make_train_step(model, optimizer: optax.GradientTransformation, grad_accum: int = 1):
     """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
-    grad_fn = jax.value_and_grad(lambda p, x: model.loss(p, x)[0])
 
     def accumulate(params, batch_BxT):
-        if grad_accum == 1:
-            return grad_fn(params, batch_BxT)
-
-        def body(acc, micro):
-            loss, grads = grad_fn(params, micro)
-            return jax.tree.map(jnp.add, acc, (loss, grads)), None
-
-        zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-        (loss, grads), _ = jax.lax.scan(body, zero, _micro_batches(batch_BxT, grad_accum))
-        return jax.tree.map(lambda x: x / grad_accum, (loss, grads))
+        loss_fn = lambda p, x: model.loss(p, x)[0]
+        return accumulated_value_and_grad(loss_fn, params, batch_BxT, grad_accum)
 
     def train_step(state: TrainState, batch_BxT: Array):
         loss, grads = accumulate(state.params, batch_BxT)
