@@ -56,8 +56,8 @@ def run_processes(commands_envs, timeout=TIMEOUT_S) -> list[subprocess.Completed
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for r in results:
-        assert r.returncode == 0, r.stderr[-4000:]
+    failed = [f"process {i}: {r.stderr[-3000:]}" for i, r in enumerate(results) if r.returncode]
+    assert not failed, "\n".join(failed)
     return results
 
 
