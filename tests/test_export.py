@@ -25,6 +25,7 @@ from gpn_jax.training.optimizer import make_optimizer
 from gpn_jax.training.restore import load_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ["README.md", "config.json", "model.safetensors", "tokenizer.model"]
 FINAL = {"heldout_ppl": 123.456, "unigram_ppl": 400.5, "heldout_tokens": 6144, "step": 3}
 
 
@@ -74,9 +75,7 @@ def test_round_trip_logits_are_identical(workdir, exported):
 
 
 def test_directory_layout_and_card(workdir, exported):
-    assert sorted(os.listdir(exported)) == [
-        "README.md", "config.json", "model.safetensors", "tokenizer.model"
-    ]  # fmt: skip
+    assert sorted(os.listdir(exported)) == FILES
     record = json.load(open(os.path.join(exported, "config.json")))
     assert record["family"] == "gpn" and record["step"] == 3
     assert record["tokens_seen"] == 3 * 8 * 32
@@ -142,9 +141,10 @@ def test_cli_export_then_generate_and_evaluate_from_the_directory(workdir, tmp_p
     out = str(tmp_path / "m")
     proc = cli("gpn_jax.export", f"--workdir={workdir}", f"--out={out}", "--step=3")
     assert proc.returncode == 0, proc.stderr
-    assert f"python -m gpn_jax.export --workdir={workdir} --out={out} --step=3" in open(
-        os.path.join(out, "README.md")
-    ).read()
+    assert (
+        f"python -m gpn_jax.export --workdir={workdir} --out={out} --step=3"
+        in open(os.path.join(out, "README.md")).read()
+    )
     sample = ["--prompt=The list", "--greedy", "--max_new_tokens=6"]
     from_dir = cli("gpn_jax.generate", f"--model_dir={out}", *sample)
     from_run = cli("gpn_jax.generate", f"--workdir={workdir}", *sample)
@@ -160,9 +160,7 @@ def test_cli_export_then_generate_and_evaluate_from_the_directory(workdir, tmp_p
     # Same windows and weights; the subprocess's XLA program may differ only in float rounding:
     # measured identical here; 1e-6 relative is far below any data or weight difference.
     assert got["ppl"] == pytest.approx(want["ppl"], rel=1e-6)
-    assert sorted(os.listdir(out)) == [
-        "README.md", "config.json", "model.safetensors", "tokenizer.model"
-    ]  # fmt: skip  (evaluation wrote nothing into the model directory)
+    assert sorted(os.listdir(out)) == FILES  # evaluation wrote nothing into the model directory
 
 
 def test_cli_errors_are_one_line(exported, tmp_path):
