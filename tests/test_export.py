@@ -86,6 +86,7 @@ def test_directory_layout_and_card(workdir, exported):
     total = sum(v.size for v in tensors.values())
     assert f"parameters: {total:,}" in card
     assert "held-out PPL: 123.456 vs unigram PPL 400.500, over 6,144 held-out tokens" in card
+    assert "family: `gpn` (GPN+M, Grounded Prediction Network with memory)" in card
     assert "data source: `embedded`" in card and "tokens seen: 768" in card
     assert "python -m gpn_jax.export --workdir=W --out=O" in card
 

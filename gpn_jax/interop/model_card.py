@@ -28,8 +28,9 @@ def _final_metrics(workdir: str) -> dict | None:
 def _architecture(config, model) -> list[str]:
     family = config.model.get("family", "gpn")
     name = _FAMILY_NAMES.get(family, family)
-    if family == "gpn" and config.model.get("n_heads"):
-        name += " with memory (GPN+M)"
+    if family == "gpn":
+        memory = config.model.get("memory", bool(config.model.get("n_heads")))
+        name = "GPN+M, Grounded Prediction Network with memory" if memory else f"GPN, {name}"
     counts = param_counts(model)
     lines = [f"- family: `{family}` ({name})", f"- parameters: {counts['total']:,}"]
     lines += [f"  - `{group}`: {n:,}" for group, n in sorted(counts["groups"].items())]
