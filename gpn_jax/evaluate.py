@@ -6,13 +6,26 @@
 Thin absl launcher over `gpn_jax.eval.run_evals`. Results go to `<workdir>/eval_results.json`
 (and `--out`) and are printed as a short table. User errors (missing checkpoint, malformed
 jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
+
+`--model_dir=<dir>` evaluates an exported model (`gpn_jax.export`) instead of a workdir. Evals
+that read the held-out split (ppl, stream without --stream_path, recall) rebuild it from the
+data block recorded in the directory's config.json, with its tokenizer — the same windows as
+training's when that source is readable here (`embedded` always is; a file or tfds source must
+exist at the recorded path, else one line says so). Data caches go to a temporary directory
+and results only to --out: the model directory is never written.
 """
+
+import dataclasses
+import json
+import tempfile
 
 from absl import flags
 
 from gpn_jax import cli
+from gpn_jax.data.files import atomic_write
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Exported model (gpn_jax.export) instead.")
 _EVAL = flags.DEFINE_string("eval", "ppl", "Comma-separated evals: ppl, lambada, stream, recall.")
 _LAMBADA = flags.DEFINE_string(
     "lambada_path", None, "lambada_openai jsonl file (for --eval=lambada)."
@@ -27,21 +40,47 @@ _WINDOW = flags.DEFINE_integer("stream_window", 0, "Tokens per streamed window (
 _STREAMS = flags.DEFINE_integer("stream_streams", 1, "Parallel streams cut from the stream tokens.")
 _STREAM_PATH = flags.DEFINE_string("stream_path", None, "Text file to stream (default: held-out).")
 _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examples (default all).")
-flags.mark_flags_as_required(["workdir"])
 
 
-def evaluate(workdir: str) -> dict:
+def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
     from gpn_jax.eval import lambada, runner
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.interop.model_dir import load_either
 
     evals = runner.parse_evals(_EVAL.value)
     if "lambada" in evals:
         if not _LAMBADA.value:
             raise ValueError("--eval=lambada needs --lambada_path")
         lambada.read_lambada(_LAMBADA.value)
-    run = load_run(workdir, _STEP.value)
-    results = runner.run_evals(
+    run = load_either(workdir, model_dir, _STEP.value)
+    if model_dir:
+        return _evaluate_model_dir(run, evals)
+    results = _run_evals(run, evals)
+    path = runner.write_results(results, run.workdir, _OUT.value)
+    print(runner.format_table(results))
+    print(f"results: {path}" + (f" and {_OUT.value}" if _OUT.value else ""))
+    return results
+
+
+def _evaluate_model_dir(run, evals) -> dict:
+    """Evals of an exported model: data caches in a temporary directory, results to --out
+    only (the model directory may be a read-only download)."""
+    from gpn_jax.eval import runner
+
+    with tempfile.TemporaryDirectory(prefix="gpn_eval_") as scratch:
+        results = _run_evals(dataclasses.replace(run, workdir=scratch), evals)
+    results["run"]["workdir"] = run.workdir
+    if _OUT.value:
+        atomic_write(_OUT.value, json.dumps(results, indent=2).encode())
+    print(runner.format_table(results))
+    print(f"results: {_OUT.value}" if _OUT.value else "(no --out: results not written)")
+    return results
+
+
+def _run_evals(run, evals) -> dict:
+    from gpn_jax.eval import runner
+
+    return runner.run_evals(
         run,
         evals,
         lambada_path=_LAMBADA.value,
@@ -54,14 +93,10 @@ def evaluate(workdir: str) -> dict:
         stream_path=_STREAM_PATH.value,
         recall_examples=_RECALL_N.value,
     )
-    path = runner.write_results(results, run.workdir, _OUT.value)
-    print(runner.format_table(results))
-    print(f"results: {path}" + (f" and {_OUT.value}" if _OUT.value else ""))
-    return results
 
 
 def _body():
-    return evaluate(_WORKDIR.value)
+    return evaluate(_WORKDIR.value, _MODEL_DIR.value)
 
 
 main, run = cli.absl_entry(_body, "gpn-evaluate")

@@ -3,6 +3,9 @@
     python -m gpn_jax.generate --workdir=/tmp/run --prompt="The list" --max_new_tokens=64 \\
         [--greedy | --temperature=0.8 --top_k=40 --top_p=0.95] --seed=0 --num_samples=2
 
+`--model_dir=<dir>` (a `gpn_jax.export` directory) instead of `--workdir` samples from an
+exported model.
+
 The prompt is observed token by token through the model's decoding state (O(1) in the
 context for GPN / GPN+M: no growing cache), then tokens are sampled with one jitted step.
 Runs without a tokenizer (e.g. recall) take `--prompt_ids=3,40,7` and print ids.
@@ -13,6 +16,7 @@ from absl import flags
 from gpn_jax import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Exported model (gpn_jax.export) instead.")
 _PROMPT = flags.DEFINE_string("prompt", "", "Prompt text.")
 _PROMPT_IDS = flags.DEFINE_list("prompt_ids", None, "Prompt token ids (instead of --prompt).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate at most.")
@@ -25,7 +29,6 @@ _NUM = flags.DEFINE_integer("num_samples", 1, "Independent samples of the same p
 _STOP_EOS = flags.DEFINE_bool("stop_at_eos", True, "Stop a sample at the eos token.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "Tokenizer to use instead of the run's.")
-flags.mark_flags_as_required(["workdir"])
 
 
 def _prompt_ids(run, tokenizer) -> list[int]:
@@ -45,13 +48,13 @@ def _prompt_ids(run, tokenizer) -> list[int]:
     return tokenizer.encode(_PROMPT.value)
 
 
-def generate(workdir: str) -> list:
+def generate(workdir: str | None, model_dir: str | None = None) -> list:
     from gpn_jax.eval import sampling
     from gpn_jax.eval.runner import run_tokenizer
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.interop.model_dir import load_either
 
     cfg = sampling.SamplingConfig(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _GREEDY.value)
-    run = load_run(workdir, _STEP.value)
+    run = load_either(workdir, model_dir, _STEP.value)
     tokenizer = None
     if _TOKENIZER.value or run.tokenizer is not None:
         tokenizer = run_tokenizer(run, _TOKENIZER.value)
@@ -84,7 +87,7 @@ def generate(workdir: str) -> list:
 
 
 def _body():
-    return generate(_WORKDIR.value)
+    return generate(_WORKDIR.value, _MODEL_DIR.value)
 
 
 main, run = cli.absl_entry(_body, "gpn-generate")

@@ -1,6 +1,7 @@
 """The Colab quickstart notebook runs headless on CPU from top to bottom (a few minutes)."""
 
 import os
+import sys
 
 import pytest
 
@@ -14,9 +15,54 @@ def test_notebook_is_valid_and_guards_its_install():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "python3"
-    install = next(c.source for c in nb.cells if c.cell_type == "code" and "pip" in c.source)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    install = next(s for s in code if '"pip", "install"' in s)
     assert 'find_spec("gpn_jax") is None' in install  # skipped when already installed
+    assert "_find_checkout()" in install and "_accelerator_extra()" in install
+    # one marked setting, empty as committed (auto-detection), no placeholder to edit anywhere
+    (setting,) = [s for s in code if "THE ONE SETTING" in s]
+    assert 'GPN_JAX_SOURCE = os.environ.get("GPN_JAX_SOURCE", "")' in setting
+    assert not any(p in s for s in code for p in ("YOUR_", "<owner>", "REPO_URL"))
+    assert "config.mesh.data = N_DEVICES" in "".join(code)  # jax.devices() decides the mesh
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stored clean
+
+
+def _run_install_cell(monkeypatch, cwd, source=""):
+    """Executes the install cells in `cwd` as if gpn_jax were not installed; returns pip's args."""
+    import importlib.util
+    import subprocess
+
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    setting = next(s for s in code if "THE ONE SETTING" in s)
+    install = next(s for s in code if '"pip", "install"' in s)
+    calls = []
+    monkeypatch.setenv("GPN_JAX_SOURCE", source)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", lambda args, check: calls.append(args))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(cwd)
+    namespace = {}
+    exec(setting + "\n" + install, namespace)
+    (args,) = calls
+    return args[args.index("install") + 2 :], namespace["_accelerator_extra"]()
+
+
+def test_install_cell_picks_the_checkout_an_upload_or_the_setting(monkeypatch, tmp_path):
+    target, extra = _run_install_cell(monkeypatch, os.path.join(ROOT, "experiments"))
+    assert target == ["-e", ROOT + extra]  # opened from this checkout: no setting needed
+    (tmp_path / "gpn_jax-0.1.0-py3-none-any.whl").write_text("")
+    target, extra = _run_install_cell(monkeypatch, tmp_path)
+    assert target == ["gpn_jax-0.1.0-py3-none-any.whl" + extra]  # an uploaded wheel
+    url = "git+https://example.org/gpn_jax.git"
+    target, extra = _run_install_cell(monkeypatch, tmp_path, url)
+    assert target == [f"gpn_jax{extra} @ {url}"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError, match="set GPN_JAX_SOURCE above"):
+        _run_install_cell(monkeypatch, empty)
 
 
 @pytest.mark.slow

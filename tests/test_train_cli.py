@@ -72,6 +72,11 @@ def test_unknown_config_field(tmp_path):
     assert_one_line_error(proc, "unknown config field or bad value in --config.train.stpes=3")
 
 
+def test_unknown_metric_writer(tmp_path):
+    proc = run_train(tmp_path / "w", "--config.logging.writers=jsonl,csv")
+    assert_one_line_error(proc, "unknown metric writer 'csv'", tmp_path / "w")
+
+
 def test_unknown_dataset(tmp_path):
     proc = run_train(tmp_path / "w", "--config.data.source=tfds:no_such_dataset_xyz")
     assert_one_line_error(proc, "no_such_dataset_xyz", tmp_path / "w")
@@ -117,7 +122,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
     metrics = workdir / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and not (
-        metrics.exists() and metrics.read_text().count("\n") >= 3
+        metrics.exists() and metrics.read_text().count('"loss"') >= 3  # rows after run_info
     ):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)

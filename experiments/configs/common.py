@@ -50,6 +50,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_best = 1  # plus the best M by held-out loss
     c.train.async_checkpoints = True
 
+    c.logging = ml_collections.ConfigDict()
+    c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb
+    c.logging.wandb_project = "gpn_jax"  # offline under <workdir>/wandb without WANDB_API_KEY
+
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # -1: all remaining devices
     c.mesh.fsdp = 1

@@ -27,7 +27,7 @@ from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
-from gpn_jax.training.metric_writer import MetricWriter
+from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 FINAL_METRICS = "final_metrics.json"
@@ -63,6 +63,7 @@ def check_config(config, model) -> None:
             f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts"
         )
     check_remat_segment(t.seq_len, getattr(model.config, "remat_segment", 0))
+    parse_writers(config)
 
 
 class StopSignal:
@@ -302,7 +303,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def _train(run: _Run) -> dict:
-    run.writer = MetricWriter(run.workdir, enabled=run.is_lead)
+    run.writer = _metric_writer(run)
     if run.is_lead:
         _print_header(run)
     stop = StopSignal()
@@ -321,6 +322,19 @@ def _train(run: _Run) -> dict:
         run.ckpt.close()
         run.writer.close()
     return final
+
+
+def _metric_writer(run: _Run) -> MetricWriter:
+    """The writers of `config.logging` (process 0 only), each first told the run's info."""
+    if not run.is_lead:
+        return MetricWriter(run.workdir, enabled=False)
+    logging_cfg = run.config.get("logging") or {}
+    return MetricWriter(
+        run.workdir,
+        writers=parse_writers(run.config),
+        info=run_info(run.config, run.workdir),
+        wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
+    )
 
 
 def _finish(run: _Run, step: int) -> dict:

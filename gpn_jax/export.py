@@ -1,0 +1,79 @@
+"""Exports a trained run as a shareable model directory; `load(dir)` reads one back.
+
+    python -m gpn_jax.export --workdir=/tmp/run --out=/tmp/run_export [--step=N]
+
+writes model.safetensors, config.json, tokenizer.model and a README.md model card (layout:
+`gpn_jax.interop.model_dir`). `load(dir)` returns what `gpn_jax.training.restore.load_run`
+returns for a workdir, without orbax or the workdir; `gpn-generate` / `gpn-evaluate` take
+`--model_dir=dir`. Publishing is the user's `huggingface-cli upload <repo> <dir>`.
+
+The flags are declared when the command runs, not on import, so library code (and other
+entry points, which declare their own --workdir) can `from gpn_jax.export import load`.
+"""
+
+import shlex
+import sys
+
+from gpn_jax import cli
+from gpn_jax.interop.model_dir import load_model_dir
+
+_FLAGS: dict = {}
+
+
+def load(model_dir: str):
+    """The `RestoredRun` (config, model, params, tokenizer, step, workdir=model_dir) of `model_dir`.
+
+    Raises:
+      ValueError: not a model directory, tensors that disagree with config.json (the first
+        mismatch is named), or a tokenizer whose sha256 is not the recorded one.
+    """
+    return load_model_dir(model_dir)
+
+
+def export(workdir: str, out: str, step: int | None = None, command: str = "") -> dict:
+    """Writes the (given or newest readable) checkpoint of `workdir` to `out`; returns config.json."""
+    from gpn_jax.interop import model_card, model_dir
+    from gpn_jax.training.restore import load_run
+
+    if not out:
+        raise ValueError("--out is required")
+    run = load_run(workdir, step)
+    record = model_dir.make_record(run)
+    card = model_card.model_card(run, record, command or f"gpn-export --workdir={workdir}")
+    model_dir.save_model_dir(run, out, record, card)
+    return record
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    if _FLAGS:
+        return
+    _FLAGS["workdir"] = flags.DEFINE_string("workdir", None, "Run directory to export.")
+    _FLAGS["out"] = flags.DEFINE_string("out", None, "Directory to write the model to.")
+    _FLAGS["step"] = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest).")
+    flags.mark_flags_as_required(["workdir", "out"])
+
+
+def _body():
+    command = " ".join(["python -m gpn_jax.export", *map(shlex.quote, sys.argv[1:])])
+    workdir, out = _FLAGS["workdir"].value, _FLAGS["out"].value
+    record = export(workdir, out, _FLAGS["step"].value, command)
+    print(f"exported step {record['step']} of {workdir} to {out}")
+
+
+_main, _run = cli.absl_entry(_body, "gpn-export")
+
+
+def main(argv):
+    _define_flags()
+    _main(argv)
+
+
+def run():
+    _define_flags()
+    _run()
+
+
+if __name__ == "__main__":
+    run()
