@@ -124,10 +124,13 @@ def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, cap
     pkl, data, _, _ = paper_run(tmp_path, config)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     end = PAPER_STEP + 3
-    train_and_evaluate(continued_config(pkl, data, steps=end), straight)
-    train_and_evaluate(continued_config(pkl, data, steps=PAPER_STEP + 1), resumed)
+    # A preempted run is rerun with the same command; its first part stops early here, so both
+    # parts get one LR schedule (warm-up past the end: decay over max(steps, warmup + 1)).
+    same = dict(warmup_steps=end + 5)
+    train_and_evaluate(continued_config(pkl, data, steps=end, **same), straight)
+    train_and_evaluate(continued_config(pkl, data, steps=PAPER_STEP + 1, **same), resumed)
     capsys.readouterr()
-    train_and_evaluate(continued_config(pkl, data, steps=end), resumed)  # same command again
+    train_and_evaluate(continued_config(pkl, data, steps=end, **same), resumed)
     out = capsys.readouterr().out
     assert f"Resuming from checkpoint step {PAPER_STEP + 1}" in out
     assert f"train.init_from=paper:{pkl} is not used" in out

@@ -4,7 +4,8 @@ Its trainer pickles `{'step', 'data_position', 'params', 'opt_state'}` with nump
 `params` is the flat dict of its Flax modules (`sot_m` for GPN+M, `sot` for GPN) and `opt_state`
 is the state of `optax.chain(clip_by_global_norm, adamw(..., mask))` over that dict. We map names
 both ways; optimiser moments (any dict keyed by parameter names) are renamed the same way, so a
-run can continue from the paper's checkpoint with our trainer.
+run can continue from the paper's checkpoint with our trainer
+(`--config.train.init_from=paper:<checkpoint.pkl>`, `gpn_jax.training.init_from`).
 
 One parameter is not a rename: the paper keeps the SwiGLU gate and up projections in one
 (d, 2F) matrix `ffn_w1_k` = [gate | up]; we keep them as `w1` (gate) and `w3` (up), each
