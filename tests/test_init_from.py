@@ -10,8 +10,10 @@ import numpy as np
 import optax
 import pytest
 
+from gpn_jax.data.windows import WindowIterator
 from gpn_jax.interop.paper_checkpoint import from_paper_params, to_paper_params
 from gpn_jax.models import factory
+from gpn_jax.training import init_from
 from gpn_jax.training.loop import train_and_evaluate
 from tests.test_train_cli import assert_one_line_error, run_train
 from tests.test_training import final_state, tiny_config
@@ -179,3 +181,17 @@ def test_another_optimiser_state_is_refused(tmp_path):
 def test_a_bad_init_from_is_one_line(tmp_path, spec, message):
     proc = run_train(tmp_path / "w", f"--config.train.init_from={spec}")
     assert_one_line_error(proc, message, tmp_path / "w")
+
+
+def test_the_data_position_counts_the_papers_micro_batches():
+    """With grad_accum 2 the paper's micro-batch is half our batch: position 6 is our step 3."""
+    config = continued_config("ckpt.pkl", "/data", batch_size=8, grad_accum=2)
+    tokens = np.arange(96 * 32, dtype=np.uint32)  # window w holds 32w .. 32w + 31
+    train = WindowIterator(tokens, 8, 32, layout=init_from.train_layout(config))
+    init_from.seek_data(train, 6, config)
+    # The paper's micro-batches 6 and 7: windows 24 .. 31, in order.
+    np.testing.assert_array_equal(next(train), tokens[24 * 32 : 32 * 32].reshape(8, 32))
+    with pytest.raises(ValueError, match="data_position 5 is not a whole number of steps"):
+        init_from.seek_data(train, 5, config)
+    with pytest.raises(ValueError, match="data_position 24 is past this run's training split"):
+        init_from.seek_data(train, 24, config)

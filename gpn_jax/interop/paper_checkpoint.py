@@ -227,6 +227,8 @@ def load(path: str) -> dict:
     missing = {"params", "opt_state", "step", "data_position"} - set(ckpt)
     if missing:
         raise ValueError(f"{path} is not a paper checkpoint: missing {sorted(missing)}")
+    if not isinstance(ckpt["params"], dict):
+        raise ValueError(f"{path} is not a paper checkpoint: its params are not a dict")
     return {
         "params": from_paper_params(ckpt["params"]),
         "opt_state": _map_param_dicts(ckpt["opt_state"], from_paper_params),
