@@ -179,7 +179,7 @@ def train_one(rc, run_dir: str, is_lead: bool = True) -> tuple[dict, float | Non
     wanted = _json(rc.to_dict())
     saved_path = os.path.join(run_dir, RUN_CONFIG)
     if os.path.exists(saved_path):
-        with open(saved_path) as f:
+        with open(saved_path) as f:  # this module reads only JSON (data only), never pickles
             saved = json.load(f)
         if saved != wanted:
             raise ValueError(

@@ -172,7 +172,7 @@ def run_spec(spec: dict, isolate: bool) -> dict:
         if proc.returncode or not os.path.exists(out_path):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"worker exited with status {proc.returncode}: {' | '.join(tail)}")
-        with open(out_path) as f:
+        with open(out_path) as f:  # our worker's JSON result (json: data only)
             return json.load(f)
 
 

@@ -1,5 +1,6 @@
 """Round trip with the paper code's checkpoint pickle layout (names as in its sot_m / sot models)."""
 
+import os
 import pickle
 
 import jax
@@ -94,8 +95,10 @@ def test_paper_names_for_gpn_without_memory():
     assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT
 
 
-@pytest.mark.parametrize("memory", [True, False])
-def test_load_a_paper_pickle_and_round_trip(tmp_path, memory):
+@pytest.mark.parametrize(
+    "memory,protocol", [(True, pickle.DEFAULT_PROTOCOL), (True, 2), (True, 5), (False, 4)]
+)
+def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     kw = {} if memory else dict(memory=False, n_heads=0, d_key=0, d_value=0)
     model = GPN(tiny(n_layers=1 if not memory else 2, **kw))
     ours = random_params(model)
@@ -113,7 +116,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory):
     }
     (tmp_path / "run_7").mkdir()
     with open(tmp_path / "run_7" / "checkpoint.pkl", "wb") as f:
-        pickle.dump(ckpt, f)
+        pickle.dump(ckpt, f, protocol=protocol)
 
     loaded = paper_checkpoint.load(str(tmp_path / "run_7"))
     assert (loaded["step"], loaded["data_position"]) == (7, 21)
@@ -137,3 +140,57 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory):
 def test_unknown_paper_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown parameter 'L0_mystery'"):
         paper_checkpoint.from_paper_params({"L0_mystery": np.zeros(3)})
+
+
+class _Payload:
+    """Unpickling this calls `fn(*args)`: how a hostile pickle runs code."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize("how", ["open", "system"])
+def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, how):
+    def payload(target):
+        if how == "open":  # open(path, "w") creates the file
+            return _Payload(open, str(target), "w"), f"{open.__module__}.open"
+        return _Payload(os.system, f"touch {target}"), f"{os.system.__module__}.system"
+
+    # The payload is live: plain pickle creates the file.
+    live, _ = payload(tmp_path / "made_by_plain_pickle")
+    pickle.loads(pickle.dumps({"step": live}))
+    assert (tmp_path / "made_by_plain_pickle").exists()
+
+    target = tmp_path / "pwned"
+    bad, name = payload(target)
+    path = tmp_path / "checkpoint.pkl"
+    with open(path, "wb") as f:  # hidden inside an otherwise plausible checkpoint
+        pickle.dump({"step": 1, "data_position": 0, "params": {}, "opt_state": (bad,)}, f)
+    with pytest.raises(ValueError) as e:
+        paper_checkpoint.load(str(tmp_path))
+    assert str(e.value) == f"refusing to load {path}: global {name!r} is not allowed"
+    assert not target.exists()
+
+
+def test_a_numpy_1_pickle_loads(tmp_path):
+    """numpy 1.x writes `numpy.core.multiarray`, numpy 2.x `numpy._core.multiarray`."""
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float32(2.5)}
+    data = pickle.dumps(arrays, protocol=2)  # protocol 2 names globals as text lines
+    old = data.replace(b"numpy._core.", b"numpy.core.")
+    assert b"numpy.core.multiarray\n_reconstruct" in old
+    path = tmp_path / "old.pkl"
+    path.write_bytes(old)
+    back = paper_checkpoint.read_pickle(str(path))
+    np.testing.assert_array_equal(back["a"], arrays["a"])
+    assert back["s"] == arrays["s"] and back["s"].dtype == np.float32
+
+
+def test_a_truncated_pickle_is_one_line(tmp_path):
+    path = tmp_path / "checkpoint.pkl"
+    path.write_bytes(pickle.dumps({"step": np.zeros(4)})[:-9])
+    with pytest.raises(ValueError, match=r"is not a readable paper checkpoint") as e:
+        paper_checkpoint.load(str(path))
+    assert "\n" not in str(e.value)

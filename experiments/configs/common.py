@@ -49,6 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 3  # last N checkpoints kept
     c.train.keep_best = 1  # plus the best M by held-out loss
     c.train.async_checkpoints = True
+    # 'paper:<checkpoint.pkl>': start from the paper trainer's checkpoint (fresh workdir only;
+    # see gpn_jax.training.init_from). '': from scratch.
+    c.train.init_from = ""
 
     c.logging = ml_collections.ConfigDict()
     c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb

@@ -24,7 +24,7 @@ def run_spec(spec: dict) -> dict:
 
 def main(argv):
     spec_path, out_path = argv[1], argv[2]
-    with open(spec_path) as f:
+    with open(spec_path) as f:  # json: data only
         spec = json.load(f)
     result = run_spec(spec)
     with open(out_path, "w") as f:

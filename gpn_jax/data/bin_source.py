@@ -32,6 +32,7 @@ def _memmap(path: str, dtype: np.dtype) -> np.ndarray:
         raise ValueError(f"{path}: size {size} bytes is not a multiple of {dtype.name} tokens")
     if size == 0:
         return np.zeros((0,), dtype)
+    # Safe on any file: raw integers, read-only; no header or code is interpreted.
     return np.memmap(path, dtype=dtype, mode="r")
 
 

@@ -22,5 +22,5 @@ def atomic_save_npy(path: str, array: np.ndarray) -> None:
     """Saves `array` as a .npy file at `path` via a temporary file and a rename."""
     tmp = _tmp_path(path)
     with open(tmp, "wb") as f:
-        np.save(f, array)
+        np.save(f, array, allow_pickle=False)  # read back with allow_pickle=False too
     os.replace(tmp, path)

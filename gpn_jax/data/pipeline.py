@@ -195,7 +195,8 @@ def _bin_counts(path, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     ]
     file = os.path.join(cache_dir, f"counts-{key}.npy")
     if os.path.exists(file):
-        return np.load(file)
+        # Safe on any file: a plain .npy array, object arrays (pickles) refused.
+        return np.load(file, allow_pickle=False)
     counts = unigram_counts(tokens, vocab_size)
     atomic_save_npy(file, counts)
     return counts

@@ -39,7 +39,8 @@ def cached_token_stream(
         return tokenize_documents(docs, tokenizer)
     path = os.path.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
     if os.path.exists(path):
-        return np.load(path)
+        # Safe on any file: a plain .npy array, object arrays (pickles) refused.
+        return np.load(path, allow_pickle=False)
     tokens = tokenize_documents(docs, tokenizer)
     atomic_save_npy(path, tokens)
     return tokens

@@ -14,7 +14,13 @@ _HOW_TO_FIX = (
 
 
 def open_tfds(name: str, split: str = "train", data_dir: str | None = None):
-    """The random-access data source of `name`'s `split`. Raises a one-line ValueError."""
+    """The random-access data source of `name`'s `split`. Raises a one-line ValueError.
+
+    Records are array_record files of `tf.train.Example` protobufs (data only). A dataset
+    tfds does not know by name is rebuilt from its JSON metadata, and for a custom feature
+    type tfds imports the installed module that metadata names (never code from the data
+    directory): read datasets you prepared.
+    """
     import tensorflow_datasets as tfds
 
     where = f"tfds dataset {name!r} split {split!r} (data_dir={data_dir!r})"

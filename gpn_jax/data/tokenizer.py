@@ -61,7 +61,11 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-    """Loads a SentencePiece `.model` file."""
+    """Loads a SentencePiece `.model` file.
+
+    Safe on untrusted files: the model is a protobuf message (data only), parsed by
+    SentencePiece; nothing in it is executed.
+    """
     if not os.path.isfile(path):
         raise ValueError(f"tokenizer file not found: {path}")
     with open(path, "rb") as f:

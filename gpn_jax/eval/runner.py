@@ -117,7 +117,7 @@ def write_results(results: dict, workdir: str, out: str | None = None) -> str:
     path = os.path.join(workdir, RESULTS_FILE)
     merged = dict(results)
     try:
-        with open(path) as f:
+        with open(path) as f:  # json: data only
             old = json.load(f)
         if old.get("run", {}).get("step") == results["run"]["step"]:
             merged = old | results

@@ -4,19 +4,27 @@ Its trainer pickles `{'step', 'data_position', 'params', 'opt_state'}` with nump
 `params` is the flat dict of its Flax modules (`sot_m` for GPN+M, `sot` for GPN) and `opt_state`
 is the state of `optax.chain(clip_by_global_norm, adamw(..., mask))` over that dict. We map names
 both ways; optimiser moments (any dict keyed by parameter names) are renamed the same way, so a
-run can continue from the paper's checkpoint with our trainer.
+run can continue from the paper's checkpoint with our trainer
+(`--config.train.init_from=paper:<checkpoint.pkl>`, `gpn_jax.training.init_from`).
 
 One parameter is not a rename: the paper keeps the SwiGLU gate and up projections in one
 (d, 2F) matrix `ffn_w1_k` = [gate | up]; we keep them as `w1` (gate) and `w3` (up), each
 (d, F), so that tensor parallelism splits them together (`gpn_jax.core.mlp`). They are
 concatenated on the way out and split on the way in (moments alike).
+
+Loading never runs code from the file: `load` unpickles with `_PaperUnpickler`, which admits
+only the globals the paper trainer's pickle holds (numpy arrays, dtypes and scalars, a few
+inert builtins, the optax state classes of its optimiser) and refuses any other.
 """
 
+import builtins
+import importlib
 import os
 import pickle
 
 import jax
 import numpy as np
+import optax
 
 # (our group, our name) <-> paper name, for groups shared by both families.
 _SHARED = {
@@ -125,18 +133,102 @@ def _map_param_dicts(tree, fn):
     return jax.tree.map(lambda x: fn(x) if _is_param_dict(x) else x, tree, is_leaf=_is_param_dict)
 
 
+def _numpy_internal(module: str, name: str):
+    """numpy's pickle helpers live in `numpy._core` (2.x) or `numpy.core` (1.x); pickles of
+    either name the writer's. Resolved from this numpy, without its `numpy.core` shim warning."""
+    for prefix in ("numpy._core.", "numpy.core."):
+        try:
+            return getattr(importlib.import_module(prefix + module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise AttributeError(f"numpy has no {module}.{name}")
+
+
+def _allowed_globals() -> dict:
+    """Every global the paper trainer's pickle can name (pickle protocols 2-5, numpy 1.x and
+    2.x), found by listing the globals of such pickles; each only builds data. Maps
+    (module, name) -> a resolver of this process's object."""
+    allowed = {("numpy", "ndarray"): lambda: np.ndarray, ("numpy", "dtype"): lambda: np.dtype}
+    for sub, name in (
+        ("multiarray", "_reconstruct"),
+        ("multiarray", "scalar"),
+        ("numeric", "_frombuffer"),
+    ):
+        for pkg in ("numpy._core", "numpy.core"):
+            allowed[(f"{pkg}.{sub}", name)] = lambda s=sub, n=name: _numpy_internal(s, n)
+    # Protocol 2 writes bytes through `_codecs.encode`; inert builtin containers and scalars.
+    allowed[("_codecs", "encode")] = lambda: importlib.import_module("_codecs").encode
+    for name in ("set", "frozenset", "bytearray", "complex"):
+        allowed[("builtins", name)] = lambda n=name: getattr(builtins, n)
+    return allowed
+
+
+_ALLOWED = _allowed_globals()
+# The states of chain(clip_by_global_norm, adamw(schedule, mask=...)). optax moves its classes
+# between private modules across versions, so any optax module is accepted and the name is
+# resolved to this optax's public class.
+_OPTAX_STATES = (
+    "EmptyState",
+    "ClipByGlobalNormState",
+    "ScaleByAdamState",
+    "MaskedState",
+    "ScaleByScheduleState",
+)
+
+
+class _Refused(pickle.UnpicklingError):
+    def __init__(self, global_name: str):
+        super().__init__(global_name)
+        self.global_name = global_name
+
+
+class _PaperUnpickler(pickle.Unpickler):
+    """An unpickler that builds data only: `find_class` (the sole way a pickle reaches code)
+    answers the allow-listed globals above and refuses everything else."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED:
+            return _ALLOWED[(module, name)]()
+        if (module == "optax" or module.startswith("optax.")) and name in _OPTAX_STATES:
+            return getattr(optax, name, optax.EmptyState)
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        raise _Refused(f"persistent id {pid!r}")
+
+
+def read_pickle(path: str):
+    """Unpickles `path` with `_PaperUnpickler`; a refused global or a bad file is one ValueError."""
+    try:
+        with open(path, "rb") as f:
+            return _PaperUnpickler(f).load()
+    except _Refused as e:
+        raise ValueError(
+            f"refusing to load {path}: global {e.global_name!r} is not allowed"
+        ) from None
+    except FileNotFoundError:
+        raise ValueError(f"paper checkpoint not found: {path}") from None
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a readable paper checkpoint ({detail})") from None
+
+
 def load(path: str) -> dict:
     """Reads the paper trainer's `checkpoint.pkl` (or the directory holding it) into our layout.
 
-    Returns {'params', 'opt_state', 'step', 'data_position'}.
+    Returns {'params', 'opt_state', 'step', 'data_position'}. Safe on untrusted files: see
+    `read_pickle`.
     """
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pkl")
-    with open(path, "rb") as f:
-        ckpt = pickle.load(f)
+    ckpt = read_pickle(path)
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} is not a paper checkpoint: a {type(ckpt).__name__}, not a dict")
     missing = {"params", "opt_state", "step", "data_position"} - set(ckpt)
     if missing:
         raise ValueError(f"{path} is not a paper checkpoint: missing {sorted(missing)}")
+    if not isinstance(ckpt["params"], dict):
+        raise ValueError(f"{path} is not a paper checkpoint: its params are not a dict")
     return {
         "params": from_paper_params(ckpt["params"]),
         "opt_state": _map_param_dicts(ckpt["opt_state"], from_paper_params),

@@ -239,6 +239,8 @@ class Checkpointer:
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(_abstract_leaf, target)
+        # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
+        # structure (JSON metadata), JsonRestore reads JSON; orbax unpickles nothing here.
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract),
             **{k: ocp.args.JsonRestore() for k in _JSON_ITEMS},

@@ -25,6 +25,7 @@ from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
+from gpn_jax.training import init_from
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
@@ -104,6 +105,7 @@ def _build_data(config, workdir: str, train_state: dict | None = None):
         text_field=d.text_field or None,
         bin_dtype=d.bin_dtype,
         train_state=train_state,
+        train_layout=init_from.train_layout(config),
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
@@ -163,7 +165,8 @@ class _Run:
         rng = jax.random.PRNGKey(self.config.seed)
         abstract = jax.eval_shape(init, rng)
         self.state_sharding = spmd.state_shardings(abstract, self.mesh, self.model, self.rules)
-        data_state = None
+        data_state = position = None
+        continued = init_from.parse(self.config.train.get("init_from", ""))  # a bad spec stops here
         if self.ckpt.all_steps():
             target = jax.tree.map(
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -177,9 +180,14 @@ class _Run:
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
             print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
+            init_from.note_resumed(self.config, step, self.ckpt.directory)
+        elif continued:
+            self.state, position = init_from.paper_state(self.config, abstract, self.state_sharding)
         else:
             self.state = jax.jit(init, out_shardings=self.state_sharding)(rng)
         self.data = _build_data(self.config, self.workdir, data_state)
+        if position is not None:  # the paper run's place in its bin: shards
+            init_from.seek_data(self.data.train, position, self.config)
         return self
 
     def _check_same_model(self, saved_config: dict) -> None:

@@ -61,7 +61,7 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
 
 
 def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.ConfigDict:
-    """Reads only the JSON `config` item of a checkpoint (no arrays)."""
+    """Reads only the JSON `config` item of a checkpoint (no arrays; JSON is data only)."""
     import orbax.checkpoint as ocp
 
     steps = ckpt.all_steps() if step is None else [step]
