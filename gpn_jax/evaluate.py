@@ -3,8 +3,9 @@
     python -m gpn_jax.evaluate --workdir=/tmp/run --eval=ppl,lambada,stream,recall \\
         --lambada_path=lambada_test.jsonl --out=results.json
 
-Thin absl launcher over `gpn_jax.eval.run_evals`. Results go to `<workdir>/eval_results.json`
-(and `--out`) and are printed as a short table. User errors (missing checkpoint, malformed
+Thin absl launcher over `gpn_jax.eval.run_evals`. Results are printed as a short table and
+written to `--out` if given (merged with an earlier `--out` file of the same run and step); the
+run's workdir is only read (token caches go to `--cache_dir` or a temporary directory). User errors (missing checkpoint, malformed
 jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
 """
 
@@ -17,7 +18,10 @@ _EVAL = flags.DEFINE_string("eval", "ppl", "Comma-separated evals: ppl, lambada,
 _LAMBADA = flags.DEFINE_string(
     "lambada_path", None, "lambada_openai jsonl file (for --eval=lambada)."
 )
-_OUT = flags.DEFINE_string("out", None, "Also write this call's results to this JSON file.")
+_OUT = flags.DEFINE_string("out", None, "Write the results to this JSON file.")
+_CACHE = flags.DEFINE_string(
+    "cache_dir", None, "Token caches (default: a temporary directory; never the workdir)."
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "Tokenizer to use instead of the run's.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "LAMBADA / recall examples per forward pass.")
@@ -44,6 +48,7 @@ def evaluate(workdir: str) -> dict:
     results = runner.run_evals(
         run,
         evals,
+        cache_dir=_CACHE.value,
         lambada_path=_LAMBADA.value,
         tokenizer_path=_TOKENIZER.value,
         batch_size=_BATCH.value,
@@ -54,9 +59,9 @@ def evaluate(workdir: str) -> dict:
         stream_path=_STREAM_PATH.value,
         recall_examples=_RECALL_N.value,
     )
-    path = runner.write_results(results, run.workdir, _OUT.value)
     print(runner.format_table(results))
-    print(f"results: {path}" + (f" and {_OUT.value}" if _OUT.value else ""))
+    if _OUT.value:
+        print(f"results: {runner.write_results(results, _OUT.value)}")
     return results
 
 

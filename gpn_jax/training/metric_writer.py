@@ -1,13 +1,15 @@
 """Metrics to `<workdir>/metrics.jsonl` and TensorBoard event files (tensorboardX).
 
-Only process 0 writes; other processes get a writer that does nothing.
+Only process 0 writes; other processes get a writer that does nothing. The workdir may be a
+`gs://` URL (`gpn_jax.training.paths`): then both files are rewritten objects.
 """
 
 import json
-import os
 import time
 
 from tensorboardX import SummaryWriter
+
+from gpn_jax.training import paths
 
 
 class MetricWriter:
@@ -15,8 +17,9 @@ class MetricWriter:
         self.enabled = enabled
         if not enabled:
             return
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)  # noqa: SIM115
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._jsonl = paths.open_append(paths.join(workdir, "metrics.jsonl"))
+        paths.register_tensorboard(workdir)
+        self._tb = SummaryWriter(paths.join(workdir, "tensorboard"))
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
