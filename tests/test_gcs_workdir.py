@@ -117,3 +117,27 @@ def test_train_resume_and_read_a_gs_workdir(fake_gcs):
     assert run.step == 3 and run.tokenizer is not None
     assert {f: os.stat(os.path.join(store, f)).st_mtime_ns for f in all_files(store)} == before
     assert os.listdir(cwd) == []
+
+
+def test_probe_and_temporary_names_are_unique_per_host_process_and_call(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpn_jax.training import paths
+
+    names = {paths.unique_suffix() for _ in range(100)}
+    assert len(names) == 100 and all(n.split("-")[:2] == ["0", str(os.getpid())] for n in names)
+    created = []
+    real_open = open
+
+    def recording_open(path, *args, **kwargs):
+        created.append(os.path.basename(os.fspath(path)))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", recording_open)
+    with ThreadPoolExecutor(8) as pool:  # "hosts" starting at once on one shared directory
+        list(pool.map(lambda _: paths.probe_writable(str(tmp_path)), range(16)))
+        list(pool.map(lambda i: paths.write_bytes(str(tmp_path / "f"), b"%d" % i), range(16)))
+    probes = [n for n in created if n.startswith(".write_probe-")]
+    tmps = [n for n in created if n.startswith("f.tmp-")]
+    assert len(set(probes)) == len(probes) == 16 and len(set(tmps)) == len(tmps) == 16
+    assert os.listdir(tmp_path) == ["f"]  # no probe or temporary file left behind

@@ -43,6 +43,20 @@ class _UnrankedSaveFilter(logging.Filter):
 
 _UNRANKED_FILTER = _UnrankedSaveFilter()
 
+
+class _ReadOnlyNoticeFilter(logging.Filter):
+    """Drops orbax's warnings that a read-only manager is read-only (asked for on purpose; they
+    would turn a reader's one-line error into three lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not msg.startswith(
+            ("Given directory is read only", "CheckpointManagerOptions.read_only")
+        )
+
+
+_READ_ONLY_FILTER = _ReadOnlyNoticeFilter()
+
 _JSON_ITEMS = ("data", "config", "meta")
 
 
@@ -165,6 +179,7 @@ class Checkpointer:
         if best_mode not in ("min", "max"):
             raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
         if read_only:
+            logging.getLogger("absl").addFilter(_READ_ONLY_FILTER)  # orbax logs through absl
             self.directory = paths.join(paths.absolute(workdir), "checkpoints")
             if not paths.exists(self.directory):
                 raise CheckpointError(f"no checkpoint in {paths.absolute(workdir)}")

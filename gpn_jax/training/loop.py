@@ -80,7 +80,8 @@ class StopSignal:
     that step. Per step it is a local check (no collective, no device sync), whereas an
     all-gathered flag would add a cross-host round trip and block on the step's results,
     undoing the one-step-late metric reads. So no Python handler is installed there: it would
-    replace the notifier's. (A second SIGTERM is then swallowed; SIGKILL still works.)
+    replace the notifier's. (A second SIGTERM is then swallowed; SIGKILL still works.) With
+    `jax_enable_preemption_service=False` each host falls back to its own flag (no agreement).
     """
 
     def __init__(self):
