@@ -4,18 +4,20 @@
 
 State geometry, the mean direction s̄, state and memory horizons (SPEC "Analyses the paper
 reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
-`--out` (default `<workdir>/analysis`) and prints the ablation table. Thin absl launcher over
+`--out` (required: the run's workdir is only read; token caches go to `--cache_dir` or a
+temporary directory) and prints the ablation table. Thin absl launcher over
 `gpn_jax.analysis.analyze`. User errors print one line and exit with status 1.
 """
-
-import os
 
 from absl import flags
 
 from gpn_jax import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
-_OUT = flags.DEFINE_string("out", None, "Output folder (default: <workdir>/analysis).")
+_OUT = flags.DEFINE_string("out", None, "Output folder (the workdir itself is never written).")
+_CACHE = flags.DEFINE_string(
+    "cache_dir", "", "Token caches (default: a temporary directory; never the workdir)."
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
 _MAX_BATCHES = flags.DEFINE_integer("max_batches", 0, "Held-out batches analysed (0: all).")
 _ABL_BATCHES = flags.DEFINE_integer(
@@ -47,14 +49,16 @@ def analyze(workdir: str) -> dict:
         sample_size=_SAMPLE.value,
         figures=_FIGURES.value,
         seed=_SEED.value,
+        cache_dir=_CACHE.value,
     )
+    if not _OUT.value:
+        raise ValueError("--out is required (the analysis never writes into the run's workdir)")
     for name in ("max_batches", "batch_size", "seq_len", "micro_batch", "sample_size"):
         if getattr(config, name) < 0:
             raise ValueError(f"--{name} must be >= 0")
     run = load_run(workdir, _STEP.value)
     check_model(run)
-    out = _OUT.value or os.path.join(run.workdir, "analysis")
-    return run_analysis(run, out, config)
+    return run_analysis(run, _OUT.value, config)
 
 
 def _body():

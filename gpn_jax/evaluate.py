@@ -3,8 +3,9 @@
     python -m gpn_jax.evaluate --workdir=/tmp/run --eval=ppl,lambada,stream,recall \\
         --lambada_path=lambada_test.jsonl --out=results.json
 
-Thin absl launcher over `gpn_jax.eval.run_evals`. Results go to `<workdir>/eval_results.json`
-(and `--out`) and are printed as a short table. User errors (missing checkpoint, malformed
+Thin absl launcher over `gpn_jax.eval.run_evals`. Results are printed as a short table and
+written to `--out` if given (merged with an earlier `--out` file of the same run and step); the
+run's workdir is only read (token caches go to `--cache_dir` or a temporary directory). User errors (missing checkpoint, malformed
 jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
 
 `--model_dir=<dir>` evaluates an exported model (`gpn_jax.export`) instead of a workdir. Evals
@@ -15,14 +16,9 @@ exist at the recorded path, else one line says so). Data caches go to a temporar
 and results only to --out: the model directory is never written.
 """
 
-import dataclasses
-import json
-import tempfile
-
 from absl import flags
 
 from gpn_jax import cli
-from gpn_jax.data.files import atomic_write
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Exported model (gpn_jax.export) instead.")
@@ -30,7 +26,10 @@ _EVAL = flags.DEFINE_string("eval", "ppl", "Comma-separated evals: ppl, lambada,
 _LAMBADA = flags.DEFINE_string(
     "lambada_path", None, "lambada_openai jsonl file (for --eval=lambada)."
 )
-_OUT = flags.DEFINE_string("out", None, "Also write this call's results to this JSON file.")
+_OUT = flags.DEFINE_string("out", None, "Write the results to this JSON file.")
+_CACHE = flags.DEFINE_string(
+    "cache_dir", None, "Token caches (default: a temporary directory; never the workdir)."
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "Tokenizer to use instead of the run's.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "LAMBADA / recall examples per forward pass.")
@@ -53,27 +52,12 @@ def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
             raise ValueError("--eval=lambada needs --lambada_path")
         lambada.read_lambada(_LAMBADA.value)
     run = load_either(workdir, model_dir, _STEP.value)
-    if model_dir:
-        return _evaluate_model_dir(run, evals)
     results = _run_evals(run, evals)
-    path = runner.write_results(results, run.workdir, _OUT.value)
     print(runner.format_table(results))
-    print(f"results: {path}" + (f" and {_OUT.value}" if _OUT.value else ""))
-    return results
-
-
-def _evaluate_model_dir(run, evals) -> dict:
-    """Evals of an exported model: data caches in a temporary directory, results to --out
-    only (the model directory may be a read-only download)."""
-    from gpn_jax.eval import runner
-
-    with tempfile.TemporaryDirectory(prefix="gpn_eval_") as scratch:
-        results = _run_evals(dataclasses.replace(run, workdir=scratch), evals)
-    results["run"]["workdir"] = run.workdir
     if _OUT.value:
-        atomic_write(_OUT.value, json.dumps(results, indent=2).encode())
-    print(runner.format_table(results))
-    print(f"results: {_OUT.value}" if _OUT.value else "(no --out: results not written)")
+        print(f"results: {runner.write_results(results, _OUT.value)}")
+    else:
+        print("(no --out: results not written)")
     return results
 
 
@@ -83,6 +67,7 @@ def _run_evals(run, evals) -> dict:
     return runner.run_evals(
         run,
         evals,
+        cache_dir=_CACHE.value,
         lambada_path=_LAMBADA.value,
         tokenizer_path=_TOKENIZER.value,
         batch_size=_BATCH.value,

@@ -354,7 +354,8 @@ def test_analyze_trained_run_uses_its_heldout_split(trained, tmp_path):
 
 def test_cli_one_line_error(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "gpn_jax.analyze", f"--workdir={tmp_path / 'none'}"],
+        [sys.executable, "-m", "gpn_jax.analyze", f"--workdir={tmp_path / 'none'}",
+         f"--out={tmp_path / 'an'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env=user_env(),
     )  # fmt: skip
     assert proc.returncode == 1

@@ -9,9 +9,13 @@ import argparse
 import contextlib
 import json
 import os
+import random
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,10 +25,28 @@ LAUNCH = os.path.join(ROOT, "launch")
 TIMEOUT_S = 240  # per process; every wait below is bounded
 
 
+_PICKED: set[int] = set()
+
+
 def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port for a coordinator, never the same twice in one session and outside the
+    kernel's ephemeral range: a port the kernel hands out for bind(0) can meanwhile become some
+    other process's outgoing-connection port (other tests' gRPC clients), or be handed to the
+    next test again, before the coordinator binds it."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, min(low, 32768))
+        if port in _PICKED:
+            continue
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def cpu_env(devices: int, **extra) -> dict:
@@ -203,6 +225,119 @@ def test_train_and_evaluate_on_two_processes_matches_one(tmp_path):
             params.append(jax.device_get(ckpt.restore(target)[1][1]))
     for x, y in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def latest_params(workdir):
+    """Parameters of the workdir's newest checkpoint, read onto one device."""
+    import jax
+
+    from experiments.configs import gpn_m_tiny
+    from gpn_jax.models import factory
+    from gpn_jax.training import train_step as ts
+    from gpn_jax.training.checkpointing import Checkpointer
+    from gpn_jax.training.optimizer import make_optimizer
+
+    config = gpn_m_tiny.get_config()
+    model = factory.build_model(config.model)
+    opt = make_optimizer(config.train, model.weight_decay_mask)
+    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), abstract)
+    with Checkpointer(workdir, async_save=False, read_only=True) as ckpt:
+        step, state = ckpt.restore(target)[:2]
+    return step, jax.device_get(state[1])
+
+
+def wait_for_logged_step(procs, metrics_path, step, timeout=TIMEOUT_S) -> None:
+    """Blocks until process 0 has logged `step` (so every host has trained it: steps are
+    collective); fails if a process exits first or the wait runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "a process exited before the signal"
+        if os.path.exists(metrics_path):
+            rows = [json.loads(x) for x in open(metrics_path).read().splitlines() if x.strip()]
+            if any(r.get("step", 0) >= step and "loss" in r for r in rows):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never logged in {metrics_path}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_host_stops_every_host_at_one_step_and_resumes_exactly(tmp_path):
+    """Preemption reaching only process 1: both processes stop after the same step, save it
+    once (collectively) and exit 0; rerunning both resumes to the same final parameters and
+    losses as an uninterrupted run."""
+    steps = 40
+    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+    flags = [
+        "--config=experiments/configs/gpn_m_tiny.py",
+        f"--config.train.steps={steps}",
+        f"--config.train.checkpoint_every={steps}",
+        "--config.train.eval_every=0",
+        "--config.train.final_eval_batches=1",
+        "--config.train.log_every=1",
+    ]
+    train = [sys.executable, "-m", "gpn_jax.train", *flags]
+    run_processes([([*train, f"--workdir={single}"], cpu_env(4))])  # uninterrupted
+
+    def hosts():
+        port = free_port()
+        argv = [
+            *train,
+            f"--workdir={multi}",
+            f"--config.data.tokenizer_path={os.path.join(single, 'tokenizer.model')}",
+            f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2",
+            "--distributed_timeout=60",
+        ]
+        return [([*argv, f"--process_id={i}"], cpu_env(2)) for i in range(2)]
+
+    logs = [(tmp_path / f"out{i}.txt", tmp_path / f"err{i}.txt") for i in range(2)]
+    files = [(open(o, "w"), open(r, "w")) for o, r in logs]  # noqa: SIM115 - closed below
+    procs = [
+        subprocess.Popen(a, cwd=ROOT, env=e, stdout=o, stderr=r)
+        for (a, e), (o, r) in zip(hosts(), files, strict=True)
+    ]  # files, not pipes: an undrained pipe could block one host and so both
+    try:
+        wait_for_logged_step(procs, os.path.join(multi, "metrics.jsonl"), 3)
+        procs[1].send_signal(signal.SIGTERM)  # process 1 only
+        for p in procs:
+            p.wait(timeout=TIMEOUT_S)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in sum(files, ()):
+            f.close()
+    outs = [(o.read_text(), r.read_text()) for o, r in logs]
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"process {i}: {err[-3000:]}"
+    saved = [re.search(r"SIGTERM: saved step (\d+)", out) for out, _ in outs]
+    assert all(saved), [out[-500:] for out, _ in outs]
+    stop = int(saved[0].group(1))
+    assert int(saved[1].group(1)) == stop and 3 <= stop < steps
+    assert sorted(os.listdir(os.path.join(multi, "checkpoints"))) == [str(stop)]  # one save
+    assert not os.path.exists(os.path.join(multi, "final_metrics.json"))
+
+    run_processes(hosts())  # resume both hosts to the end
+    rows = {}
+    for workdir in (single, multi):
+        lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
+        rows[workdir] = [json.loads(x) for x in lines if '"loss"' in x]
+    assert [r["step"] for r in rows[multi]] == list(range(1, steps + 1))  # none lost or repeated
+    # Measured (2026-11-30, 2-core AVX2 box): 2 x 2 devices (stopped at step 10, resumed) vs
+    # 1 x 4 uninterrupted differ by 1.6e-7 relative in loss and 7.4e-7 relative to each
+    # parameter tensor's largest entry after 40 steps; the bounds leave a margin of ~30-60x.
+    np.testing.assert_allclose(
+        [r["loss"] for r in rows[multi]], [r["loss"] for r in rows[single]], rtol=1e-5
+    )
+    (s1, p1), (s2, p2) = latest_params(single), latest_params(multi)
+    assert s1 == s2 == steps
+    import jax
+
+    for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p2), strict=True):
+        assert np.max(np.abs(x - y)) <= 2e-5 * np.max(np.abs(x)), np.max(np.abs(x - y))
 
 
 # ----------------------------------------------------------------------------- settings

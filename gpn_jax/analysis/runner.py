@@ -36,6 +36,7 @@ class AnalysisConfig:
     heatmap_dims: dimensions in the correlation heat-map.
     figures: write the PNG figures.
     seed: the sample, heat-map and random-direction seed.
+    cache_dir: token caches ('' : a temporary directory; never the run's workdir).
     """
 
     max_batches: int = 0
@@ -50,6 +51,7 @@ class AnalysisConfig:
     heatmap_dims: int = 64
     figures: bool = True
     seed: int = 0
+    cache_dir: str = ""
 
 
 def check_model(run) -> None:
@@ -83,9 +85,9 @@ def analyze(
     log = log or (lambda *a, **k: None)
     t0 = time.perf_counter()
     if data is None:
-        from gpn_jax.training.loop import _build_data  # the trainer's own call: identical split
+        from gpn_jax.training.restore import run_data  # training's split; the workdir only read
 
-        data = _build_data(run.config, run.workdir)
+        data = run_data(run, config.cache_dir or None)
     tokenizer = data.tokenizer or run.tokenizer
     model, params = run.model, run.params
     col = collect.collect(
@@ -173,9 +175,8 @@ def _model_line(run) -> str:
 def analyze_workdir(
     workdir: str, out: str | None = None, step: int | None = None, **config
 ) -> dict:
-    """`analyze(load_run(workdir, step), out or <workdir>/analysis, AnalysisConfig(**config))`."""
+    """`analyze(load_run(workdir, step), out, AnalysisConfig(**config))`; the workdir is only
+    read (outputs go to `out`; None writes nothing)."""
     from gpn_jax.training.restore import load_run
 
-    run = load_run(workdir, step)
-    out = out or os.path.join(run.workdir, "analysis")
-    return analyze(run, out, AnalysisConfig(**config))
+    return analyze(load_run(workdir, step), out, AnalysisConfig(**config))

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from gpn_jax.data.bin_source import list_shards, open_bin
-from gpn_jax.data.files import atomic_save_npy
+from gpn_jax.data.files import atomic_save_npy, load_npy
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents, split_tokens
 from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
+from gpn_jax.training import paths
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -112,7 +113,7 @@ def build_data(
     """
     source = parse_spec(spec)
     if cache_dir is None and workdir:
-        cache_dir = os.path.join(workdir, "data_cache")
+        cache_dir = paths.join(workdir, "data_cache")
     if source.kind == "recall":
         from gpn_jax.data.recall import recall_parts
 
@@ -163,8 +164,8 @@ def resolve_tokenizer(train_docs, vocab_size, tokenizer_path, workdir) -> tuple[
     """The given tokenizer, else the workdir's, else a new one trained on `train_docs`."""
     if tokenizer_path:
         return load_tokenizer(tokenizer_path), tokenizer_path
-    saved = os.path.join(workdir, TOKENIZER_FILE) if workdir else None
-    if saved and os.path.exists(saved):
+    saved = paths.join(workdir, TOKENIZER_FILE) if workdir else None
+    if saved and paths.exists(saved):
         return load_tokenizer(saved), saved
     tokenizer = train_tokenizer(train_docs, vocab_size, saved)
     return tokenizer, f"trained (vocab {vocab_size}){' -> ' + saved if saved else ''}"
@@ -193,10 +194,10 @@ def _bin_counts(path, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     key = hashlib.sha256(repr((stats, span, vocab_size, str(tokens.dtype))).encode()).hexdigest()[
         :20
     ]
-    file = os.path.join(cache_dir, f"counts-{key}.npy")
-    if os.path.exists(file):
+    file = paths.join(cache_dir, f"counts-{key}.npy")
+    if paths.exists(file):
         # Safe on any file: a plain .npy array, object arrays (pickles) refused.
-        return np.load(file, allow_pickle=False)
+        return load_npy(file)
     counts = unigram_counts(tokens, vocab_size)
     atomic_save_npy(file, counts)
     return counts

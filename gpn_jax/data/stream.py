@@ -1,13 +1,13 @@
 """Documents -> one flat uint32 token stream (eos after every document), optionally cached."""
 
 import hashlib
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from gpn_jax.data.files import atomic_save_npy
+from gpn_jax.data.files import atomic_save_npy, load_npy
 from gpn_jax.data.tokenizer import Tokenizer
+from gpn_jax.training import paths
 
 _ENCODE_BATCH = 512
 
@@ -37,10 +37,10 @@ def cached_token_stream(
     """`tokenize_documents`, loaded from / saved to `<cache_dir>/<name>-<key>.npy` if given."""
     if not cache_dir:
         return tokenize_documents(docs, tokenizer)
-    path = os.path.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
-    if os.path.exists(path):
+    path = paths.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
+    if paths.exists(path):
         # Safe on any file: a plain .npy array, object arrays (pickles) refused.
-        return np.load(path, allow_pickle=False)
+        return load_npy(path)
     tokens = tokenize_documents(docs, tokenizer)
     atomic_save_npy(path, tokens)
     return tokens

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import sentencepiece as spm
 
 from gpn_jax.data.files import atomic_write
+from gpn_jax.training import paths
 
 _MAX_LINE_CHARS = 2048  # training lines are chopped to this (SentencePiece skips long ones)
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -66,10 +67,15 @@ def load_tokenizer(path: str) -> Tokenizer:
     Safe on untrusted files: the model is a protobuf message (data only), parsed by
     SentencePiece; nothing in it is executed.
     """
-    if not os.path.isfile(path):
-        raise ValueError(f"tokenizer file not found: {path}")
-    with open(path, "rb") as f:
-        proto = f.read()
+    if paths.is_remote(path):
+        if not paths.exists(path):
+            raise ValueError(f"tokenizer file not found: {path}")
+        proto = paths.read_bytes(path)
+    else:
+        if not os.path.isfile(path):
+            raise ValueError(f"tokenizer file not found: {path}")
+        with open(path, "rb") as f:
+            proto = f.read()
     try:
         return Tokenizer(proto, path)
     except RuntimeError as e:

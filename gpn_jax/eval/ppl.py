@@ -46,11 +46,12 @@ def _jitted_loss(model):
     return jax.jit(lambda p, x: model.loss(p, x)[0])
 
 
-def heldout_data(run):
-    """The run's data rebuilt exactly as training built it (same split, tokenizer, windows)."""
-    from gpn_jax.training.loop import _build_data  # the trainer's own call, for identical data
+def heldout_data(run, cache_dir: str | None = None):
+    """The run's data rebuilt exactly as training built it (same split, tokenizer, windows),
+    without writing into its workdir (`restore.run_data`)."""
+    from gpn_jax.training.restore import run_data
 
-    return _build_data(run.config, run.workdir)
+    return run_data(run, cache_dir)
 
 
 def heldout_ppl(run, data=None, max_batches: int = 0) -> dict:

@@ -8,14 +8,12 @@ Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
 """
 
 import json
-import os
 
 from gpn_jax.data.files import atomic_write
 from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
 
 EVALS = ("ppl", "lambada", "stream", "recall")
-RESULTS_FILE = "eval_results.json"
 
 
 def parse_evals(evals) -> list[str]:
@@ -52,6 +50,7 @@ def run_evals(
     stream_streams: int = 1,
     stream_path: str | None = None,
     recall_examples: int | None = None,
+    cache_dir: str | None = None,
 ) -> dict:
     """Runs `evals` on a restored run (`gpn_jax.training.restore.load_run`).
 
@@ -65,6 +64,7 @@ def run_evals(
         call (0: the training seq_len) and parallel streams for 'stream'.
       stream_path: a text file to stream (default: the run's held-out token stream).
       recall_examples: held-out recall examples (default: all the task holds out).
+      cache_dir: token caches (default: a temporary directory; the workdir is only read).
 
     Returns:
       {'run': {workdir, step, family}, <eval>: its result, ...}.
@@ -88,7 +88,7 @@ def run_evals(
     data = None
     for name in names:
         if name == "ppl":
-            data = ppl.heldout_data(run) if data is None else data
+            data = ppl.heldout_data(run, cache_dir) if data is None else data
             results["ppl"] = ppl.heldout_ppl(run, data, ppl_max_batches)
         elif name == "lambada":
             results["lambada"] = lambada.evaluate_lambada(
@@ -100,7 +100,7 @@ def run_evals(
                     tokens = tokenizer.encode(f.read())
                 source = stream_path
             else:
-                data = ppl.heldout_data(run) if data is None else data
+                data = ppl.heldout_data(run, cache_dir) if data is None else data
                 tokens, source = data.heldout, "held-out split"
             window = stream_window or run.config.train.seq_len
             results["stream"] = stream.stream_eval(
@@ -111,22 +111,20 @@ def run_evals(
     return results
 
 
-def write_results(results: dict, workdir: str, out: str | None = None) -> str:
-    """Writes `<workdir>/eval_results.json` (merged with an earlier file of the same step) and
-    `out` (this call's results only). Returns the workdir file's path."""
-    path = os.path.join(workdir, RESULTS_FILE)
+def write_results(results: dict, out: str) -> str:
+    """Writes `results` to `out`, merged with an earlier file there of the same run and step
+    (so evals run one at a time accumulate). Never writes into the run's workdir."""
     merged = dict(results)
     try:
-        with open(path) as f:  # json: data only
+        with open(out) as f:  # json: data only
             old = json.load(f)
-        if old.get("run", {}).get("step") == results["run"]["step"]:
+        same = ("workdir", "step")
+        if all(old.get("run", {}).get(k) == results["run"][k] for k in same):
             merged = old | results
     except (OSError, ValueError):
         pass
-    atomic_write(path, json.dumps(merged, indent=2).encode())
-    if out:
-        atomic_write(out, json.dumps(results, indent=2).encode())
-    return path
+    atomic_write(out, json.dumps(merged, indent=2).encode())
+    return out
 
 
 def format_table(results: dict) -> str:

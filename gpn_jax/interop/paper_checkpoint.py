@@ -249,7 +249,8 @@ def save(path: str, params: dict, opt_state, step: int, data_position: int) -> s
         "params": to_paper_params(host(params)),
         "opt_state": _map_param_dicts(host(opt_state), to_paper_params),
     }
-    with open(path + ".tmp", "wb") as f:
+    from gpn_jax.training.paths import atomic_open  # a temporary name unique per host/process
+
+    with atomic_open(path) as f:
         pickle.dump(ckpt, f)
-    os.replace(path + ".tmp", path)
     return path

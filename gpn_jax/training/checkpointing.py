@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
+
+from gpn_jax.training import paths
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,20 @@ class _UnrankedSaveFilter(logging.Filter):
 
 _UNRANKED_FILTER = _UnrankedSaveFilter()
 
+
+class _ReadOnlyNoticeFilter(logging.Filter):
+    """Drops orbax's warnings that a read-only manager is read-only (asked for on purpose; they
+    would turn a reader's one-line error into three lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not msg.startswith(
+            ("Given directory is read only", "CheckpointManagerOptions.read_only")
+        )
+
+
+_READ_ONLY_FILTER = _ReadOnlyNoticeFilter()
+
 _JSON_ITEMS = ("data", "config", "meta")
 
 
@@ -49,23 +65,21 @@ class CheckpointError(RuntimeError):
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:
-    """Creates `<workdir>/checkpoints` and proves it is writable.
+    """Creates `<workdir>/checkpoints` (local or `gs://`) and proves it is writable.
 
     Args:
         workdir: Run directory.
 
     Returns:
-        Absolute path of the checkpoint directory.
+        Absolute path (or URL) of the checkpoint directory.
 
     Raises:
         CheckpointError: If the directory cannot be created or written.
     """
-    directory = os.path.join(os.path.abspath(os.fspath(workdir)), "checkpoints")
+    directory = paths.join(paths.absolute(workdir), "checkpoints")
     try:
-        os.makedirs(directory, exist_ok=True)
-        # os.access lies for root and on read-only mounts; a real write does not.
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_probe"):
-            pass
+        paths.make_dirs(directory)
+        paths.probe_writable(directory)  # a per-host name: hosts starting at once never race
     except OSError as e:
         raise CheckpointError(
             f"checkpoint directory {directory} is not usable: {type(e).__name__}: {e.strerror or e}"
@@ -130,7 +144,8 @@ def _json_safe(tree: Mapping[str, Any] | None) -> dict:
 class Checkpointer:
     """Saves/restores training checkpoints with keep-N/keep-best retention.
 
-    Local/posix paths only (directory checks and quarantine use `os`).
+    The workdir may be local or a `gs://` URL (orbax writes the object store
+    natively and commits with `commit_success.txt` there instead of a rename).
 
     Args:
         workdir: Run directory; checkpoints go to `<workdir>/checkpoints`.
@@ -142,6 +157,9 @@ class Checkpointer:
         cleanup_tmp: Delete leftover tmp dirs of killed saves at construction.
             Set False in processes that only read a directory another process
             may be saving into (e.g. an evaluator), or they would break its save.
+        read_only: Only read: no directory creation, write probe or tmp-dir
+            cleanup, and orbax's own read-only mode (no save, delete or
+            metadata write). What evaluators and analyses use.
 
     Raises:
         CheckpointError: If the directory is not usable.
@@ -156,11 +174,18 @@ class Checkpointer:
         best_mode: str = "min",
         async_save: bool = True,
         cleanup_tmp: bool = True,
+        read_only: bool = False,
     ):
         if best_mode not in ("min", "max"):
             raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
-        self.directory = _prepare_directory(workdir)
-        if cleanup_tmp:
+        if read_only:
+            logging.getLogger("absl").addFilter(_READ_ONLY_FILTER)  # orbax logs through absl
+            self.directory = paths.join(paths.absolute(workdir), "checkpoints")
+            if not paths.exists(self.directory):
+                raise CheckpointError(f"no checkpoint in {paths.absolute(workdir)}")
+        else:
+            self.directory = _prepare_directory(workdir)
+        if cleanup_tmp and not read_only:
             # Done here, synchronously, rather than by orbax's background
             # `cleanup_tmp_directories` thread, so it cannot race restore/close.
             _remove_unfinished(self.directory)
@@ -173,8 +198,9 @@ class Checkpointer:
             best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
             best_mode=best_mode,
             preservation_policy=_preservation_policy(keep, keep_best, best_metric, best_mode),
-            enable_async_checkpointing=async_save,
-            create=True,
+            enable_async_checkpointing=async_save and not read_only,
+            create=not read_only,
+            read_only=read_only,
         )
         handlers = {"state": ocp.StandardCheckpointHandler()}
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
@@ -288,11 +314,11 @@ class Checkpointer:
         """Moves step dirs aside under names orbax does not parse as steps."""
         if jax.process_index() == 0:
             for step in steps:
-                src = os.path.join(self.directory, str(step))
+                src = paths.join(self.directory, str(step))
                 n = 0
-                while os.path.exists(dst := f"{src}.unreadable-{n}"):
+                while paths.exists(dst := f"{src}.unreadable-{n}"):
                     n += 1
-                os.rename(src, dst)
+                epath.Path(src).rename(dst)  # on gs:// a copy + delete: kept for inspection only
                 log.warning("moved unreadable checkpoint %s to %s", src, dst)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils

@@ -8,7 +8,6 @@ run before anything non-finite is saved.
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -25,7 +24,7 @@ from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
-from gpn_jax.training import init_from
+from gpn_jax.training import init_from, paths
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
@@ -39,16 +38,17 @@ class TrainingError(RuntimeError):
 
 
 def prepare_workdir(workdir: str) -> str:
-    """Absolute, existing, writable workdir, or a one-line ValueError."""
+    """Absolute (or `gs://`), existing, writable workdir, or a one-line ValueError.
+
+    Every host probes under its own name (`paths.probe_writable`), so hosts starting at once
+    never remove each other's probe.
+    """
     if not workdir:
         raise ValueError("--workdir is required")
-    workdir = os.path.abspath(os.path.expanduser(workdir))
+    workdir = paths.absolute(workdir)
     try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_probe")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        paths.make_dirs(workdir)
+        paths.probe_writable(workdir)
     except OSError as e:
         raise ValueError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
     return workdir
@@ -68,16 +68,32 @@ def check_config(config, model) -> None:
 
 
 class StopSignal:
-    """Turns SIGTERM into a flag the loop checks between steps (main thread only).
+    """SIGTERM (preemption) -> every host stops after the same step; the loop asks `should_stop`.
 
-    A second SIGTERM is not caught: it terminates the process, so a run stuck inside a step
-    can still be stopped (the last finished checkpoint stays the latest).
+    One host: a Python SIGTERM handler sets a flag the loop checks between steps (main thread
+    only). A second SIGTERM is not caught: it terminates the process, so a run stuck inside a
+    step can still be stopped (the last finished checkpoint stays the latest).
+
+    Several hosts (`jax.distributed` up): JAX's preemption sync manager, not an all-reduced
+    flag. Its notifier catches SIGTERM on whichever host gets it; the coordination service
+    then picks the step after the furthest host's current one, and
+    `multihost_utils.reached_preemption_sync_point(step)` turns True on every host at exactly
+    that step. Per step it is a local check (no collective, no device sync), whereas an
+    all-gathered flag would add a cross-host round trip and block on the step's results,
+    undoing the one-step-late metric reads. So no Python handler is installed there: it would
+    replace the notifier's. (A second SIGTERM is then swallowed; SIGKILL still works.) With
+    `jax_enable_preemption_service=False` each host falls back to its own flag (no agreement).
     """
 
     def __init__(self):
         self.requested = False
         self._previous = None
-        if threading.current_thread() is threading.main_thread():
+        self._multihost = (
+            jax.process_count() > 1
+            and jax.distributed.is_initialized()
+            and _preemption_service_enabled()
+        )
+        if not self._multihost and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
@@ -85,12 +101,25 @@ class StopSignal:
         self.requested = True
         signal.signal(signum, signal.SIG_DFL)
 
+    def should_stop(self, step: int) -> bool:
+        """Called once after every step, with the same step numbers on every host."""
+        if self._multihost and multihost_utils.reached_preemption_sync_point(step):
+            self.requested = True
+        return self.requested
+
     def restore(self):
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def _build_data(config, workdir: str, train_state: dict | None = None):
+def _preemption_service_enabled() -> bool:
+    """jax.distributed started its preemption sync manager (`jax_enable_preemption_service`)."""
+    from jax._src import distributed as jax_distributed  # no public accessor for it
+
+    return jax_distributed.global_state.preemption_sync_manager is not None
+
+
+def _build_data(config, workdir: str | None, train_state: dict | None = None, cache_dir=None):
     d, t = config.data, config.train
     return build_data(
         d.source,
@@ -101,6 +130,7 @@ def _build_data(config, workdir: str, train_state: dict | None = None):
         heldout_fraction=d.heldout_fraction,
         seed=config.seed,
         workdir=workdir,
+        cache_dir=cache_dir,
         data_dir=d.data_dir or None,
         text_field=d.text_field or None,
         bin_dtype=d.bin_dtype,
@@ -293,6 +323,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
             ckpt_metrics = {"heldout_loss": ev["loss"]}
         if boundary:
             run.save(step, ckpt_metrics)
+        stop.should_stop(step)
     if pending is not None:
         settle(pending)
     bar.close()
@@ -357,8 +388,9 @@ def _finish(run: _Run, step: int) -> dict:
     }
     run.save_once(step, {"heldout_loss": ev["loss"]})
     if run.is_lead:
-        with open(os.path.join(run.workdir, FINAL_METRICS), "w") as f:
-            json.dump(final, f, indent=2)
+        paths.write_bytes(
+            paths.join(run.workdir, FINAL_METRICS), json.dumps(final, indent=2).encode()
+        )
         print(
             f"step {step}: held-out PPL {final['heldout_ppl']:.2f} vs unigram PPL "
             f"{final['unigram_ppl']:.2f} ({final['heldout_tokens']:,} held-out tokens)"

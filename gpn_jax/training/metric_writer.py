@@ -8,7 +8,8 @@
 Each run session first records its `run_info` (config, git revision, package version, argv):
 a `{"run_info": ...}` line in metrics.jsonl, `run_info/*` text in TensorBoard, the run config
 plus `git_revision` in wandb's config. Only process 0 writes; other processes get a writer that
-does nothing.
+does nothing. The workdir may be a `gs://` URL (`gpn_jax.training.paths`): then metrics.jsonl
+and the event files are rewritten objects (object stores cannot append).
 
 Library choice: TensorBoard through tensorboardX and W&B through wandb, not hand-written. CLU's
 `metric_writers` would give one interface over both, but its package `__init__` imports its
@@ -22,6 +23,8 @@ import secrets
 import subprocess
 import sys
 import time
+
+from gpn_jax.training import paths
 
 WRITERS = ("jsonl", "tensorboard", "wandb")
 DEFAULT_WRITERS = "jsonl,tensorboard"
@@ -89,13 +92,14 @@ class MetricWriter:
             return
         info = info or {}
         if "jsonl" in writers:
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)  # noqa: SIM115
+            self._jsonl = paths.open_append(paths.join(workdir, "metrics.jsonl"))
             if info:
                 self._jsonl.write(json.dumps({"run_info": info, "time": time.time()}) + "\n")
         if "tensorboard" in writers:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            paths.register_tensorboard(workdir)
+            self._tb = SummaryWriter(paths.join(workdir, "tensorboard"))
             for key in ("git_revision", "gpn_jax_version", "argv", "config"):
                 if key in info:
                     text = json.dumps(info[key], indent=2)

@@ -1,16 +1,21 @@
 """Loads a trained run back from its workdir: config, model, parameters and tokenizer.
 
 Evaluation, analysis and generation all start here, so they see exactly what training saved.
+They only read the workdir (local or `gs://`): nothing is created, probed or cleaned there.
 """
 
+import atexit
 import dataclasses
-import os
+import functools
+import shutil
+import tempfile
 
 import jax
 import ml_collections
 
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 from gpn_jax.models import factory
+from gpn_jax.training import paths
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer, CheckpointError
 from gpn_jax.training.optimizer import make_optimizer
@@ -32,10 +37,10 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     Raises:
       CheckpointError: no checkpoint in the workdir.
     """
-    workdir = os.path.abspath(workdir)
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    workdir = paths.absolute(workdir)
+    if not paths.exists(paths.join(workdir, "checkpoints")):
         raise CheckpointError(f"no checkpoint in {workdir} (train one with gpn_jax.train first)")
-    ckpt = Checkpointer(workdir, keep=None, async_save=False, cleanup_tmp=False)
+    ckpt = Checkpointer(workdir, keep=None, async_save=False, read_only=True)
     try:
         config = _config_from_latest(ckpt, step)
         model = factory.build_model(config.model)
@@ -55,9 +60,29 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     finally:
         ckpt.close()
     params = state.params if hasattr(state, "params") else state[1]
-    tok_path = config.data.get("tokenizer_path") or os.path.join(workdir, "tokenizer.model")
-    tokenizer = load_tokenizer(tok_path) if os.path.exists(tok_path) else None
+    tok_path = config.data.get("tokenizer_path") or paths.join(workdir, "tokenizer.model")
+    tokenizer = load_tokenizer(tok_path) if paths.exists(tok_path) else None
     return RestoredRun(config, model, params, tokenizer, got, workdir)
+
+
+def run_data(run: RestoredRun, cache_dir: str | None = None):
+    """The run's data rebuilt as training built it (same split, tokenizer and windows), reading
+    the workdir only: the tokenizer is the workdir's file (never trained or saved there) and token
+    caches go to `cache_dir` (default: a temporary directory removed at exit), never to
+    `<workdir>/data_cache`."""
+    from gpn_jax.training.loop import _build_data  # the trainer's own call, for identical data
+
+    config = ml_collections.ConfigDict(run.config.to_dict())
+    if run.tokenizer is not None and not config.data.get("tokenizer_path"):
+        config.data.tokenizer_path = run.tokenizer.path
+    return _build_data(config, None, cache_dir=cache_dir or _temporary_cache())
+
+
+@functools.cache
+def _temporary_cache() -> str:
+    path = tempfile.mkdtemp(prefix="gpn_jax_cache-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.ConfigDict:
@@ -68,7 +93,7 @@ def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.
     if not steps:
         raise CheckpointError(f"no checkpoint in {ckpt.directory}")
     for s in sorted(steps, reverse=True):
-        path = os.path.join(ckpt.directory, str(s), "config")
+        path = paths.join(ckpt.directory, str(s), "config")
         try:
             return ml_collections.ConfigDict(
                 ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path)
