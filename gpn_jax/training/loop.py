@@ -2,8 +2,9 @@
 
 Rerunning it on a workdir that holds a checkpoint resumes from the newest readable one
 (bit-identical to an uninterrupted run: parameters, optimiser state, RNG and the data
-iterator position are all restored). SIGTERM saves and returns; a NaN/Inf loss stops the
-run before anything non-finite is saved.
+iterator position are all restored). SIGTERM saves and returns. A step that is not finite
+is not applied (the jitted step keeps the previous state) and stops the run, so nothing
+non-finite is ever saved. The config is validated (`validate`) before any work.
 """
 
 import json

@@ -4,6 +4,9 @@
 batch (B, T) is split into `grad_accum` micro-batches scanned inside the step, so one call
 is still one optimiser step, the loss is the mean over the whole batch, and the gradient is
 exactly the full-batch gradient (equal-size micro-batches).
+
+A step whose loss, gradient norm or updated state is not finite returns the previous state
+unchanged, with `metrics['finite']` False (see `keep_if_finite`); the loop then stops.
 """
 
 from typing import NamedTuple
