@@ -52,12 +52,12 @@ class _BackgroundFailureFilter(logging.Filter):
     save or read: `Checkpointer` re-raises the same error as one `CheckpointError` line
     naming the step and the path, so the log would only repeat it hundreds of lines long."""
 
-    _MARKS = ("raised an exception", "Save Finalize thread", "failed")
-
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or "orbax" not in record.pathname:
             return True
-        return not any(m in record.getMessage() for m in self._MARKS)
+        msg = record.getMessage()
+        thread_failed = "_SignalingThread.run() raised an exception" in msg
+        return not (thread_failed or ("Save Finalize thread" in msg and "failed" in msg))
 
 
 _FAILURE_FILTER = _BackgroundFailureFilter()
