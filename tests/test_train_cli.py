@@ -3,7 +3,7 @@
 import json
 import os
 import re
-import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -205,18 +205,19 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
     assert first.returncode == 0, first.stderr
     shutil.rmtree(workdir / "checkpoints" / "4")  # rerun resumes at 2 and saves 4 again
 
-    def small_files():  # in the child: writes over 200 KB fail with EFBIG, not SIGXFSZ
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
-
+    # Writes over 200 KiB fail with EFBIG (SIGXFSZ ignored), as on a full or quota'd disk. Set
+    # by the shell around exec, not preexec_fn: forking the multithreaded JAX test process
+    # and running Python in the child can deadlock.
+    cmd = " ".join(
+        shlex.quote(a) for a in train_cmd(workdir, *flags, "--config.train.eval_every=0")
+    )
     proc = subprocess.run(
-        train_cmd(workdir, *flags, "--config.train.eval_every=0"),
+        ["bash", "-c", f"trap '' XFSZ; ulimit -f 200; exec {cmd}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         env=user_env(),
-        preexec_fn=small_files,
     )
     assert proc.returncode == 1
     progress = re.compile(r"\d+%\|")  # tqdm's bar (stderr)

@@ -48,16 +48,16 @@ _UNRANKED_FILTER = _UnrankedSaveFilter()
 
 
 class _BackgroundFailureFilter(logging.Filter):
-    """Drops orbax's ERROR records (with tracebacks, one per failed save thread) for a failed
-    save or read: `Checkpointer` re-raises the same error as one `CheckpointError` line
-    naming the step and the path, so the log would only repeat it hundreds of lines long."""
+    """Drops the tracebacks orbax logs for a failed save or read (one per failed thread,
+    commit callback and asyncio task, through absl and asyncio's loggers): `Checkpointer`
+    re-raises the same error as one `CheckpointError` line naming the step and the path, so
+    these would only repeat it, hundreds of lines long. Records without a traceback, and
+    every record not about orbax, pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+        if record.levelno < logging.ERROR or not record.exc_info:
             return True
-        msg = record.getMessage()
-        thread_failed = "_SignalingThread.run() raised an exception" in msg
-        return not (thread_failed or ("Save Finalize thread" in msg and "failed" in msg))
+        return not ("/orbax/" in record.pathname or "orbax" in record.getMessage())
 
 
 _FAILURE_FILTER = _BackgroundFailureFilter()
@@ -208,7 +208,8 @@ class Checkpointer:
         self.best_metric = best_metric
         self._in_flight: int | None = None  # step of the async save not yet known written
         self._write_failed = False
-        logging.getLogger("absl").addFilter(_FAILURE_FILTER)  # orbax logs through absl
+        for name in ("absl", "asyncio"):  # orbax logs through absl; its tasks through asyncio
+            logging.getLogger(name).addFilter(_FAILURE_FILTER)
         _quiet_closed_loop_callbacks()
         self._track_best = keep_best is not None
         if self._track_best:
