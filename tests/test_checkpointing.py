@@ -3,7 +3,9 @@
 import glob
 import logging
 import os
+import resource
 import shutil
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -145,8 +147,30 @@ def _delete_data_item(step_dir):
     shutil.rmtree(os.path.join(step_dir, "data"))
 
 
+def _delete_commit_marker(step_dir):
+    os.remove(os.path.join(step_dir, "commit_success.txt"))
+
+
+def _delete_array_metadata(step_dir):
+    os.remove(os.path.join(step_dir, "state", "_METADATA"))
+
+
+def _garble_config_json(step_dir):
+    with open(os.path.join(step_dir, "config", "metadata"), "w") as f:
+        f.write('{"lr": 0.0')
+
+
 @pytest.mark.parametrize(
-    "corrupt", [_truncate_array_files, _delete_array_files, _garble_manifests, _delete_data_item]
+    "corrupt",
+    [
+        _truncate_array_files,
+        _delete_array_files,
+        _garble_manifests,
+        _delete_data_item,
+        _delete_commit_marker,
+        _delete_array_metadata,
+        _garble_config_json,
+    ],
 )
 def test_restore_latest_good_falls_back(tmp_path, caplog, corrupt):
     s1, _, step2_dir = save_two(tmp_path)
@@ -277,3 +301,101 @@ def test_read_only_parent_raises(tmp_path):
 def test_bad_best_mode():
     with pytest.raises(ValueError, match="best_mode"):
         Checkpointer("/tmp/unused", best_mode="lowest")
+
+
+def _dir_listing(root):
+    return sorted(
+        (os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+        for d, _, files in os.walk(root)
+        for f in files
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(13, "Permission denied"),
+        OSError(5, "Input/output error"),
+        ValueError('PERMISSION_DENIED: Error reading local file "x"'),
+        ValueError("UNAVAILABLE: transient"),
+        RuntimeError("unexpected"),
+    ],
+    ids=lambda e: type(e).__name__ + ":" + str(e).split(":")[0][:20],
+)
+def test_read_error_that_is_not_damage_stops_and_moves_nothing(tmp_path, monkeypatch, error):
+    s1, _, step2_dir = save_two(tmp_path)
+    _truncate_array_files(os.path.join(os.path.dirname(step2_dir), "1"))  # damage too
+    before = _dir_listing(tmp_path)
+    with Checkpointer(tmp_path, keep=5) as ck:
+        mngr = ck._mngr
+
+        def failing_restore(step, *args, **kwargs):
+            if step == 2:
+                raise error
+            return type(mngr).restore(mngr, step, *args, **kwargs)
+
+        monkeypatch.setattr(mngr, "restore", failing_restore)
+        with pytest.raises(CheckpointError) as err:
+            ck.restore_latest_good(abstract(s1), quarantine=True)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"cannot read checkpoint step 2 in {ck.directory}: {type(error).__name__}"
+    )
+    assert "not a sign of damage" in msg
+    assert _dir_listing(tmp_path) == before
+
+
+def test_damaged_steps_are_moved_aside_with_a_log_line_each(tmp_path, caplog):
+    s1, s2, step2_dir = save_two(tmp_path)
+    with Checkpointer(tmp_path, keep=5) as ck:
+        ck.save(3, s2, {}, {}, {})
+    step3_dir = os.path.join(os.path.dirname(step2_dir), "3")
+    _truncate_array_files(step2_dir)
+    _delete_commit_marker(step3_dir)
+    with Checkpointer(tmp_path, keep=5) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert ck.restore_latest_good(abstract(s1), quarantine=True)[0] == 1
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert messages[0].startswith("checkpoint step 3 unreadable, falling back: incomplete")
+    assert messages[1].startswith("checkpoint step 2 unreadable, falling back: ValueError")
+    for d in (step2_dir, step3_dir):
+        assert f"moved unreadable checkpoint {d} to {d}.unreadable-0" in messages
+        assert os.path.isdir(d + ".unreadable-0") and not os.path.exists(d)
+
+
+@pytest.fixture
+def small_file_size_limit():
+    """Writes past 64 KiB fail with EFBIG (SIGXFSZ ignored), as on a full or quota'd disk."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, old_limit[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+    signal.signal(signal.SIGXFSZ, old_handler)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_failed_write_is_one_line_and_leaves_no_step(
+    tmp_path, capfd, small_file_size_limit, async_save
+):
+    s1, _, step2_dir = save_two(tmp_path)
+    # 1 MiB of incompressible floats (orbax compresses): over the limit.
+    big = {"w": jnp.asarray(np.random.RandomState(0).standard_normal((256, 1024)), jnp.float32)}
+    ck = Checkpointer(tmp_path, keep=5, async_save=async_save)
+    capfd.readouterr()
+    small_file_size_limit()
+    with pytest.raises(CheckpointError) as err:
+        ck.save(3, big, {}, {}, {})
+        ck.wait_until_finished()  # async: the error surfaces here (or at the next save)
+    ck.wait_until_finished()  # reported once; closing after it is quiet
+    ck.close()
+    directory = os.path.dirname(step2_dir)
+    assert str(err.value) == (
+        f"cannot write checkpoint step 3 to {directory}/3: File too large (EFBIG); "
+        "its unfinished files were removed; newest complete checkpoint: step 2"
+    )
+    out, errout = capfd.readouterr()
+    assert "Traceback" not in errout and "Traceback" not in out, errout[-2000:]
+    assert sorted(os.listdir(directory)) == ["1", "2"]
+    with Checkpointer(tmp_path, cleanup_tmp=False) as ck:
+        assert ck.all_steps() == [1, 2]
+        assert_tree_exact(ck.restore(abstract(s1), 1)[1], s1)

@@ -2,6 +2,9 @@
 
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +153,86 @@ def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     final = json.loads((tmp_path / "demo" / "final_metrics.json").read_text())
     assert final["heldout_ppl"] < 0.5 * final["unigram_ppl"], final
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config.model.d_model=-1"], "config.model.d_model must be a positive integer, got -1"),
+        (["--config.model.vocab_size=0"], "config.model.vocab_size must be a positive integer"),
+        (["--config.train.seq_len=0"], "config.train.seq_len must be a positive integer, got 0"),
+        (["--config.train.steps=0"], "config.train.steps must be a positive integer, got 0"),
+        (["--config.train.checkpoint_every=0"], "config.train.checkpoint_every must be a positive"),
+        (["--config.train.batch_size=0"], "config.train.batch_size must be a positive integer"),
+        (
+            ["--config.train.batch_size=6", "--config.train.grad_accum=4"],
+            "config.train.batch_size must be a multiple of config.train.grad_accum (4), got 6",
+        ),
+        (
+            ["--config.train.batch_size=3"],  # two devices below: data-parallel size 2
+            "config.train.batch_size must be a multiple of grad_accum x data-parallel devices "
+            "(data x fsdp) = 1 x 2, got 3",
+        ),
+        (
+            ["--config.train.eval_every=3", "--config.train.checkpoint_every=7"],
+            "config.train.keep_best=1 needs an evaluation on a checkpoint step",
+        ),
+        (["--config.data.heldout_fraction=1.0"], "config.data.heldout_fraction must be in [0, 1)"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_bad_config_fails_before_any_work(tmp_path, flags, message):
+    """One line naming the field; nothing trained, prepared or compiled (a fresh compilation
+    cache that caches every compile stays empty)."""
+    cache = tmp_path / "xla_cache"
+    env = dict(
+        user_env(),
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    workdir = tmp_path / "w"
+    proc = subprocess.run(
+        train_cmd(workdir, *flags), cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert_one_line_error(proc, message)
+    assert not (workdir / "tokenizer.model").exists() and not (workdir / "data_cache").exists()
+    assert not cache.exists() or not os.listdir(cache)
+
+
+@pytest.mark.slow
+def test_failed_checkpoint_write_is_one_line(tmp_path):
+    """A save that hits EFBIG (as a full disk would) ends the run with one line naming the
+    step and path; no half-written step is listed and every listed step restores."""
+    workdir = tmp_path / "w"
+    flags = ["--config.train.steps=4", "--config.train.checkpoint_every=2"]
+    first = run_train(workdir, *flags, "--config.train.eval_every=0")
+    assert first.returncode == 0, first.stderr
+    shutil.rmtree(workdir / "checkpoints" / "4")  # rerun resumes at 2 and saves 4 again
+
+    # Writes over 200 KiB fail with EFBIG (SIGXFSZ ignored), as on a full or quota'd disk. Set
+    # by the shell around exec, not preexec_fn: forking the multithreaded JAX test process
+    # and running Python in the child can deadlock.
+    cmd = " ".join(
+        shlex.quote(a) for a in train_cmd(workdir, *flags, "--config.train.eval_every=0")
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f"trap '' XFSZ; ulimit -f 200; exec {cmd}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=user_env(),
+    )
+    assert proc.returncode == 1
+    progress = re.compile(r"\d+%\|")  # tqdm's bar (stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not progress.search(ln)]
+    directory = workdir / "checkpoints"
+    assert lines == [
+        f"gpn-train: error: cannot write checkpoint step 4 to {directory}/4: File too large "
+        "(EFBIG); its unfinished files were removed; newest complete checkpoint: step 2"
+    ], proc.stderr[-3000:]
+    assert sorted(os.listdir(directory)) == ["2"]
+    again = run_train(workdir, *flags, "--config.train.eval_every=0")  # no limit: resumes
+    assert again.returncode == 0, again.stderr
+    assert "Resuming from checkpoint step 2" in again.stdout

@@ -13,8 +13,8 @@ from experiments.configs import gpn_m_tiny
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
-from gpn_jax.training.loop import TrainingError, train_and_evaluate
-from gpn_jax.training.optimizer import make_optimizer
+from gpn_jax.training.loop import TrainingError, model_difference, train_and_evaluate
+from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 
 def tiny_config(**train):
@@ -50,6 +50,11 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(straight, "metrics.jsonl"))]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert all({"loss", "lr", "tokens_per_s", "grad_norm"} <= set(r) for r in rows if "loss" in r)
+    # The logged lr is the one step s's update applied: optax's schedule at the count of
+    # updates before it (s - 1), so 0.0 for step 1 during warm-up. Exact (same float32 value).
+    schedule = learning_rate_schedule(tiny_config().train)
+    assert [r["lr"] for r in rows if "loss" in r] == [float(schedule(s - 1)) for s in range(1, 5)]
+    assert rows[0]["lr"] == 0.0
     assert glob.glob(os.path.join(straight, "tensorboard", "events.out.tfevents.*"))
     final = json.load(open(os.path.join(straight, "final_metrics.json")))
     assert {"heldout_ppl", "unigram_ppl", "step", "tokens_seen"} <= set(final)
@@ -71,18 +76,59 @@ def test_gradient_accumulation_equals_the_full_batch():
         ts.make_train_step(model, opt, 3)(state, batch)
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def all_checkpoints(workdir, config):
+    """{step: state} of every checkpoint in `workdir`."""
+    model = factory.build_model(config.model)
+    opt = make_optimizer(config.train, model.weight_decay_mask)
+    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
+    with Checkpointer(workdir, keep=None, async_save=False, cleanup_tmp=False) as ckpt:
+        return {s: ckpt.restore(abstract, s)[1] for s in ckpt.all_steps()}
+
+
+def test_non_finite_step_is_never_checkpointed(tmp_path):
     workdir = str(tmp_path)
-    # A huge learning rate drives the weights to inf after the first steps; the loss turns NaN.
+    # A huge learning rate drives the weights to inf within a few steps (the loss of the
+    # step that does it is still finite: it is computed before the update). Sharded step:
+    # the tests' 8 CPU devices make a data=8 mesh; metrics are read one step late.
     config = tiny_config(
-        steps=50, checkpoint_every=1, learning_rate=1e30, warmup_steps=0, grad_clip=1e30
+        steps=50,
+        checkpoint_every=1,
+        keep_checkpoints=100,
+        learning_rate=1e30,
+        warmup_steps=0,
+        grad_clip=1e30,
     )
-    with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step (\d+); stopped") as err:
+    pattern = r"step (\d+) is not finite .*stopped without applying it; newest checkpoint"
+    with pytest.raises(TrainingError, match=pattern) as err:
         train_and_evaluate(config, workdir)
-    bad_step = int(str(err.value).split("at step ")[1].split(";")[0])
-    with Checkpointer(workdir, cleanup_tmp=False) as ckpt:
-        assert ckpt.latest_step() == bad_step - 1
-    assert f"step {bad_step - 1}" in str(err.value)
+    bad_step = int(str(err.value).split("step ")[1].split()[0])
+    assert "\n" not in str(err.value)
+    assert f"checkpoint (all values finite): step {bad_step - 1} in " in str(err.value)
+    saved = all_checkpoints(workdir, config)
+    assert sorted(saved) == list(range(1, bad_step))
+    for step, state in saved.items():
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+            assert np.isfinite(np.asarray(leaf)).all(), (step, jax.tree_util.keystr(path))
+
+
+def test_plain_step_returns_the_previous_state_when_not_finite():
+    config = tiny_config(learning_rate=1e30, warmup_steps=0, grad_clip=1e30)
+    model = factory.build_model(config.model)
+    opt = make_optimizer(config.train, model.weight_decay_mask)
+    step = jax.jit(ts.make_train_step(model, opt))
+    state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
+    batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
+    for _ in range(5):
+        new, metrics = step(state, batch)
+        if not bool(metrics[ts.FINITE]):
+            break
+        assert int(new.step) == int(state.step) + 1
+        state = new
+    else:
+        pytest.fail("a 1e30 learning rate never produced a non-finite step")
+    # The rejected step changed nothing: every leaf (step counter, opt state, rng) as before.
+    chex.assert_trees_all_equal(new, state)
+    assert ts.all_finite(new)
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
@@ -96,3 +142,79 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     final = train_and_evaluate(tiny_config(steps=6), workdir)
     assert final["step"] == 6
     assert "checkpoint step 4 unreadable" in caplog.text
+
+
+def test_no_heldout_set_trains_and_says_so(tmp_path):
+    # Periodic evaluation asked for, but heldout_fraction=0 keeps nothing to evaluate on.
+    config = tiny_config(steps=2, eval_every=1, checkpoint_every=1)
+    config.data.heldout_fraction = 0.0
+    final = train_and_evaluate(config, str(tmp_path))
+    on_disk = json.load(open(tmp_path / "final_metrics.json"))
+    assert final == on_disk
+    assert on_disk == {
+        "step": 2,
+        "tokens_seen": 2 * 8 * 32,
+        "heldout_tokens": 0,
+        "heldout": "none kept (data.heldout_fraction=0)",
+    }
+
+
+MATH_FREE = {
+    "model.loss_chunk": 16,
+    "model.scan_impl": "fused",
+    "model.remat_segment": 16,
+    "model.compute_dtype": "bfloat16",
+    "train.log_every": 2,
+    "train.eval_every": 2,
+    "train.eval_batches": 1,
+    "train.checkpoint_every": 1,
+}
+
+
+@pytest.mark.parametrize("field", sorted(f for f in MATH_FREE if f.startswith("model.")))
+def test_math_free_model_field_is_no_model_difference(field):
+    saved = tiny_config().model.to_dict()
+    changed = dict(saved, **{field.split(".")[1]: MATH_FREE[field]})
+    assert saved != changed and model_difference(saved, changed) is None
+
+
+def test_resume_with_every_math_free_field_changed(tmp_path):
+    workdir = str(tmp_path)
+    train_and_evaluate(tiny_config(steps=2), workdir)
+    config = tiny_config(steps=3)
+    for field, value in MATH_FREE.items():
+        block, name = field.split(".")
+        config[block][name] = value
+    assert train_and_evaluate(config, workdir)["step"] == 3
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("d_model", 32, "d_model 64 (checkpoint) != 32 (config)"),
+        ("vocab_size", 256, "vocab_size 512 (checkpoint) != 256 (config)"),
+        ("family", "gdn", "family gpn (checkpoint) != gdn (config)"),
+    ],
+)
+def test_model_difference_names_the_field(field, value, expected):
+    saved = tiny_config().model.to_dict()
+    assert model_difference(saved, dict(saved, **{field: value})).startswith(expected)
+
+
+def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(tmp_path, monkeypatch):
+    workdir = str(tmp_path)
+    train_and_evaluate(tiny_config(steps=2), workdir)
+
+    def no_array_read(*args, **kwargs):
+        raise AssertionError("arrays were read before the config was compared")
+
+    monkeypatch.setattr(Checkpointer, "restore", no_array_read)
+    config = tiny_config(steps=3)
+    config.model.d_model = 32
+    with pytest.raises(TrainingError) as err:
+        train_and_evaluate(config, workdir)
+    assert str(err.value) == (
+        f"checkpoint in {tmp_path / 'checkpoints'} is of another model: "
+        "d_model 64 (checkpoint) != 32 (config); use a fresh --workdir"
+    )
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]

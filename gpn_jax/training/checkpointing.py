@@ -17,9 +17,13 @@ deleted files) is only found when reading, which `restore_latest_good` handles.
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -57,6 +61,42 @@ class _ReadOnlyNoticeFilter(logging.Filter):
 
 _READ_ONLY_FILTER = _ReadOnlyNoticeFilter()
 
+
+class _BackgroundFailureFilter(logging.Filter):
+    """Drops the tracebacks orbax logs for a failed save or read (one per failed thread,
+    commit callback and asyncio task, through absl and asyncio's loggers): `Checkpointer`
+    re-raises the same error as one `CheckpointError` line naming the step and the path, so
+    these would only repeat it, hundreds of lines long. Records without a traceback, and
+    every record not about orbax, pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.exc_info:
+            return True
+        return not ("/orbax/" in record.pathname or "orbax" in record.getMessage())
+
+
+_FAILURE_FILTER = _BackgroundFailureFilter()
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed tensorstore read or write, its C++ threads still call back into the
+    asyncio loop orbax already closed; each such call prints an 'Event loop is closed'
+    traceback through `sys.unraisablehook`. They are harmless (the operation is over and
+    its error was raised), so only those are dropped; every other unraisable is passed on."""
+    if getattr(sys.unraisablehook, "_gpn_jax", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._gpn_jax = True
+    sys.unraisablehook = hook
+
+
 _JSON_ITEMS = ("data", "config", "meta")
 
 
@@ -87,12 +127,12 @@ def _prepare_directory(workdir: str | os.PathLike) -> str:
     return directory
 
 
-def _remove_unfinished(directory: str) -> None:
-    """Deletes tmp dirs left by killed saves (orbax never lists them as steps)."""
+def _remove_unfinished(directory: str, level: int = logging.WARNING) -> None:
+    """Deletes tmp dirs left by killed or failed saves (orbax never lists them as steps)."""
     if jax.process_index() != 0:
         return
     for tmp in ocp.path.step.all_temporary_paths(directory):
-        log.warning("removing unfinished checkpoint %s (interrupted save)", tmp.get())
+        log.log(level, "removing unfinished checkpoint %s (interrupted save)", tmp.get())
         tmp.get().rmtree()
 
 
@@ -190,6 +230,11 @@ class Checkpointer:
             # `cleanup_tmp_directories` thread, so it cannot race restore/close.
             _remove_unfinished(self.directory)
         self.best_metric = best_metric
+        self._in_flight: int | None = None  # step of the async save not yet known written
+        self._write_failed = False
+        for name in ("absl", "asyncio"):  # orbax logs through absl; its tasks through asyncio
+            logging.getLogger(name).addFilter(_FAILURE_FILTER)
+        _quiet_closed_loop_callbacks()
         self._track_best = keep_best is not None
         if self._track_best:
             logging.getLogger("absl").addFilter(_UNRANKED_FILTER)  # orbax logs through absl
@@ -239,7 +284,12 @@ class Checkpointer:
         metrics = _json_safe(metrics)
         # Steps lacking the metric are not ranked (orbax treats None as "none").
         ranked = metrics if self._track_best and self.best_metric in metrics else None
-        started = bool(self._mngr.save(step, args=args, metrics=ranked, force=force))
+        self.wait_until_finished()  # a failure of the previous async save names its own step
+        try:
+            started = bool(self._mngr.save(step, args=args, metrics=ranked, force=force))
+        except Exception as e:  # noqa: BLE001 - any failed write becomes one line
+            raise self._write_error(step, e) from None
+        self._in_flight = step if started else None
         latest = self.latest_step()
         if not started and latest is not None and latest >= step:
             # orbax never saves at or behind its newest step; say so loudly.
@@ -275,33 +325,42 @@ class Checkpointer:
         return step, out["state"], out["data"], out["config"], out["meta"]
 
     def restore_latest_good(
-        self, target: Any, quarantine: bool = False
+        self,
+        target: Any,
+        quarantine: bool = False,
+        check_config: Callable[[dict], None] | None = None,
     ) -> tuple[int, Any, dict, dict, dict]:
-        """Restores the newest step that reads cleanly, warning on each bad one.
+        """Restores the newest step that reads cleanly, warning on each damaged one.
+
+        Only damage is skipped: a step missing a part orbax writes (commit marker, metadata,
+        an item) or whose read fails with a data error (truncated, missing or garbled array
+        file, unparsable JSON; see `_is_damage`). Any other error (permissions, a transient
+        I/O error, a bug) stops here with a one-line CheckpointError and nothing is moved.
 
         Args:
             target: As for `restore`.
-            quarantine: Rename unreadable steps newer than the restored one to
-                `<step>.unreadable-<n>` (kept for inspection, invisible to
-                orbax). A resuming trainer wants this, or orbax refuses to
-                save those steps again; readers should leave it False.
+            quarantine: Rename damaged steps newer than the restored one to
+                `<step>.unreadable-<n>` (kept for inspection, invisible to orbax; each
+                rename is logged). A resuming trainer wants this, or orbax refuses to save
+                those steps again; readers should leave it False.
+            check_config: Called with a step's JSON config before its arrays are read (e.g.
+                to reject a checkpoint of another model); its exceptions propagate.
 
         Returns:
             As for `restore`.
 
         Raises:
-            CheckpointError: If no step could be restored.
+            CheckpointError: If no step could be restored, or a read failed for a reason
+                other than damage.
         """
         self.wait_until_finished()
         failures, bad = [], []
         for step in sorted(self.all_steps(), reverse=True):
             try:
-                restored = self.restore(target, step)
-            # Broad on purpose: tensorstore/orbax/json raise many error types.
-            except Exception as e:  # noqa: BLE001
-                reason = _one_line(e)
-                log.warning("checkpoint step %d unreadable, falling back: %s", step, reason)
-                failures.append(f"step {step}: {reason}")
+                restored = self._restore_checked(target, step, check_config)
+            except _Damaged as e:
+                log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
+                failures.append(f"step {step}: {e}")
                 bad.append(step)
                 continue
             if quarantine and bad:
@@ -309,6 +368,38 @@ class Checkpointer:
             return restored
         detail = "; ".join(failures) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
+
+    def _restore_checked(self, target: Any, step: int, check_config) -> tuple:
+        """`restore(target, step)` after the completeness and config checks; raises _Damaged
+        for damage, CheckpointError for any other read failure."""
+        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
+        if missing:
+            raise _Damaged(f"incomplete (missing {', '.join(missing)})")
+        try:
+            config = self.read_config(step)
+        except Exception as e:  # noqa: BLE001 - sorted into damage / not below
+            raise self._read_failure(step, e) from None
+        if check_config is not None:
+            check_config(config)
+        try:
+            return self.restore(target, step)
+        except Exception as e:  # noqa: BLE001
+            raise self._read_failure(step, e) from None
+
+    def _read_failure(self, step: int, e: BaseException) -> Exception:
+        if _is_damage(e):
+            return _Damaged(_one_line(e))
+        return CheckpointError(
+            f"cannot read checkpoint step {step} in {self.directory}: {_one_line(e)}; "
+            "not a sign of damage, so the run stops and every step directory stays where it is"
+        )
+
+    def _step_path(self, step: int) -> epath.Path:
+        return epath.Path(self.directory) / str(step)
+
+    def read_config(self, step: int) -> dict:
+        """The JSON `config` item of `step`, read without touching any array."""
+        return json.loads((self._step_path(step) / "config" / _JSON_FILE).read_text())
 
     def _quarantine(self, steps: list[int]) -> None:
         """Moves step dirs aside under names orbax does not parse as steps."""
@@ -340,18 +431,115 @@ class Checkpointer:
         self._mngr.reload()
 
     def wait_until_finished(self) -> None:
-        """Blocks until pending async saves (and old-step deletion) finish."""
-        self._mngr.wait_until_finished()
+        """Blocks until pending async saves (and old-step deletion) finish.
+
+        Raises:
+            CheckpointError: One line naming the step and path, if the pending save failed
+                (raised once; the manager is unusable afterwards).
+        """
+        if self._write_failed:
+            return
+        try:
+            self._mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - any failed write becomes one line
+            raise self._write_error(self._in_flight, e) from None
+        self._in_flight = None
 
     def close(self) -> None:
         """Waits for pending saves and releases orbax resources."""
-        self._mngr.close()
+        if self._write_failed:
+            try:  # orbax re-raises the failed save's error on every wait; reported already
+                self._mngr.close()
+            except Exception:  # noqa: BLE001
+                log.info("closing after a failed save", exc_info=True)
+            return
+        try:
+            self._mngr.close()
+        except Exception as e:  # noqa: BLE001
+            raise self._write_error(self._in_flight, e) from None
+
+    def _write_error(self, step: int | None, e: BaseException) -> CheckpointError:
+        """One-line CheckpointError for a failed save; removes its unfinished files.
+
+        orbax writes a step under `<step>.orbax-checkpoint-tmp` and renames it only when every
+        item is committed, so a failed save is never listed as a step; its files are deleted
+        here to give back the space (and said so in the message, not in a second log line).
+        """
+        self._write_failed = True
+        where = os.path.join(self.directory, str(step) if step is not None else "")
+        try:
+            _remove_unfinished(self.directory, level=logging.INFO)
+            removed = "its unfinished files were removed"
+        except OSError as rm:
+            removed = f"its unfinished files could not be removed ({rm.strerror or rm})"
+        latest = self._mngr.latest_step()
+        kept = (
+            f"newest complete checkpoint: step {latest}"
+            if latest is not None
+            else "no complete checkpoint"
+        )
+        return CheckpointError(
+            f"cannot write checkpoint step {step} to {where}: {_write_reason(e)}; {removed}; {kept}"
+        )
 
     def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Damaged(Exception):
+    """A step that is provably incomplete or corrupt (skipped by `restore_latest_good`)."""
+
+
+# What a finalized orbax step of this layout always holds; any missing means an incomplete
+# step (orbax itself only checks the commit marker on object stores).
+_JSON_FILE = "metadata"  # where JsonCheckpointHandler keeps an item's JSON
+_REQUIRED_PARTS = (
+    "_CHECKPOINT_METADATA",
+    "commit_success.txt",
+    "state/_METADATA",
+    "state/manifest.ocdbt",
+    *(f"{item}/{_JSON_FILE}" for item in _JSON_ITEMS),
+)
+# tensorstore status codes of a read that found damaged or missing data. Others
+# (PERMISSION_DENIED, UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN, ...) are
+# not evidence about the checkpoint and stop the run instead.
+_DAMAGE_CODES = ("DATA_LOSS:", "NOT_FOUND:", "OUT_OF_RANGE:")
+
+
+def _is_damage(e: BaseException) -> bool:
+    """True for errors that prove the step's files are incomplete or corrupt.
+
+    tensorstore raises ValueError('<CODE>: ...'): a truncated array file is OUT_OF_RANGE, a
+    deleted one NOT_FOUND, a garbled manifest DATA_LOSS (measured with orbax 0.12 /
+    tensorstore 0.1.86). orbax raises KeyError for a missing item, json a JSONDecodeError for
+    an unparsable one. A PermissionError or other OSError is not damage.
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, json.JSONDecodeError | FileNotFoundError):
+            return True
+        if isinstance(e, KeyError) and "was not found in the checkpoint" in str(e):
+            return True
+        if isinstance(e, ValueError) and str(e).startswith(_DAMAGE_CODES):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _write_reason(e: BaseException) -> str:
+    """The OS reason of a failed write ('File too large (EFBIG)'), else the error in one line.
+
+    tensorstore reports OS errors inside a ValueError as `[os_error_code='27']`."""
+    code = getattr(e, "errno", None)
+    found = re.search(r"os_error_code='?(\d+)", str(e))
+    code = int(found.group(1)) if code is None and found else code
+    if code in errno.errorcode:
+        return f"{os.strerror(code)} ({errno.errorcode[code]})"
+    return _one_line(e)
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:

@@ -2,8 +2,9 @@
 
 Rerunning it on a workdir that holds a checkpoint resumes from the newest readable one
 (bit-identical to an uninterrupted run: parameters, optimiser state, RNG and the data
-iterator position are all restored). SIGTERM saves and returns; a NaN/Inf loss stops the
-run before anything non-finite is saved.
+iterator position are all restored). SIGTERM saves and returns. A step that is not finite
+is not applied (the jitted step keeps the previous state) and stops the run, so nothing
+non-finite is ever saved. The config is validated (`validate`) before any work.
 """
 
 import json
@@ -24,7 +25,7 @@ from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
-from gpn_jax.training import init_from, paths
+from gpn_jax.training import init_from, paths, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
@@ -32,9 +33,34 @@ from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 FINAL_METRICS = "final_metrics.json"
 
+# Model fields that change how the math is computed, never its result or the parameters:
+# they may change when a run resumes.
+MATH_FREE_MODEL_FIELDS = frozenset(
+    {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype"}
+)
+_MISSING = "(absent)"
+
 
 class TrainingError(RuntimeError):
     """The run cannot continue (diverged, or inconsistent with its workdir)."""
+
+
+def model_difference(saved: dict, current: dict) -> str | None:
+    """'d_model 64 (checkpoint) != 32 (config)' for the first model field that differs
+    (math-free fields excepted), or None. An empty `saved` (no model block) is no evidence."""
+    if not saved:
+        return None
+    fields = [*current, *(k for k in saved if k not in current)]
+    differ = [
+        k
+        for k in fields
+        if k not in MATH_FREE_MODEL_FIELDS and saved.get(k, _MISSING) != current.get(k, _MISSING)
+    ]
+    if not differ:
+        return None
+    k, more = differ[0], len(differ) - 1
+    tail = f" (and {more} more field(s))" if more else ""
+    return f"{k} {saved.get(k, _MISSING)} (checkpoint) != {current.get(k, _MISSING)} (config){tail}"
 
 
 def prepare_workdir(workdir: str) -> str:
@@ -171,6 +197,9 @@ class _Run:
     """The state of one training run; methods are the phases of `train_and_evaluate`."""
 
     def __init__(self, config, workdir: str):
+        # Before anything is built: a bad field is one line, not a traceback after the work.
+        data, fsdp, _ = meshlib.mesh_shape(config.mesh, jax.device_count())
+        validate.check_config(config, data_parallel=data * fsdp)
         self.config, self.workdir = config, prepare_workdir(workdir)
         self.model = factory.build_model(config.model)
         check_config(config, self.model)
@@ -203,10 +232,9 @@ class _Run:
                 abstract,
                 self.state_sharding,
             )
-            step, state, data_state, saved_config, _ = self.ckpt.restore_latest_good(
-                target, quarantine=True
+            step, state, data_state, _, _ = self.ckpt.restore_latest_good(
+                target, quarantine=True, check_config=self._check_same_model
             )
-            self._check_same_model(saved_config)
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
             print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
@@ -218,14 +246,19 @@ class _Run:
         self.data = _build_data(self.config, self.workdir, data_state)
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
+        t = self.config.train
+        # heldout_fraction=0 keeps no held-out set: train, skip every evaluation.
+        self.has_heldout = len(self.data.heldout) >= t.batch_size * t.seq_len
         return self
 
     def _check_same_model(self, saved_config: dict) -> None:
-        saved = saved_config.get("model", {})
+        """Called with a checkpoint's config before its arrays are read: another model is
+        reported as such (one line), not as an unreadable checkpoint."""
         current = json.loads(json.dumps(self.config.model.to_dict()))
-        if saved and saved != current:
+        differ = model_difference(saved_config.get("model", {}), current)
+        if differ:
             raise TrainingError(
-                f"the checkpoint in {self.ckpt.directory} is of another model ({saved}); "
+                f"checkpoint in {self.ckpt.directory} is of another model: {differ}; "
                 "use a fresh --workdir"
             )
 
@@ -267,12 +300,24 @@ class _Run:
 
 
 def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
+    """Host copy of a step's metrics; stops the run if the step was rejected as non-finite.
+
+    The jitted step already kept the previous state (`train_step.keep_if_finite`), so every
+    checkpoint, saved before or after, holds finite values only.
+    """
     host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not math.isfinite(host["loss"]):
+    finite = host.pop(ts.FINITE, 1.0)
+    if not finite or not math.isfinite(host["loss"]):
         ckpt.wait_until_finished()
+        latest = ckpt.latest_step()
+        kept = (
+            f"newest checkpoint (all values finite): step {latest} in {ckpt.directory}"
+            if latest is not None
+            else "no checkpoint was saved"
+        )
         raise TrainingError(
-            f"loss is {host['loss']} at step {step}; stopped. "
-            f"The last good checkpoint (step {ckpt.latest_step()}) is kept"
+            f"step {step} is not finite (loss {host['loss']}, grad norm {host['grad_norm']}); "
+            f"stopped without applying it; {kept}"
         )
     return host
 
@@ -296,7 +341,8 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         elapsed = time.perf_counter() - window_start
         row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
         row |= {
-            "lr": float(run.schedule(s)),
+            # Step s's update used schedule(s - 1): optax counts the updates done before it.
+            "lr": float(run.schedule(s - 1)),
             "tokens_per_s": len(window) * run.tokens_per_step / elapsed,
         }
         run.writer.write(s, row)
@@ -312,7 +358,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
             settle(pending)
         pending = (step, metrics)
         boundary = step == t.steps or step % t.checkpoint_every == 0
-        evaluating = t.eval_every and step % t.eval_every == 0
+        evaluating = run.has_heldout and t.eval_every and step % t.eval_every == 0
         if boundary or evaluating:
             settle(pending)
             pending = None
@@ -377,24 +423,30 @@ def _metric_writer(run: _Run) -> MetricWriter:
 
 
 def _finish(run: _Run, step: int) -> dict:
-    ev = run.evaluate(run.config.train.get("final_eval_batches", 0))
-    final = {
-        "heldout_ppl": ev["ppl"],
-        "heldout_loss": ev["loss"],
-        "unigram_ppl": unigram_ppl(run.data.unigram_counts, ev["tokens"]),
-        "heldout_tokens": int(ev["tokens"].size),
-        "step": step,
-        "tokens_seen": step * run.tokens_per_step,
-    }
-    run.save_once(step, {"heldout_loss": ev["loss"]})
+    final = {"step": step, "tokens_seen": step * run.tokens_per_step}
+    if run.has_heldout:
+        ev = run.evaluate(run.config.train.get("final_eval_batches", 0))
+        final = {
+            "heldout_ppl": ev["ppl"],
+            "heldout_loss": ev["loss"],
+            "unigram_ppl": unigram_ppl(run.data.unigram_counts, ev["tokens"]),
+            "heldout_tokens": int(ev["tokens"].size),
+            **final,
+        }
+        run.save_once(step, {"heldout_loss": ev["loss"]})
+        summary = (
+            f"held-out PPL {final['heldout_ppl']:.2f} vs unigram PPL "
+            f"{final['unigram_ppl']:.2f} ({final['heldout_tokens']:,} held-out tokens)"
+        )
+    else:
+        final |= {"heldout_tokens": 0, "heldout": "none kept (data.heldout_fraction=0)"}
+        run.save_once(step)
+        summary = "no held-out set was kept (data.heldout_fraction=0), so no held-out PPL"
     if run.is_lead:
         paths.write_bytes(
             paths.join(run.workdir, FINAL_METRICS), json.dumps(final, indent=2).encode()
         )
-        print(
-            f"step {step}: held-out PPL {final['heldout_ppl']:.2f} vs unigram PPL "
-            f"{final['unigram_ppl']:.2f} ({final['heldout_tokens']:,} held-out tokens)"
-        )
+        print(f"step {step}: {summary}")
     return final
 
 

@@ -4,6 +4,9 @@
 batch (B, T) is split into `grad_accum` micro-batches scanned inside the step, so one call
 is still one optimiser step, the loss is the mean over the whole batch, and the gradient is
 exactly the full-batch gradient (equal-size micro-batches).
+
+A step whose loss, gradient norm or updated state is not finite returns the previous state
+unchanged, with `metrics['finite']` False (see `keep_if_finite`); the loop then stops.
 """
 
 from typing import NamedTuple
@@ -51,6 +54,29 @@ def accumulated_value_and_grad(loss_fn, params, batch_BxT: Array, grad_accum: in
     return jax.tree.map(lambda x: x / grad_accum, total)
 
 
+FINITE = "finite"  # metrics key: False when the step was rejected (see `keep_if_finite`)
+
+
+def all_finite(tree) -> Array:
+    """True iff every floating-point element of `tree` is finite (integer leaves always are)."""
+    flags = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
+def keep_if_finite(finite: Array, new: TrainState, old: TrainState) -> TrainState:
+    """`new` if `finite`, else `old` unchanged (step counter included).
+
+    Selected inside the jitted step, so a non-finite value never enters the state the loop
+    holds: whatever a later (possibly asynchronous) checkpoint writes is finite by
+    construction. The loop reads `metrics['finite']` and stops the run.
+    """
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
 def make_train_step(model, optimizer: optax.GradientTransformation, grad_accum: int = 1):
     """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
 
@@ -63,8 +89,11 @@ def make_train_step(model, optimizer: optax.GradientTransformation, grad_accum: 
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         rng, _ = jax.random.split(state.rng)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
-        return TrainState(state.step + 1, params, opt_state, rng), metrics
+        grad_norm = optax.global_norm(grads)
+        new = TrainState(state.step + 1, params, opt_state, rng)
+        finite = all_finite((loss, grad_norm, new))
+        metrics = {"loss": loss, "grad_norm": grad_norm, FINITE: finite}
+        return keep_if_finite(finite, new, state), metrics
 
     return train_step
 

@@ -1,0 +1,90 @@
+"""gpn_jax.training.validate: every size field of every model family, and the train block."""
+
+import dataclasses
+import importlib
+
+import pytest
+
+from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny
+from gpn_jax.models.factory import FAMILIES
+from gpn_jax.training import validate
+
+TINY = {"gpn": gpn_m_tiny, "transformer": transformer_tiny, "gdn": gdn_tiny}
+
+
+def int_fields(family):
+    module, _, config_cls = FAMILIES[family]
+    cls = getattr(importlib.import_module(module), config_cls)
+    return [f.name for f in dataclasses.fields(cls) if f.type in (int, "int")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_int_field_of_every_family_is_checked(family):
+    assert {"vocab_size", "d_model"} <= set(int_fields(family)) <= set(validate.MODEL_MINIMUM)
+    config = TINY[family].get_config()
+    validate.check_config(config)  # the tiny config itself is valid
+    for field in int_fields(family):
+        bad = TINY[family].get_config()
+        bad.model[field] = validate.MODEL_MINIMUM[field] - 1
+        with pytest.raises(ValueError, match=rf"^config\.model\.{field} must be ") as err:
+            validate.check_config(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_gpn_without_memory_allows_zero_heads():
+    c = gpn_m_tiny.get_config()
+    c.model.update(dict(memory=False, n_heads=0, d_key=0, d_value=0))
+    validate.check_config(c)
+
+
+@pytest.mark.parametrize("field", sorted(validate.TRAIN_MINIMUM))
+def test_train_fields_below_minimum(field):
+    c = gpn_m_tiny.get_config()
+    c.train[field] = validate.TRAIN_MINIMUM[field] - 1
+    with pytest.raises(ValueError, match=rf"^config\.train\.{field} must be an? "):
+        validate.check_config(c)
+
+
+def test_batch_must_split_over_accumulation_and_data_parallel_devices():
+    c = gpn_m_tiny.get_config()
+    c.train.batch_size = 4
+    validate.check_config(c, data_parallel=4)
+    with pytest.raises(ValueError, match=r"= 1 x 8, got 4$"):
+        validate.check_config(c, data_parallel=8)
+    c.train.grad_accum = 3
+    with pytest.raises(ValueError, match=r"grad_accum \(3\), got 4$"):
+        validate.check_config(c)
+
+
+@pytest.mark.parametrize(
+    "eval_every, checkpoint_every, steps, ok",
+    [
+        (10, 10, 20, True),
+        (5, 10, 20, True),
+        (20, 10, 20, True),
+        (3, 7, 20, False),  # evaluations at 3, 6, ..., 18; checkpoints at 7, 14, 20
+        (3, 7, 21, True),  # ... and 21, the final step, is both
+        (30, 10, 20, True),  # no periodic evaluation at all: nothing to rank
+        (0, 10, 20, True),
+    ],
+)
+def test_keep_best_needs_an_evaluation_on_a_checkpoint_step(
+    eval_every, checkpoint_every, steps, ok
+):
+    c = gpn_m_tiny.get_config()
+    c.train.update(dict(eval_every=eval_every, checkpoint_every=checkpoint_every, steps=steps))
+    if ok:
+        validate.check_config(c)
+    else:
+        with pytest.raises(ValueError, match="keep_best=1 needs an evaluation on a checkpoint"):
+            validate.check_config(c)
+    c.train.keep_best = 0
+    validate.check_config(c)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0])
+def test_heldout_fraction_range(fraction):
+    c = gpn_m_tiny.get_config()
+    c.data.heldout_fraction = fraction
+    with pytest.raises(ValueError, match=r"heldout_fraction must be in \[0, 1\)"):
+        validate.check_config(c)
