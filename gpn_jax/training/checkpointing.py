@@ -466,7 +466,7 @@ class Checkpointer:
         here to give back the space (and said so in the message, not in a second log line).
         """
         self._write_failed = True
-        where = os.path.join(self.directory, str(step) if step is not None else "")
+        where = paths.join(self.directory, str(step) if step is not None else "")
         try:
             _remove_unfinished(self.directory, level=logging.INFO)
             removed = "its unfinished files were removed"
