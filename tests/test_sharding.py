@@ -68,9 +68,7 @@ def test_rules_shard_params_and_follow_them_into_the_optimiser_state():
     model = factory.build_model(MODELS["gpn_m"])
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     state = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    specs = shardlib.tree_specs(
-        state, make_mesh((2, 2, 2)), sizes=shardlib.model_sizes(model.config)
-    )
+    specs = shardlib.tree_specs(state, make_mesh((2, 2, 2)), shardlib.layout_of(model))
     p = specs.params
     assert p["layer_0"]["w1"] == p["layer_0"]["w3"] == P("fsdp", "tensor")  # column-parallel
     assert p["layer_0"]["w2"] == P("tensor", "fsdp")  # row-parallel
@@ -89,9 +87,9 @@ def test_specs_drop_axes_that_do_not_divide():
     mesh_shape = {"data": 1, "fsdp": 4, "tensor": 2}
     # 3 heads cannot split over tensor=2, even though 3 * 4 = 12 columns could.
     sizes = {"heads": 3, "ffn": 32, "vocab": 64}
-    assert shardlib.spec_for("layer_0/wq", (16, 12), mesh_shape, sizes=sizes) == P("fsdp")
-    assert shardlib.spec_for("layer_0/w1", (16, 64), mesh_shape, sizes=sizes) == P("fsdp", "tensor")
-    assert shardlib.spec_for("embed", (63, 8), mesh_shape, sizes=sizes) == P(None, "fsdp")
+    assert shardlib.fit_spec(("embed", "heads"), (16, 12), mesh_shape, sizes) == P("fsdp")
+    assert shardlib.fit_spec(("embed", "ffn"), (16, 64), mesh_shape, sizes) == P("fsdp", "tensor")
+    assert shardlib.fit_spec(("vocab", "embed"), (63, 8), mesh_shape, sizes) == P(None, "fsdp")
     # unmatched matrices: fsdp on the first divisible dimension; vectors replicated
     assert shardlib.spec_for("x/unknown", (3, 8), mesh_shape) == P(None, "fsdp")
     assert shardlib.spec_for("x/unknown", (8,), mesh_shape) == P()
@@ -135,7 +133,7 @@ def _sharded(name, shape):
     """Loss and gradients on `shape`, and the optimised HLO of that computation."""
     model, params, tokens, _ = _problem(name)
     mesh = make_mesh(shape)
-    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     sharded = spmd.ShardedModel(model, mesh)
     batch = meshlib.batch_sharding(mesh)
     with jax.set_mesh(mesh):
@@ -200,7 +198,7 @@ def test_eval_token_losses_match_one_device():
     model, params, tokens, _ = _problem("gpn_m")
     ref, _ = jax.jit(model.token_losses)(params, tokens)
     mesh = make_mesh((2, 2, 2))
-    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     sharded = spmd.ShardedModel(model, mesh)
     with jax.set_mesh(mesh):
         ce, _ = jax.jit(sharded.token_losses)(

@@ -14,7 +14,7 @@ rule (chunk 64); decoding the recurrent form. Forward FLOPs per token at T=2048:
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

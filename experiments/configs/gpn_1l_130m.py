@@ -10,7 +10,7 @@ d_ffn=8320 so the model lands at 129,234,848 parameters (-0.6 % of 130M;
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

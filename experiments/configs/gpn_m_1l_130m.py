@@ -10,7 +10,7 @@ Paper result (FineWeb-Edu, 10k steps of 128 x 2048): held-out PPL 18.06; LAMBADA
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

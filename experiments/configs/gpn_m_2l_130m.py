@@ -11,7 +11,7 @@ windows of 512 with the carry passed between consecutive windows of the same seq
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -11,7 +11,7 @@ tied embeddings, RoPE, no biases: 128,994,048 parameters (GPN+M 1L: 129,151,902,
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -10,11 +10,26 @@ import time
 
 import jax
 
-from experiments.configs import common as recipe
 from gpn_jax.benchmarks import common
+from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.training.optimizer import make_optimizer
 from gpn_jax.training.train_step import init_train_state, make_train_step
+
+
+def _time(one, spec: dict) -> tuple[list, tuple, float]:
+    """(times of `spec['steps']` steps after the warm-up, peak memory, the loss of one more
+    step); then one profiled step when `spec['profile_dir']` is set."""
+    for _ in range(spec.get("warmup", 1)):
+        one()
+    times = common.time_calls(one, spec["steps"])
+    mem = common.peak_memory_bytes()
+    loss = float(one())
+    if spec.get("profile_dir"):
+        os.makedirs(spec["profile_dir"], exist_ok=True)
+        with jax.profiler.trace(spec["profile_dir"]):
+            jax.block_until_ready(one())
+    return times, mem, loss
 
 
 def run(spec: dict) -> dict:
@@ -44,17 +59,7 @@ def run(spec: dict) -> dict:
         holder["state"], metrics = compiled(holder["state"], tokens)
         return metrics["loss"]
 
-    for _ in range(spec.get("warmup", 1)):
-        loss = one()
-    times = common.time_calls(one, spec["steps"])
-    mem, mem_kind = common.peak_memory_bytes()
-    loss = float(one())
-
-    if spec.get("profile_dir"):
-        os.makedirs(spec["profile_dir"], exist_ok=True)
-        with jax.profiler.trace(spec["profile_dir"]):
-            jax.block_until_ready(one())
-
+    times, (mem, mem_kind), loss = _time(one, spec)
     flops_tok = model.flops_per_token(T)["train"]
     step_s = common.median(times)
     return {

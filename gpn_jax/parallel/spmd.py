@@ -18,8 +18,8 @@ would), the backward pass only scales the reduced gradient by the cotangent. So
 `jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0])` - the unmodified train step - gets
 the exact full-batch gradient, and no per-token collective over the batch axes exists.
 
-The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_RULES`
-(d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
+The tensor axis stays automatic: parameters arrive split per their declared logical axes
+and `sharding.DEFAULT_RULES` (d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
 reductions. The model is written so that these are Megatron-style: SwiGLU gate and up are
 separate column-parallel matrices (`core.mlp`) and the memory read applies its norm's
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
@@ -54,24 +54,19 @@ def _manual_only(spec: P) -> P:
 class ShardedModel:
     """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
 
-    Every other attribute is the wrapped model's. The parameters' storage specs come from
-    `rules` (None: `sharding.DEFAULT_RULES`; see `sharding.tree_specs`); only their `fsdp`
-    entries matter here. The gradient of `loss` accumulates over `grad_accum` local
-    micro-batches (see the module doc).
+    Every other attribute is the wrapped model's. The parameters' storage specs come from the
+    model's declared logical axes through `rules` (None: `sharding.DEFAULT_RULES`; see
+    `sharding.tree_specs`); only their `fsdp` entries matter here. The model may refuse the
+    mesh (`model.check_sharding`, e.g. GPN's fused window under tensor parallelism). The
+    gradient of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
     """
 
     def __init__(self, model, mesh, rules=None, grad_accum: int = 1):
-        if getattr(model.config, "scan_impl", None) == "fused" and mesh.shape[shlib.TENSOR] > 1:
-            # The fused window concatenates projections that `tensor` splits differently, so
-            # XLA would reshard them inside the scan (per token). data / fsdp meshes are fine.
-            raise ValueError(
-                f"scan_impl='fused' does not support tensor parallelism (mesh tensor = "
-                f"{mesh.shape[shlib.TENSOR]}); use --config.model.scan_impl=autodiff"
-            )
         self.model, self.mesh = model, mesh
         self.rules = shlib.DEFAULT_RULES if rules is None else rules
+        model.check_sharding(shlib.split_axes(self.rules, dict(mesh.shape)))
         self.grad_accum = grad_accum
-        self.sizes = shlib.model_sizes(model.config)
+        self.layout = shlib.layout_of(model)
         self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
         self._loss = self._make_loss()
 
@@ -81,7 +76,7 @@ class ShardedModel:
     # ----------------------------------------------------------------- pieces
     def _specs(self, params):
         """(specs at the shard_map boundary, the fsdp-sharded dimension of each leaf or None)."""
-        storage = shlib.tree_specs(params, self.mesh, self.rules, self.sizes)
+        storage = shlib.tree_specs(params, self.mesh, self.layout, self.rules)
         boundary = jax.tree.map(_manual_only, storage, is_leaf=shlib.is_spec)
         dims = jax.tree.map(lambda s: shlib.axis_dim(s, shlib.FSDP), storage, is_leaf=shlib.is_spec)
         return boundary, dims
@@ -211,5 +206,4 @@ def jit_eval_step(model, mesh, param_sharding, rules=None):
 
 def state_shardings(abstract_state, mesh, model, rules=None):
     """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
-    rules = shlib.DEFAULT_RULES if rules is None else rules
-    return shlib.tree_shardings(abstract_state, mesh, rules, shlib.model_sizes(model.config))
+    return shlib.tree_shardings(abstract_state, mesh, shlib.layout_of(model), rules)
