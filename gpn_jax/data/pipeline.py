@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 
 from gpn_jax.data.bin_source import list_shards, open_bin
-from gpn_jax.data.files import atomic_save_npy, load_npy
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents, split_tokens
 from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
-from gpn_jax.training import paths
+from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_save_npy, load_npy
 
 TOKENIZER_FILE = "tokenizer.model"
 

@@ -24,8 +24,8 @@ import os
 import jax
 import ml_collections
 
-from gpn_jax.data.files import atomic_write
 from gpn_jax.data.tokenizer import load_tokenizer
+from gpn_jax.io.files import atomic_write
 from gpn_jax.models import factory
 from gpn_jax.models.accounting import abstract_params
 from gpn_jax.training.restore import RestoredRun

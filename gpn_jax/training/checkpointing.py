@@ -31,7 +31,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from gpn_jax.training import paths
+from gpn_jax.errors import CheckpointError
+from gpn_jax.io import paths
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,6 @@ def _quiet_closed_loop_callbacks() -> None:
 
 
 _JSON_ITEMS = ("data", "config", "meta")
-
-
-class CheckpointError(RuntimeError):
-    """Checkpoint directory unusable or no checkpoint could be restored."""
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:

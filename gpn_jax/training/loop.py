@@ -21,11 +21,13 @@ from tqdm.auto import tqdm
 
 from gpn_jax.core.window import check_remat_segment
 from gpn_jax.data.pipeline import build_data
+from gpn_jax.errors import TrainingError
+from gpn_jax.io import paths
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
-from gpn_jax.training import init_from, paths, validate
+from gpn_jax.training import init_from, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
@@ -39,10 +41,6 @@ MATH_FREE_MODEL_FIELDS = frozenset(
     {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype"}
 )
 _MISSING = "(absent)"
-
-
-class TrainingError(RuntimeError):
-    """The run cannot continue (diverged, or inconsistent with its workdir)."""
 
 
 def model_difference(saved: dict, current: dict) -> str | None:

@@ -14,10 +14,11 @@ import jax
 import ml_collections
 
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
+from gpn_jax.errors import CheckpointError
+from gpn_jax.io import paths
 from gpn_jax.models import factory
-from gpn_jax.training import paths
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer, CheckpointError
+from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.optimizer import make_optimizer
 
 
