@@ -99,7 +99,7 @@ def two_steps() -> dict:
 
     from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
-    from gpn_jax.parallel import spmd
+    from gpn_jax.training import setup
     from gpn_jax.training import train_step as ts
     from gpn_jax.training.optimizer import make_optimizer
 
@@ -112,8 +112,8 @@ def two_steps() -> dict:
     mesh = meshlib.make_mesh(ml_collections.ConfigDict(dict(zip(meshlib.AXES, SHAPE, strict=True))))
     init = lambda r: ts.init_train_state(model, opt, r)
     abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-    state_sh = spmd.state_shardings(abstract, mesh, model)
-    step = spmd.jit_train_step(model, opt, 1, mesh, state_sh)
+    state_sh = setup.state_shardings(abstract, mesh, model)
+    step = setup.jit_train_step(model, opt, 1, mesh, state_sh)
     rows, n, i = 8, jax.process_count(), jax.process_index()
     losses, grad_norms = [], []
     with jax.set_mesh(mesh):

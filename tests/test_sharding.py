@@ -15,6 +15,7 @@ from gpn_jax.models import factory
 from gpn_jax.parallel import hlo, spmd
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
+from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
 
@@ -225,8 +226,8 @@ def _fsdp_train_step(grad_accum: int):
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     mesh = make_mesh((2, 4, 1))
     abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    state_sh = spmd.state_shardings(abstract, mesh, model)
-    step = spmd.jit_train_step(model, opt, grad_accum, mesh, state_sh)
+    state_sh = setup.state_shardings(abstract, mesh, model)
+    step = setup.jit_train_step(model, opt, grad_accum, mesh, state_sh)
     return model, opt, abstract, step, mesh
 
 

@@ -16,6 +16,7 @@ from gpn_jax.models.params import EMBED, VOCAB, lecun, ones, param, small
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
+from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
 
@@ -80,7 +81,7 @@ def test_declared_axes_shard_params_and_optimiser_state():
     abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
     mesh = make_mesh((2, 2, 2))
     spec = lambda rules: jax.tree.map(
-        lambda s: s.spec, spmd.state_shardings(abstract, mesh, model, rules)
+        lambda s: s.spec, setup.state_shardings(abstract, mesh, model, rules)
     )
     p = spec(RULES).params
     assert p == {

@@ -85,9 +85,7 @@ def analyze(
     log = log or (lambda *a, **k: None)
     t0 = time.perf_counter()
     if data is None:
-        from gpn_jax.training.restore import run_data  # training's split; the workdir only read
-
-        data = run_data(run, config.cache_dir or None)
+        data = run.data(config.cache_dir or None)  # training's split; the workdir only read
     col = collect.collect(
         run.model,
         run.params,

@@ -1,4 +1,4 @@
-"""The single entry point of the data pipeline: `build_data(spec, ...) -> Data`.
+"""The data pipeline's entry point: `from_config(config, ...) -> Data` (or `build(DataConfig)`).
 
 Text sources (embedded, files, tfds): documents -> train / held-out character split ->
 SentencePiece tokenizer (given, found in the workdir, or trained on the train split) ->
@@ -70,31 +70,14 @@ class Data:
         )
 
 
-def build_data(
-    spec: str | None = "embedded",
-    *,
-    vocab_size: int,
-    seq_len: int,
-    batch_size: int,
-    tokenizer_path: str | None = None,
-    heldout_fraction: float = 0.05,
-    seed: int = 0,
-    workdir: str | None = None,
-    cache_dir: str | None = None,
-    data_dir: str | None = None,
-    text_field: str | None = None,
-    max_docs: int | None = None,
-    bin_dtype: str = "uint32",
-    train_layout: str = "shuffled",
-    train_state: dict | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> Data:
-    """Builds the data for `spec` (grammar in `gpn_jax.data.spec`).
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What the data is, as the config says (`config.data`, `config.train`, the model's vocab).
 
-    Args:
-      spec: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH'
-        or 'recall:PARAMS' (synthetic associative recall, no tokenizer; `gpn_jax.data.recall`).
+    Attributes:
+      source: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH'
+        or 'recall:PARAMS' (synthetic associative recall, no tokenizer; `gpn_jax.data.recall`);
+        grammar in `gpn_jax.data.spec`.
       vocab_size: the model's vocabulary; the tokenizer must match it exactly (for `bin:`
         data without a tokenizer it must exceed the largest id).
       seq_len, batch_size: window length T and global batch size B.
@@ -102,49 +85,142 @@ def build_data(
         loaded if present, or trained on the train split (and saved there if workdir is set).
       heldout_fraction: the trailing fraction of the text (or tokens) held out.
       seed: the training window shuffle seed.
-      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
       data_dir: the tfds data directory (local or gs://).
       text_field: the text field of jsonl / tfds examples (default 'text').
       max_docs: read at most this many documents.
       bin_dtype: 'uint16' or 'uint32' for `bin:` shards.
       train_layout: 'shuffled', 'sequential' or 'streams' (see `windows`).
+    """
+
+    source: str | None
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    tokenizer_path: str | None = None
+    heldout_fraction: float = 0.05
+    seed: int = 0
+    data_dir: str | None = None
+    text_field: str | None = None
+    max_docs: int | None = None
+    bin_dtype: str = "uint32"
+    train_layout: str = "shuffled"
+
+    @classmethod
+    def of(cls, config) -> "DataConfig":
+        """The data a run config describes (the trainer's data, field for field)."""
+        d, t = config.data, config.train
+        return cls(
+            d.source,
+            vocab_size=config.model.vocab_size,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            tokenizer_path=d.tokenizer_path or None,
+            heldout_fraction=d.heldout_fraction,
+            seed=config.seed,
+            data_dir=d.data_dir or None,
+            text_field=d.text_field or None,
+            bin_dtype=d.bin_dtype,
+            train_layout=train_layout(config),
+        )
+
+
+def train_layout(config) -> str:
+    """The training window order: in order for `bin:` data continued from another trainer's
+    checkpoint (`train.init_from`, see `training.init_from`), as that trainer reads it;
+    shuffled otherwise. Fixed by the config, so a resume agrees with it."""
+    continued = bool(config.train.get("init_from", ""))
+    return (
+        "sequential" if continued and parse_spec(config.data.source).kind == "bin" else "shuffled"
+    )
+
+
+def from_config(
+    config,
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """The data of a run config (`DataConfig.of(config)`); the keywords as for `build`."""
+    return build(
+        DataConfig.of(config),
+        workdir=workdir,
+        cache_dir=cache_dir,
+        train_state=train_state,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+def build(
+    dc: DataConfig,
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """Builds the data `dc` describes.
+
+    Args:
+      dc: what to read and how to window it.
+      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
+      cache_dir: the token / count cache directory.
       train_state: a `WindowIterator.get_state()` dict to resume from.
       process_index, process_count: this host and the host count (each reads B/count rows).
     """
-    source = parse_spec(spec)
+    source = parse_spec(dc.source)
     if cache_dir is None and workdir:
         cache_dir = paths.join(workdir, "data_cache")
     if source.kind == "recall":
         from gpn_jax.data.recall import recall_parts
 
-        parts = recall_parts(source.name, vocab_size, seq_len)
+        parts = recall_parts(source.name, dc.vocab_size, dc.seq_len)
     elif source.kind == "bin":
         parts = _bin_parts(
-            source.path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, cache_dir
+            source.path,
+            dc.bin_dtype,
+            dc.tokenizer_path,
+            dc.vocab_size,
+            dc.heldout_fraction,
+            cache_dir,
         )
     else:
+        read = dict(data_dir=dc.data_dir, text_field=dc.text_field, max_docs=dc.max_docs)
         parts = _text_parts(
             source,
-            vocab_size,
-            tokenizer_path,
-            heldout_fraction,
+            dc.vocab_size,
+            dc.tokenizer_path,
+            dc.heldout_fraction,
             workdir,
             cache_dir,
-            data_dir=data_dir,
-            text_field=text_field,
-            max_docs=max_docs,
+            **read,
         )
-    return _assemble(
-        parts,
-        vocab_size,
-        seq_len,
-        batch_size,
-        heldout_fraction,
-        seed,
-        train_layout,
-        train_state,
-        process_index,
-        process_count,
+    hosts = dict(process_index=process_index, process_count=process_count)
+    return _assemble(parts, dc, train_state, **hosts)
+
+
+def build_data(
+    spec: str | None = "embedded",
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    **fields,
+) -> Data:
+    """`build(DataConfig(spec, **fields), ...)`: the data from keyword fields (tests, notebooks)."""
+    return build(
+        DataConfig(spec, **fields),
+        workdir=workdir,
+        cache_dir=cache_dir,
+        train_state=train_state,
+        process_index=process_index,
+        process_count=process_count,
     )
 
 
@@ -203,41 +279,22 @@ def _bin_counts(path, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     return counts
 
 
-def _assemble(
-    parts,
-    vocab_size,
-    seq_len,
-    batch_size,
-    heldout_fraction,
-    seed,
-    layout,
-    state,
-    process_index,
-    process_count,
-) -> Data:
+def _assemble(parts, dc: DataConfig, state, process_index, process_count) -> Data:
     tokenizer, train_tokens, heldout, counts, what = parts
+    B, T = dc.batch_size, dc.seq_len
     hosts = dict(process_index=process_index, process_count=process_count)
-    train = WindowIterator(train_tokens, batch_size, seq_len, seed=seed, layout=layout, **hosts)
+    train = WindowIterator(train_tokens, B, T, seed=dc.seed, layout=dc.train_layout, **hosts)
     if state is not None:
         train.set_state(state)
+    eos = tokenizer.eos_id if tokenizer else None
     data = Data(
-        tokenizer,
-        train,
-        train_tokens,
-        heldout,
-        counts,
-        vocab_size,
-        seq_len,
-        batch_size,
-        tokenizer.eos_id if tokenizer else None,
-        "",
-        **hosts,
+        tokenizer, train, train_tokens, heldout, counts, dc.vocab_size, T, B, eos, "", **hosts
     )
-    if heldout_fraction > 0:
-        _check_heldout(heldout, batch_size, seq_len, heldout_fraction)
+    if dc.heldout_fraction > 0:
+        _check_heldout(heldout, B, T, dc.heldout_fraction)
     data.description = (
         f"{what}; train {len(train_tokens):,} tokens ({train.steps_per_epoch} steps/epoch of "
-        f"({batch_size}, {seq_len})), held-out {len(heldout):,} tokens"
+        f"({B}, {T})), held-out {len(heldout):,} tokens"
     )
     return data
 

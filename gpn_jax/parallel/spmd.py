@@ -39,9 +39,9 @@ is one gathered (unsharded) float32 gradient accumulator per device, 4 bytes per
 import jax
 from jax import P
 
+from gpn_jax.core.accumulate import accumulated_value_and_grad
 from gpn_jax.parallel import sharding as shlib
-from gpn_jax.parallel.mesh import BATCH_AXES, batch_sharding, replicated
-from gpn_jax.training import train_step as ts
+from gpn_jax.parallel.mesh import BATCH_AXES
 
 MANUAL = frozenset(BATCH_AXES)
 
@@ -135,9 +135,7 @@ class ShardedModel:
                 if not with_grad:
                     return jax.lax.pmean(self._local_loss(full, x), tuple(BATCH_AXES))
                 # Local gradient, accumulated over this device's micro-batches, reduced once.
-                loss, grads = ts.accumulated_value_and_grad(
-                    self._local_loss, full, x, self.grad_accum
-                )
+                loss, grads = accumulated_value_and_grad(self._local_loss, full, x, self.grad_accum)
                 return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
@@ -179,31 +177,3 @@ class ShardedModel:
             return self.model.token_losses(self._gather(p, dims), x)[0]
 
         return self._shard_map(body, boundary, P(BATCH_AXES))(params, tokens_BxT), None
-
-
-def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
-    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
-
-    Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
-    sharded = ShardedModel(model, mesh, rules, grad_accum)
-    return jax.jit(
-        ts.make_train_step(sharded, optimizer),
-        in_shardings=(state_sharding, batch_sharding(mesh)),
-        out_shardings=(state_sharding, replicated(mesh)),
-        donate_argnums=0,
-    )
-
-
-def jit_eval_step(model, mesh, param_sharding, rules=None):
-    """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
-    sharded = ShardedModel(model, mesh, rules)
-    return jax.jit(
-        ts.make_eval_step(sharded),
-        in_shardings=(param_sharding, batch_sharding(mesh)),
-        out_shardings=replicated(mesh),
-    )
-
-
-def state_shardings(abstract_state, mesh, model, rules=None):
-    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
-    return shlib.tree_shardings(abstract_state, mesh, shlib.layout_of(model), rules)

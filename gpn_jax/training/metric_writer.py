@@ -25,6 +25,7 @@ import sys
 import time
 
 from gpn_jax.io import paths
+from gpn_jax.io.provenance import package_version
 
 WRITERS = ("jsonl", "tensorboard", "wandb")
 DEFAULT_WRITERS = "jsonl,tensorboard"
@@ -70,8 +71,6 @@ def git_revision() -> str:
 
 def run_info(config, workdir: str) -> dict:
     """What identifies a run session: its config, code revision, package version and command."""
-    from gpn_jax.interop.model_dir import package_version
-
     return {
         "git_revision": git_revision(),
         "gpn_jax_version": package_version(),
