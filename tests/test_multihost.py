@@ -351,6 +351,9 @@ def test_distributed_settings_from_env():
         "process_id": 1,
     }
     assert distributed.explicit_settings({}) is None
+    # The launcher's flag values (passed in by gpn_jax.train) win over the environment.
+    given = {"coordinator_address": "10.0.0.1:9", "num_processes": 4, "process_id": 3}
+    assert distributed.explicit_settings(env, given) == given
     with pytest.raises(ValueError, match="needs --num_processes"):
         distributed.explicit_settings({"GPN_COORDINATOR": "127.0.0.1:1"})
     with pytest.raises(ValueError, match="outside 0..1"):
