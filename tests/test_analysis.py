@@ -16,6 +16,7 @@ import pytest
 
 from gpn_jax.analysis import ablations, collect, runner, summarize
 from gpn_jax.models.gpn import GPN, GPNConfig
+from tests.tolerance import assert_rel_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, B, T = 64, 4, 16
@@ -114,10 +115,17 @@ def test_streamed_statistics_match_brute_force(gpn_m):
 
     # memory retention from the model's own log-decays
     r = col.retention.result()
-    for i, k in enumerate(r["lags"]):
-        vals = [np.exp(g[t + 1 : t + k + 1].sum(0)) for g in gs for t in range(T - k)]
-        # (g differs from the brute-force run's by float32 round-off, amplified by exp at R ~ 1e-10)
-        np.testing.assert_allclose(r["retention"][i], np.mean(np.concatenate(vals), 0), rtol=1e-5)
+    want = [
+        np.mean(
+            np.concatenate([np.exp(g[t + 1 : t + k + 1].sum(0)) for g in gs for t in range(T - k)]),
+            0,
+        )
+        for k in r["lags"]
+    ]
+    # Retention spans 1 down to ~1e-22 (strong decays at long lags), where float32 round-off in
+    # g, amplified by exp, moves single entries by ~1e-5 relative: compare the whole (lags,
+    # heads) array relative to its norm instead. Measured 1.1e-8 (2-core AVX2); bound ~50x.
+    assert_rel_close(np.asarray(r["retention"]), np.stack(want), 5e-7, "retention")
 
     # running-mean convergence: per sequence cos(mean of s^p_0..n-1, s-bar)
     md = summarize.mean_direction(col, params, None, np.arange(V), top_k=5)

@@ -18,6 +18,7 @@ from gpn_jax.core import fast_window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests.test_gpn_core import random_params
+from tests.tolerance import assert_rel_close
 
 V, B = 37, 2
 # These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
@@ -96,7 +97,9 @@ def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
 
         return jit(f)(params)
 
-    chex.assert_trees_all_close(run(fused), run(ref), atol=1e-5, rtol=1e-5)
+    # Per leaf relative to its norm: an element-wise 1e-5 failed on AVX2 (an `embed` gradient
+    # entry off by 2.3e-5). Measured <= 2.7e-6 (2-core AVX2, the log-decay gradient of `bq`).
+    assert_rel_close(run(fused), run(ref), 5e-5, "fused vs autodiff")
 
 
 def test_intervention_falls_back_to_autodiff(monkeypatch):

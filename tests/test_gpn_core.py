@@ -8,6 +8,7 @@ import pytest
 
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests import spec_reference
+from tests.tolerance import assert_rel_close
 
 V, B, T = 37, 2, 8
 
@@ -55,8 +56,10 @@ def test_matches_independent_numpy_loop(kw):
         lg, ce, _ = spec_reference.run_sequence(jax.device_get(params), np.asarray(x[b]))
         ref_logits.append(lg)
         ref_ce.append(ce)
-    np.testing.assert_allclose(logits, np.stack(ref_logits), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(loss, np.mean(ref_ce), atol=1e-5, rtol=1e-5)
+    # float32 JAX vs the float64 numpy loop; measured 2.7e-7 (logits) and 6.3e-8 (loss)
+    # relative (2-core AVX2): bounds ~40x.
+    assert_rel_close(logits, np.stack(ref_logits), 1e-5, "logits")
+    assert_rel_close(loss, np.mean(ref_ce), 2e-6, "loss")
 
 
 @pytest.mark.parametrize("memory", [True, False])
