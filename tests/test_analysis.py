@@ -82,12 +82,15 @@ def test_streamed_statistics_match_brute_force(gpn_m):
     ps, gs = full_states(model, params, batches, micro_batch=2)
     X = np.concatenate([p.reshape(-1, p.shape[-1]) for p in ps])
     assert col.moments.n == len(X) == 3 * B * T
-    # The collector's float32 forward and sums vs float64 sums here: entries are O(1), so
-    # near-zero ones carry a few 1e-6 of absolute error (a wrong statistic is off by far more).
-    np.testing.assert_allclose(col.moments.mean, X.mean(0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(col.moments.covariance, np.cov(X.T, bias=True), rtol=1e-4, atol=1e-5)
+    # The collector's float32 forward and sums vs float64 sums here, relative to each array's
+    # norm (tests/tolerance.py; near-zero entries are off by ~1e-5 relative on their own).
+    # Measured (2-core AVX2): mean 8.1e-7, covariance 8.7e-7, norm sum 4.0e-8, per-batch means
+    # 1.8e-6, state-horizon cosines 8.8e-8 absolute; bounds ~25x. A wrong statistic is off by
+    # far more.
+    assert_rel_close(col.moments.mean, X.mean(0), 2e-5, "mean")
+    assert_rel_close(col.moments.covariance, np.cov(X.T, bias=True), 2e-5, "covariance")
     norms = np.linalg.norm(X, axis=1)
-    assert col.norm_sum == pytest.approx(norms.sum(), rel=1e-5)
+    assert col.norm_sum == pytest.approx(norms.sum(), rel=1e-6)
     # s^p_0 comes from the all-zero carry and is exactly zero for every sequence
     assert np.all(np.stack([p[0] for p in ps]) == 0) and col.nonzero == len(X) - 3 * B
     # the sample holds distinct real rows
@@ -97,7 +100,7 @@ def test_streamed_statistics_match_brute_force(gpn_m):
     assert np.all(d.min(1) < 1e-5 * np.abs(X).max()) and len({int(i) for i in d.argmin(1)}) == 20
     # per-batch means
     for m, p in zip(col.batch_means, ps, strict=True):
-        np.testing.assert_allclose(m, p.reshape(-1, p.shape[-1]).mean(0), rtol=1e-5, atol=1e-5)
+        assert_rel_close(m, p.reshape(-1, p.shape[-1]).mean(0), 5e-5, "batch mean")
 
     # state horizon: mean cosine over all (t, t + k) pairs with both states nonzero
     def cos_pairs(p, k):
@@ -110,8 +113,8 @@ def test_streamed_statistics_match_brute_force(gpn_m):
     for i, k in enumerate(h["lags"]):
         raw = sum((cos_pairs(p, k) for p in ps), [])
         cen = sum((cos_pairs(p - p.mean(0, keepdims=True), k) for p in ps), [])
-        assert h["cos_raw"][i] == pytest.approx(np.mean(raw), abs=1e-5)
-        assert h["cos_centred"][i] == pytest.approx(np.mean(cen), abs=1e-5)
+        assert h["cos_raw"][i] == pytest.approx(np.mean(raw), abs=2e-6)
+        assert h["cos_centred"][i] == pytest.approx(np.mean(cen), abs=2e-6)
 
     # memory retention from the model's own log-decays
     r = col.retention.result()

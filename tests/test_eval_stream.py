@@ -9,6 +9,7 @@ import pytest
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.eval import ppl, stream
 from gpn_jax.models import factory
+from tests.tolerance import assert_rel_close
 
 V = 64
 GPN_M = dict(family="gpn", vocab_size=V, d_model=32, d_emb=16, d_ffn=64, n_heads=2, d_key=8,
@@ -43,10 +44,11 @@ def test_streaming_with_carry_equals_one_long_window(cfg):
     x = tokens(2 * 96).reshape(2, 96)
     streamed = stream.stream_token_losses(model, params, x, window=32, carry=True)
     whole, _ = jax.jit(model.token_losses)(params, x)
-    np.testing.assert_allclose(streamed, np.asarray(whole), rtol=2e-5, atol=2e-5)
+    # Relative to the norm (tests/tolerance.py); measured M_ES_STREAM (2-core AVX2).
+    assert_rel_close(streamed, np.asarray(whole), 1e-5, "streamed CE")
     reset = stream.stream_token_losses(model, params, x, window=32, carry=False)
     assert not np.allclose(reset[:, 32:], streamed[:, 32:])  # the carry matters
-    np.testing.assert_allclose(reset[:, :32], streamed[:, :32], rtol=1e-5, atol=1e-6)
+    assert_rel_close(reset[:, :32], streamed[:, :32], 1e-6, "first window")  # M_ES_FIRST
 
 
 def test_buckets_of_a_recurrent_model():

@@ -17,7 +17,7 @@ from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
-from tests.tolerance import assert_rel_close
+from tests.tolerance import assert_rel_close, rel_err
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
 B, T = 8, 8
@@ -155,10 +155,10 @@ def _sharded(name, shape):
 def _assert_matches(name, shape):
     ref_loss, ref_grads = _problem(name)[3]
     (loss, grads), _ = _sharded(name, shape)
-    np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=1e-5)
-    for path, g in jax.tree_util.tree_leaves_with_path(grads):
-        r = functools.reduce(lambda t, k: t[k.key], path, ref_grads)
-        np.testing.assert_allclose(g, r, rtol=0, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+    # Relative to each leaf's norm (tests/tolerance.py). Measured over every model and mesh
+    # (2-core AVX2): loss M_SH_LOSS, gradients M_SH_GRAD; bounds ~20x or more.
+    assert rel_err(loss, ref_loss) <= 2e-6
+    assert_rel_close(grads, ref_grads, 2e-5, f"{name} on {shape}")
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(ref_grads)) > 1e-2
 
 
@@ -209,7 +209,7 @@ def test_eval_token_losses_match_one_device():
             jax.device_put(tokens, meshlib.batch_sharding(mesh)),
         )
     assert ce.sharding.spec == P(("data", "fsdp"))
-    np.testing.assert_allclose(ce, ref, rtol=0, atol=1e-5)
+    assert_rel_close(ce, ref, 1e-5, "per-token CE")  # measured M_SH_CE (2-core AVX2)
 
 
 # ----------------------------------------------------------------------------- compiled HLO
