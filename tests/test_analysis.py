@@ -127,8 +127,8 @@ def test_streamed_statistics_match_brute_force(gpn_m):
     ]
     # Retention spans 1 down to ~1e-22 (strong decays at long lags), where float32 round-off in
     # g, amplified by exp, moves single entries by ~1e-5 relative: compare the whole (lags,
-    # heads) array relative to its norm instead. Measured 1.1e-8 (2-core AVX2); bound ~50x.
-    assert_rel_close(np.asarray(r["retention"]), np.stack(want), 5e-7, "retention")
+    # heads) array relative to its norm instead. Measured 6.4e-9 (2-core AVX2); bound ~30x.
+    assert_rel_close(np.asarray(r["retention"]), np.stack(want), 2e-7, "retention")
 
     # running-mean convergence: per sequence cos(mean of s^p_0..n-1, s-bar)
     md = summarize.mean_direction(col, params, None, np.arange(V), top_k=5)
@@ -136,11 +136,12 @@ def test_streamed_statistics_match_brute_force(gpn_m):
     for n, c in md["convergence"].items():
         rm = np.concatenate([p[:n].mean(0) for p in ps])  # (3B, D)
         want = rm @ sbar / (np.linalg.norm(rm, axis=1) * np.linalg.norm(sbar))
-        assert c == pytest.approx(want.mean(), abs=1e-5)
+        assert c == pytest.approx(want.mean(), abs=4e-6)  # measured 1.6e-7 (2-core AVX2)
     assert 1 not in md["convergence"]  # the running mean of s^p_0 = 0 has no direction
     unit = X[norms > 0] / norms[norms > 0, None]
+    # measured 2.4e-8 absolute and 4.0e-7 relative (2-core AVX2): bounds ~25-40x
     assert md["mean_cos_to_state"] == pytest.approx(
-        (unit @ sbar).mean() / np.linalg.norm(sbar), abs=1e-5
+        (unit @ sbar).mean() / np.linalg.norm(sbar), abs=1e-6
     )
     assert md["norm_ratio"] == pytest.approx(np.linalg.norm(sbar) / norms.mean(), rel=1e-5)
 

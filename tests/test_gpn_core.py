@@ -89,7 +89,7 @@ def test_step_by_step_decoding_equals_full_window(memory):
     for t in range(T - 1):
         lg, state = step(params, state, x[:, t])
         stepped.append(lg)
-    # Measured M_DECODE relative (2-core AVX2): bound ~20x.
+    # Measured 2.5e-7 relative (2-core AVX2): bound ~40x.
     assert_rel_close(jnp.stack(stepped, 1), full, 1e-5, "logits")
 
 
@@ -103,9 +103,9 @@ def test_chunked_loss_equals_unchunked():
     for chunk in (1, 5):  # 5 does not divide 12: the largest divisor below it (4) is used
         model = GPN(tiny(loss_chunk=chunk))
         loss, grads = jax.value_and_grad(lambda p, m=model: m.loss(p, x)[0])(params)
-        # Measured M_CHUNK_LOSS (loss) and M_CHUNK_GRAD (gradients) relative (2-core AVX2).
+        # Measured 6.6e-8 (loss) and 1.3e-6 (gradients, `dt_bias`) relative (2-core AVX2).
         assert_rel_close(loss, direct, 2e-6, "loss")
-        assert_rel_close(grads, ref_grads, 1e-5, f"gradients, chunk {chunk}")
+        assert_rel_close(grads, ref_grads, 3e-5, f"gradients, chunk {chunk}")
 
 
 @pytest.mark.parametrize("segment", [2, 4])
@@ -116,9 +116,9 @@ def test_remat_changes_neither_loss_nor_gradients(segment):
     params = random_params(plain)
     (l0, _), g0 = jax.value_and_grad(plain.loss, has_aux=True)(params, x)
     (l1, _), g1 = jax.value_and_grad(remat.loss, has_aux=True)(params, x)
-    # Measured M_REMAT_LOSS (loss) and M_REMAT_GRAD (gradients) relative (2-core AVX2).
+    # Measured bit-equal (loss) and 1.2e-7 (gradients, `read_norm`) relative (2-core AVX2).
     assert_rel_close(l1, l0, 2e-6, "loss")
-    assert_rel_close(g1, g0, 1e-5, "gradients")
+    assert_rel_close(g1, g0, 3e-6, "gradients")
 
 
 def test_remat_segment_must_divide_sequence_length():
