@@ -70,7 +70,7 @@ def test_decoding_a_prompt_step_by_step_equals_the_full_forward(name):
     tokens = jnp.asarray([PROMPT], jnp.int32)
     full, _ = jax.jit(model.logits)(params, tokens)
     out = sampling.generate(model, params, PROMPT, max_new_tokens=0)
-    # Relative to the norm (tests/tolerance.py); measured M_GEN (2-core AVX2).
+    # Relative to the norm (tests/tolerance.py); measured 3.6e-7 (2-core AVX2): bound ~30x.
     assert_rel_close(out["prompt_logits"], np.asarray(full[0]), 1e-5, "prompt logits")
 
 
