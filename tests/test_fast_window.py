@@ -76,11 +76,11 @@ def test_loss_carry_and_gradients_equal_autodiff(name, monkeypatch):
     carry = random_carry(ref) if nonzero_carry else ref.init_state(B)
     (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, tokens(t), carry)
     (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, tokens(t), carry)
-    # Measured over all cases (2-core AVX2): loss M_FW_LOSS, carry M_FW_CARRY, gradients
-    # M_FW_GRAD relative to each leaf's norm; bounds ~20x.
+    # Measured over all cases (2-core AVX2): loss bit-equal, carry 3.3e-7, gradients 1.4e-6
+    # relative to each leaf's norm; bounds ~20-30x.
     assert_rel_close(loss_f, loss_r, 2e-6, "loss")
     assert_rel_close(carry_f, carry_r, 1e-5, "carry")
-    assert_rel_close(grads_f, grads_r, 5e-5, "gradients")
+    assert_rel_close(grads_f, grads_r, 3e-5, "gradients")
 
 
 def test_token_losses_states_and_log_decay_gradient_equal_autodiff():

@@ -53,10 +53,10 @@ def model_params():
     return m, perturb(j.init(jax.random.PRNGKey(0))), j
 
 
-def close(actual, desired, bound=1e-5):
-    """Leaf by leaf, relative to the leaf's norm (tests/tolerance.py). Measured (2-core AVX2):
-    windows vs one M_GDN_WIN, causal prefix M_GDN_CAUSAL, decode vs full M_GDN_DEC, chunked vs
-    recurrent M_GDN_CHUNK; bounds 1e-5 (~20x or more)."""
+def close(actual, desired, bound=2e-4):
+    """Leaf by leaf, relative to the leaf's norm (tests/tolerance.py). Measured (2-core AVX2)
+    up to 6.5e-6, on the carried state of the two-window run (perturbed weights make the
+    state O(50) and the chunked form sums it in a different order per window); bound ~30x."""
     assert_rel_close(actual, desired, bound)
 
 
@@ -69,7 +69,7 @@ def test_two_windows_with_carry_equal_one(model_params):
     close(jnp.concatenate([ce_a, ce_b], 1), ce_full)
     close(carry, carry_full)
     loss_full, (carry_loss, metrics) = j.loss(params, x, m.init_state(2))
-    assert rel_err(loss_full, ce_full.mean()) <= 2e-6  # measured M_GDN_LOSS
+    assert rel_err(loss_full, ce_full.mean()) <= 2e-6  # measured 9.1e-8 (2-core AVX2)
     assert set(metrics) >= {"loss", "state_rms"}
     close(carry_loss, carry_full)
 
