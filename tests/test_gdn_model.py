@@ -55,8 +55,8 @@ def model_params():
 
 def close(actual, desired, bound=2e-4):
     """Leaf by leaf, relative to the leaf's norm (tests/tolerance.py). Measured (2-core AVX2)
-    up to 6.5e-6, on the carried state of the two-window run (perturbed weights make the
-    state O(50) and the chunked form sums it in a different order per window); bound ~30x."""
+    up to 6.5e-6 (decoded vs full-window logits; perturbed weights make the state O(50)); the
+    default bound leaves ~30x. Chunked vs recurrent gradients pass their own bound."""
     assert_rel_close(actual, desired, bound)
 
 
@@ -110,9 +110,9 @@ def test_chunked_loss_equals_recurrent_loss(model_params):
 
     (l_c, (c_c, _)), g_c = loss_and_grad(m)
     (l_r, (c_r, _)), g_r = loss_and_grad(rec)
-    assert rel_err(l_c, l_r) <= 2e-6  # measured M_GDN_CLOSS
+    assert rel_err(l_c, l_r) <= 2e-6  # measured 8.3e-8 (2-core AVX2)
     close(c_c, c_r)
-    close(g_c, g_r)
+    close(g_c, g_r, 5e-4)  # measured up to 2.5e-5 per leaf (2-core AVX2): ~20x
 
 
 def test_loss_at_init_is_log_vocab(model_params):

@@ -209,7 +209,7 @@ def test_eval_token_losses_match_one_device():
             jax.device_put(tokens, meshlib.batch_sharding(mesh)),
         )
     assert ce.sharding.spec == P(("data", "fsdp"))
-    assert_rel_close(ce, ref, 1e-5, "per-token CE")  # measured M_SH_CE (2-core AVX2)
+    assert_rel_close(ce, ref, 2e-6, "per-token CE")  # measured 4.7e-8 (2-core AVX2)
 
 
 # ----------------------------------------------------------------------------- compiled HLO
@@ -270,7 +270,7 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch():
             params, jax.device_put(tokens, meshlib.batch_sharding(mesh))
         )
         _, metrics = step(state, tokens)  # the train step's own loss and gradient norm
-    # Measured (2-core AVX2): loss and grad norm bit-equal, gradients <= 2e-7 relative per leaf.
+    # Measured (2-core AVX2): loss and grad norm bit-equal, gradients 3.2e-7 relative per leaf.
     ref_norm = float(optax.global_norm(ref_grads))
     for value, want in (
         (loss, ref_loss),
