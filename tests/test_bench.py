@@ -38,7 +38,10 @@ def test_all_suites_in_process(tmp_path):
     train = [r for r in records if r["suite"] == "train"]
     assert [r["model"] for r in train] == ["gpn_m", "gdn"]
     for r in train:
-        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 2 and r["peak_mem_bytes"] > 0
+        assert r["tokens_per_s"] > 0 and r["peak_mem_bytes"] > 0
+        # MFU = achieved / the best matmul peak measured in this same run (bench.py), so a value
+        # over 1 means a wrong FLOP count or peak, not a fast machine.
+        assert r["mfu"] == r["achieved_flops"] / r["peak_flops"] and 0 < r["mfu"] <= 1
         assert r["step_time_s"] > 0 and len(r["step_times_s"]) == config.train.steps
 
     scaling = [r for r in records if r["suite"] == "scaling"]

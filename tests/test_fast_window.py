@@ -8,7 +8,6 @@ the final carry, several memory-checkpoint segments, remat segments, loss chunks
 import dataclasses
 from functools import partial
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +17,7 @@ from gpn_jax.core import fast_window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests.test_gpn_core import random_params
+from tests.tolerance import assert_rel_close
 
 V, B = 37, 2
 # These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
@@ -76,9 +76,11 @@ def test_loss_carry_and_gradients_equal_autodiff(name, monkeypatch):
     carry = random_carry(ref) if nonzero_carry else ref.init_state(B)
     (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, tokens(t), carry)
     (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, tokens(t), carry)
-    np.testing.assert_allclose(loss_f, loss_r, atol=1e-6, rtol=1e-6)
-    chex.assert_trees_all_close(carry_f, carry_r, atol=1e-6, rtol=1e-6)
-    chex.assert_trees_all_close(grads_f, grads_r, atol=1e-5, rtol=1e-5)
+    # Measured over all cases (2-core AVX2): loss bit-equal, carry 3.3e-7, gradients 1.4e-6
+    # relative to each leaf's norm; bounds ~20-30x.
+    assert_rel_close(loss_f, loss_r, 2e-6, "loss")
+    assert_rel_close(carry_f, carry_r, 1e-5, "carry")
+    assert_rel_close(grads_f, grads_r, 3e-5, "gradients")
 
 
 def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
@@ -96,7 +98,9 @@ def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
 
         return jit(f)(params)
 
-    chex.assert_trees_all_close(run(fused), run(ref), atol=1e-5, rtol=1e-5)
+    # Per leaf relative to its norm: an element-wise 1e-5 failed on AVX2 (an `embed` gradient
+    # entry off by 2.3e-5). Measured <= 2.7e-6 (2-core AVX2, the log-decay gradient of `bq`).
+    assert_rel_close(run(fused), run(ref), 5e-5, "fused vs autodiff")
 
 
 def test_intervention_falls_back_to_autodiff(monkeypatch):

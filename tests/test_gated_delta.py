@@ -9,9 +9,13 @@ import pytest
 
 from gpn_jax.core import gated_delta as gd
 from gpn_jax.core.norms import l2n
+from tests.tolerance import rel_err
 
 B, H = 1, 2
-OUT_TOL, GRAD_TOL, GATE_GRAD_TOL = 0.005, 0.008, 0.02
+# Relative RMSE of the chunked form against the recurrent oracle, outputs and every gradient.
+# Measured <= 6.3e-7 over all cases below, slow ones included (2-core AVX2, float32);
+# the bound leaves ~10x for other machines' summation orders and backs the README's < 1e-6.
+TOL = 1e-5
 NAMES = ("q", "k", "v", "beta", "g", "S0")
 
 
@@ -63,8 +67,7 @@ def check(T, K, c, chunk_size=64):
         assert np.isfinite(np.asarray(grad)).all()
     errs = {"o": rel(o_c, o_r), "S": rel(S_c, S_r)}
     errs |= {f"d{n}": rel(a, b) for n, a, b in zip(NAMES, g_c, g_r, strict=True)}
-    tol = {"o": OUT_TOL, "S": OUT_TOL, "dbeta": GATE_GRAD_TOL, "dg": GATE_GRAD_TOL}
-    bad = {n: e for n, e in errs.items() if not e < tol.get(n, GRAD_TOL)}
+    bad = {n: e for n, e in errs.items() if not e < TOL}
     assert not bad, f"T={T} K={K} c={c}: {bad} (all: {errs})"
     return errs
 
@@ -101,14 +104,13 @@ def test_step_and_default_state():
     S_t, step = jnp.zeros((B, H, 8, 8)), jax.jit(gd.step)
     for t in range(5):
         o_t, S_t = step(S_t, q[:, t], k[:, t], v[:, t], beta[:, t], g[:, t])
-        np.testing.assert_allclose(o_t, o[:, t], atol=1e-6)
-    np.testing.assert_allclose(S_t, S, atol=1e-6)
+        # Measured bit-equal (2-core AVX2): 1e-6 relative is ~8 float32 ulps of slack.
+        assert rel_err(o_t, o[:, t]) <= 1e-6
+    assert rel_err(S_t, S) <= 1e-6
     # The rule by hand for one head and one step from a zero state: S = beta k v^T.
-    np.testing.assert_allclose(
-        step(jnp.zeros((8, 8)), q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], beta[0, 0, 0], g[0, 0, 0])[1],
-        beta[0, 0, 0] * jnp.outer(k[0, 0, 0], v[0, 0, 0]),
-        atol=1e-6,
-    )
+    # Measured 5.7e-8 relative (2-core AVX2): bound ~20x.
+    by_hand = step(jnp.zeros((8, 8)), q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], beta[0, 0, 0], g[0, 0, 0])
+    assert rel_err(by_hand[1], beta[0, 0, 0] * jnp.outer(k[0, 0, 0], v[0, 0, 0])) <= 1e-6
 
 
 def test_flops_counts_positive_and_grow_with_chunk():

@@ -10,6 +10,7 @@ import pytest
 
 from gpn_jax.models.factory import build_model
 from gpn_jax.models.gdn import GatedDeltaNet, GDNConfig
+from tests.tolerance import assert_rel_close, rel_err
 
 V, D, L, H, K, U, F = 64, 32, 2, 2, 8, 16, 48
 
@@ -52,9 +53,11 @@ def model_params():
     return m, perturb(j.init(jax.random.PRNGKey(0))), j
 
 
-def close(a, b, atol=1e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(x, y, atol=atol, rtol=1e-5)
+def close(actual, desired, bound=2e-4):
+    """Leaf by leaf, relative to the leaf's norm (tests/tolerance.py). Measured (2-core AVX2)
+    up to 6.5e-6 (decoded vs full-window logits; perturbed weights make the state O(50)); the
+    default bound leaves ~30x. Chunked vs recurrent gradients pass their own bound."""
+    assert_rel_close(actual, desired, bound)
 
 
 def test_two_windows_with_carry_equal_one(model_params):
@@ -66,7 +69,7 @@ def test_two_windows_with_carry_equal_one(model_params):
     close(jnp.concatenate([ce_a, ce_b], 1), ce_full)
     close(carry, carry_full)
     loss_full, (carry_loss, metrics) = j.loss(params, x, m.init_state(2))
-    assert np.isclose(loss_full, ce_full.mean(), atol=1e-6)
+    assert rel_err(loss_full, ce_full.mean()) <= 2e-6  # measured 9.1e-8 (2-core AVX2)
     assert set(metrics) >= {"loss", "state_rms"}
     close(carry_loss, carry_full)
 
@@ -91,9 +94,9 @@ def test_decode_matches_full_forward(model_params):
     for t in range(x.shape[1] - 1):
         logits, state = step(params, state, x[:, t])
         got.append(logits)
-    close(jnp.stack(got, 1), full, atol=1e-4)
+    close(jnp.stack(got, 1), full)
     fresh, _ = j.start_decode(params, None, batch_size=2)
-    close(fresh, j.logits(params, x, m.init_state(2))[0][:, 0], atol=1e-4)
+    close(fresh, j.logits(params, x, m.init_state(2))[0][:, 0])
 
 
 def test_chunked_loss_equals_recurrent_loss(model_params):
@@ -107,9 +110,9 @@ def test_chunked_loss_equals_recurrent_loss(model_params):
 
     (l_c, (c_c, _)), g_c = loss_and_grad(m)
     (l_r, (c_r, _)), g_r = loss_and_grad(rec)
-    assert abs(float(l_c) - float(l_r)) < 1e-5
-    close(c_c, c_r, atol=1e-4)
-    close(g_c, g_r, atol=1e-4)
+    assert rel_err(l_c, l_r) <= 2e-6  # measured 8.3e-8 (2-core AVX2)
+    close(c_c, c_r)
+    close(g_c, g_r, 5e-4)  # measured up to 2.5e-5 per leaf (2-core AVX2): ~20x
 
 
 def test_loss_at_init_is_log_vocab(model_params):

@@ -8,6 +8,7 @@ import pytest
 from gpn_jax.eval import sampling
 from gpn_jax.eval.sampling import SamplingConfig
 from gpn_jax.models import factory
+from tests.tolerance import assert_rel_close
 
 V = 48
 CONFIGS = {
@@ -69,7 +70,8 @@ def test_decoding_a_prompt_step_by_step_equals_the_full_forward(name):
     tokens = jnp.asarray([PROMPT], jnp.int32)
     full, _ = jax.jit(model.logits)(params, tokens)
     out = sampling.generate(model, params, PROMPT, max_new_tokens=0)
-    np.testing.assert_allclose(out["prompt_logits"], np.asarray(full[0]), rtol=1e-4, atol=1e-4)
+    # Relative to the norm (tests/tolerance.py); measured 3.6e-7 (2-core AVX2): bound ~30x.
+    assert_rel_close(out["prompt_logits"], np.asarray(full[0]), 1e-5, "prompt logits")
 
 
 @pytest.mark.parametrize("name", ["gpn_m", "transformer"])
