@@ -46,7 +46,7 @@ def test_run_configs_share_everything_but_the_model_block():
         assert rc["data"]["tokenizer_path"] == "/tok.model"
         assert rc["data"]["heldout_fraction"] == 0.07
     assert runs["transformer"]["model"]["max_seq_len"] == c.train.seq_len
-    assert set(shared) == {"seed", "data", "train", "mesh"}
+    assert set(shared) == {"seed", "data", "train", "mesh", "logging"}
 
 
 def test_130m_compares_the_paper_configs_with_the_paper_recipe():
