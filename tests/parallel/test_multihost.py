@@ -1,7 +1,7 @@
 """Multi-host: two processes on localhost (CPU, jax.distributed with a coordinator on
 127.0.0.1) agree with one process; distributed settings; the launch scripts parse.
 
-Run as a module (`python -m tests.test_multihost --worker ...`) this file is also the worker
+Run as a module (`python -m tests.parallel.test_multihost --worker ...`) this file is also the worker
 of the quick two-process check.
 """
 
@@ -20,7 +20,8 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO_ROOT as ROOT
+
 LAUNCH = os.path.join(ROOT, "launch")
 TIMEOUT_S = 240  # per process; every wait below is bounded
 
@@ -146,7 +147,7 @@ def _worker(argv) -> None:
 def test_two_processes_agree_with_one(tmp_path):
     port = free_port()
     out = str(tmp_path / "result.json")
-    cmd = [sys.executable, "-m", "tests.test_multihost", "--worker", f"--out={out}"]
+    cmd = [sys.executable, "-m", "tests.parallel.test_multihost", "--worker", f"--out={out}"]
     run_processes(
         [
             (
