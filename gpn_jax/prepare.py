@@ -18,8 +18,6 @@ import sys
 
 from absl import flags
 
-from gpn_jax import cli
-
 _INPUT = flags.DEFINE_string("input", None, "File, directory, glob, or tfds:NAME[/CONFIG][:SPLIT].")
 _OUTPUT = flags.DEFINE_string("output", None, "Output directory (created; resumed if partial).")
 _TOKENIZER = flags.DEFINE_string(
@@ -43,6 +41,7 @@ _SHARD_TOKENS = flags.DEFINE_integer("shard_tokens", 1 << 27, "Tokens per shard 
 _CHUNK = flags.DEFINE_integer("chunk_records", 256, "Records per tokenizing task.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar (on a terminal).")
 flags.mark_flags_as_required(["input", "output"])
+PROG = "gpn-prepare"
 
 
 def _body():
@@ -76,7 +75,20 @@ def _command() -> str:
     return shlex.join(argv)
 
 
-main, run = cli.absl_entry(_body, "gpn-prepare")
+def main(argv):
+    """For `app.run`; see `run`."""
+    from gpn_jax import cli
+
+    return cli.absl_entry(_body, PROG)[0](argv)
+
+
+def run():
+    """The console script and `python -m`. The shared CLI module (and with it JAX) is imported
+    here, not at the top: the tokenizing workers re-import this module when they start
+    (multiprocessing 'spawn') and should load only the tokenizer, not JAX."""
+    from gpn_jax import cli
+
+    cli.absl_entry(_body, PROG)[1]()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tensorflow_datasets as tfds
 import zstandard
 
 from gpn_jax.data.pipeline import build_data
@@ -159,6 +160,57 @@ def test_trained_tokenizer_is_saved_and_named_in_the_manifest(tmp_path):
     assert "first 40 training documents" in m["tokenizer"]["origin"]
 
 
+class TinyPrepareText(tfds.core.GeneratorBasedBuilder):
+    """A tfds text dataset built offline in the test (array_record, read by index)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
+        return tfds.core.DatasetInfo(builder=self, features=features)
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i, doc in enumerate(corpus_docs(30)):
+            yield i, {"text": doc}
+
+
+def test_tfds_and_txt_inputs(tmp_path, tokenizer_path):
+    tfds.disable_progress_bar()
+    TinyPrepareText(
+        data_dir=str(tmp_path / "tfds"), file_format="array_record"
+    ).download_and_prepare()
+    inp = "tfds:tiny_prepare_text:train"
+    m = prepare(inp, tmp_path / "out", tokenizer_path, data_dir=str(tmp_path / "tfds"))
+    tok = load_tokenizer(tokenizer_path)
+    got = split_documents(tmp_path / "out", m, "train", tok)
+    got += split_documents(tmp_path / "out", m, "heldout", tok)
+    assert sorted(got) == sorted(corpus_docs(30)) and m["source"]["examples"] == 30
+    texts = tmp_path / "texts"
+    (texts / "sub").mkdir(parents=True)
+    for name, doc in (
+        ("b.txt", "second file\n"),
+        ("a.txt", "first file\n"),
+        ("sub/c.txt", "third"),
+    ):
+        (texts / name).write_text(doc)
+    m = prepare(texts, tmp_path / "txt", tokenizer_path, heldout_fraction=0.0)
+    got = split_documents(tmp_path / "txt", m, "train", tok)
+    assert got == ["first file\n", "second file\n", "third"]
+
+
+def test_each_host_reads_its_rows_of_prepared_shards(tmp_path, tokenizer_path):
+    prepare(write_jsonl(tmp_path / "c.jsonl", corpus_docs(60)), tmp_path / "out", tokenizer_path)
+    spec, geometry = f"bin:{tmp_path / 'out'}", dict(vocab_size=V, seq_len=16, batch_size=4)
+    whole = next(build_data(spec, **geometry).train)
+    halves = [
+        next(build_data(spec, **geometry, process_index=p, process_count=2).train) for p in (0, 1)
+    ]
+    np.testing.assert_array_equal(np.concatenate(halves), whole)
+
+
 def test_token_dtype():
     assert token_dtype(32_000) == "uint16" and token_dtype(65_536) == "uint16"
     assert token_dtype(65_537) == "uint32" and token_dtype(128_256) == "uint32"
@@ -293,3 +345,58 @@ def test_output_holding_another_corpus_is_refused(tmp_path, tokenizer_path):
     np.arange(10, dtype=np.uint16).tofile(plain / "train" / "data_0000.bin")
     proc = cli(f"--input={other}", f"--output={plain}", f"--tokenizer_path={tokenizer_path}")
     assert proc.returncode == 1 and "did not write" in proc.stderr, proc.stderr[-2000:]
+
+
+def user_env() -> dict:
+    """A user's shell: one CPU device (not the test's forced devices)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+
+
+def run_module(module: str, *args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", module, *args]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, (module, proc.stderr[-3000:])
+    return proc
+
+
+@pytest.mark.slow
+def test_parquet_and_jsonl_zst_to_training_resume_and_evaluation(tmp_path):
+    """The README recipe in small: gpn-prepare (trained tokenizer, 2 workers) -> train on
+    bin:<dir> -> resume -> evaluate held-out PPL."""
+    corpus, out, run = tmp_path / "corpus", tmp_path / "prepared", tmp_path / "run"
+    corpus.mkdir()
+    docs = corpus_docs(200)
+    write_parquet(corpus / "part_0.parquet", docs[:100])
+    write_zst(corpus / "part_1.jsonl.zst", docs[100:])
+    run_module(
+        "gpn_jax.prepare",
+        f"--input={corpus}",
+        f"--output={out}",
+        f"--vocab_size={V}",
+        "--tokenizer_sample_docs=150",
+        "--heldout_fraction=0.1",
+        "--workers=2",
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["documents"] == 200 and manifest["dtype"] == "uint16"
+    train = [
+        "--config=experiments/configs/gpn_m_tiny.py",
+        f"--workdir={run}",
+        f"--config.data.source=bin:{out}",
+        "--config.train.checkpoint_every=2",
+        "--config.train.eval_every=0",
+        "--config.train.final_eval_batches=2",
+    ]
+    first = run_module("gpn_jax.train", *train, "--config.train.steps=2")
+    assert "prepared, 1 train + 1 held-out uint16 shard(s)" in first.stdout
+    second = run_module("gpn_jax.train", *train, "--config.train.steps=4")
+    assert "Resuming from checkpoint step 2" in second.stdout
+    final = json.loads((run / "final_metrics.json").read_text())
+    assert final["step"] == 4
+    assert (run / "tokenizer.model").read_bytes() == (out / "tokenizer.model").read_bytes()
+    run_module("gpn_jax.evaluate", f"--workdir={run}", "--eval=ppl", "--ppl_max_batches=2")
+    results = json.loads((run / "eval_results.json").read_text())
+    assert results["ppl"]["tokens"] == 2 * 4 * 32 and np.isfinite(results["ppl"]["ppl"])
