@@ -116,10 +116,11 @@ class _Job:
             for s in SPLITS
         }
         self.tokens_now, self.shards_now, self.start = 0, 0, time.time()
+        self.tokenizer_sha256 = sha256_file(os.path.join(o.output, TOKENIZER))
         self._save_progress()
 
     def run(self) -> None:
-        workers = self.o.workers or len(os.sched_getaffinity(0))
+        workers = self.o.workers or _usable_cores()
         chunks = self.source.chunks(self.position, self.o.chunk_records)
         init = (self.tokenizer.model_proto, self.o.text_field, self.dtype)
         disable = None if self.o.progress else True  # None: only on a terminal
@@ -169,7 +170,7 @@ class _Job:
             w.flush()
         progress = {
             "settings": self.settings,
-            "tokenizer_sha256": sha256_file(os.path.join(self.o.output, TOKENIZER)),
+            "tokenizer_sha256": self.tokenizer_sha256,
             "tokenizer_origin": self.origin,
             "position": dataclasses.asdict(self.position),
             "counts": self.counts,
@@ -207,7 +208,7 @@ class _Job:
             "settings": self.settings,
             "tokenizer": {
                 "file": TOKENIZER,
-                "sha256": sha256_file(os.path.join(self.o.output, TOKENIZER)),
+                "sha256": self.tokenizer_sha256,
                 "vocab_size": self.tokenizer.vocab_size,
                 "origin": self.origin,
             },
@@ -221,6 +222,12 @@ class _Job:
             "records": c["records"],
             "splits": splits,
         }
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _split_tokens(state: dict) -> int:
