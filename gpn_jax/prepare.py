@@ -31,7 +31,10 @@ _FIELD = flags.DEFINE_string("text_field", "text", "Text field of jsonl / parque
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (for tfds: inputs).")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: all cores).")
 _HELDOUT_FRACTION = flags.DEFINE_float(
-    "heldout_fraction", 0.001, "Share of documents held out (chosen by a hash of their number)."
+    "heldout_fraction",
+    None,
+    "Share of documents held out, chosen by a hash of their number (default 0.001, or 0 "
+    "with --heldout_docs).",
 )
 _HELDOUT_DOCS = flags.DEFINE_integer(
     "heldout_docs", 0, "Hold out the first N documents instead (for pre-shuffled corpora)."

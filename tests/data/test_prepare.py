@@ -16,7 +16,13 @@ import zstandard
 
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.prepare.inputs import open_source
-from gpn_jax.data.prepare.run import KILL_AFTER_SHARDS_ENV, Options, prepare_corpus, token_dtype
+from gpn_jax.data.prepare.run import (
+    KILL_AFTER_SHARDS_ENV,
+    Options,
+    check_options,
+    prepare_corpus,
+    token_dtype,
+)
 from gpn_jax.data.prepare.tokenizer_step import training_sample
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import load_tokenizer, train_tokenizer
@@ -134,7 +140,8 @@ def test_document_boundaries_and_heldout_split(tmp_path, tokenizer_path):
 def test_heldout_docs_takes_the_first_documents(tmp_path, tokenizer_path):
     docs = corpus_docs(30)
     path = write_jsonl(tmp_path / "c.jsonl", docs)
-    m = prepare(path, tmp_path / "out", tokenizer_path, heldout_fraction=0.0, heldout_docs=4)
+    m = prepare(path, tmp_path / "out", tokenizer_path, heldout_fraction=None, heldout_docs=4)
+    assert m["settings"]["heldout_fraction"] == 0.0  # the default fraction gives way
     tok = load_tokenizer(tokenizer_path)
     assert split_documents(tmp_path / "out", m, "heldout", tok) == docs[:4]
     assert split_documents(tmp_path / "out", m, "train", tok) == docs[4:]
@@ -209,6 +216,21 @@ def test_each_host_reads_its_rows_of_prepared_shards(tmp_path, tokenizer_path):
         next(build_data(spec, **geometry, process_index=p, process_count=2).train) for p in (0, 1)
     ]
     np.testing.assert_array_equal(np.concatenate(halves), whole)
+
+
+def test_option_errors():
+    for kw, msg in (
+        (dict(vocab_size=V, heldout_docs=3, heldout_fraction=0.1), "not both"),
+        (dict(vocab_size=V, tokenizer_path="x.model"), "exactly one"),
+        (dict(), "exactly one"),
+        (dict(vocab_size=V, heldout_fraction=1.0), "heldout_fraction"),
+        (dict(vocab_size=V, shard_tokens=0), "shard_tokens"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            check_options(Options(input="x", output="y", **kw))
+    o = Options(input="x", output="y", vocab_size=V)
+    check_options(o)
+    assert o.heldout_fraction == 0.001
 
 
 def test_token_dtype():
@@ -340,6 +362,10 @@ def test_output_holding_another_corpus_is_refused(tmp_path, tokenizer_path):
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
         assert f"holds another corpus's shards (different {what})" in proc.stderr, proc.stderr
     assert (out / "manifest.json").read_bytes() == manifest
+
+
+def test_output_holding_shards_of_another_tool_is_refused(tmp_path, tokenizer_path):
+    other = write_jsonl(tmp_path / "b.jsonl", corpus_docs(10))
     plain = tmp_path / "plain"
     (plain / "train").mkdir(parents=True)
     np.arange(10, dtype=np.uint16).tofile(plain / "train" / "data_0000.bin")

@@ -44,7 +44,7 @@ class Options:
     text_field: str = "text"
     data_dir: str | None = None
     workers: int = 0  # 0: every core this process may use
-    heldout_fraction: float = 0.001
+    heldout_fraction: float | None = None  # None: DEFAULT_HELDOUT_FRACTION unless heldout_docs
     heldout_docs: int = 0
     seed: int = 0
     shard_tokens: int = 1 << 27
@@ -53,7 +53,13 @@ class Options:
     progress: bool = True
 
 
+DEFAULT_HELDOUT_FRACTION = 0.001
+
+
 def check_options(o: Options) -> None:
+    """One-line errors for bad options; fills in the default held-out fraction."""
+    if o.heldout_fraction is None:
+        o.heldout_fraction = 0.0 if o.heldout_docs else DEFAULT_HELDOUT_FRACTION
     if not o.output:
         raise ValueError("--output is required")
     if bool(o.tokenizer_path) == bool(o.vocab_size):
@@ -130,7 +136,8 @@ class _Job:
             ):
                 docs = self._write(*result)
                 rate = self.tokens_now / max(time.time() - self.start, 1e-9)
-                bar.set_postfix_str(f"{self.total_tokens():,} tokens, {rate:,.0f} tokens/s")
+                text = f"{self.total_tokens():,} tokens, {rate:,.0f} tokens/s"
+                bar.set_postfix_str(text, refresh=False)
                 bar.update(docs)
 
     def _write(self, first_record, end, tokens, lengths) -> int:
