@@ -39,40 +39,47 @@ _KEEP = flags.DEFINE_bool("keep", False, "Keep the prepared outputs (they are la
 
 
 def word_table() -> tuple[np.ndarray, np.ndarray]:
-    """(words, probabilities): the embedded corpus's words, Zipf weights by frequency rank."""
+    """(forms, cdf): each word of the embedded corpus (by frequency rank) in six written forms
+    — plain, capitalised, sentence end, both, paragraph end, both — and Zipf-like cumulative
+    probabilities over the words."""
     from collections import Counter
 
     from gpn_jax.data.text_sources import embedded_corpus
 
-    counts = Counter(w for doc in embedded_corpus() for w in re.findall(r"[A-Za-z]+", doc))
-    words = np.array([w.lower() for w, _ in counts.most_common()], dtype=object)
-    p = 1.0 / np.arange(1, len(words) + 1)
-    return words, p / p.sum()
+    found = (w.lower() for doc in embedded_corpus() for w in re.findall(r"[A-Za-z]{2,}|\ba\b", doc))
+    words = [w for w, _ in Counter(found).most_common()]
+    caps = [w.capitalize() for w in words]
+    forms = [f"{w} " for w in words] + [f"{w} " for w in caps]
+    forms += [f"{w}. " for w in words] + [f"{w}. " for w in caps]
+    forms += [f"{w}.\n\n" for w in words] + [f"{w}.\n\n" for w in caps]
+    cdf = np.cumsum(1.0 / np.arange(1, len(words) + 1))
+    return np.array(forms, dtype=object), cdf / cdf[-1]
 
 
-def synthetic_document(rng, words, probs) -> str:
-    """Paragraphs of sentences (8-24 words, capitalised, full stop); 100-1500 words."""
-    ids = rng.choice(len(words), size=int(rng.integers(100, 1500)), p=probs)
-    cuts = np.cumsum(rng.integers(8, 25, size=len(ids) // 8 + 1))
-    sentences, start = [], 0
-    for end in cuts[cuts < len(ids)].tolist() + [len(ids)]:
-        if end > start:
-            s = " ".join(words[ids[start:end]])
-            sentences.append(s[0].upper() + s[1:] + ".")
-        start = end
-    paragraphs = [" ".join(sentences[i : i + 6]) for i in range(0, len(sentences), 6)]
-    return "\n\n".join(paragraphs)
+def synthetic_document(rng, forms, cdf) -> str:
+    """100-1500 words in sentences of 8-24 words (capitalised, full stop), six sentences to
+    a paragraph."""
+    n, vocab = int(rng.integers(100, 1500)), len(cdf)
+    ids = np.minimum(np.searchsorted(cdf, rng.random(n)), vocab - 1)
+    ends = np.cumsum(rng.integers(8, 25, size=n // 8 + 1)) - 1
+    ends = np.append(ends[ends < n - 1], n - 1)
+    form = np.zeros(n, np.int64)
+    form[0] = 1
+    form[ends[:-1] + 1] = 1  # capitalised after each sentence end
+    form[ends] += 2  # sentence end
+    form[ends[5::6]] += 2  # every sixth sentence also ends its paragraph
+    return "".join(forms[ids + form * vocab]).rstrip()
 
 
 def make_corpus(path: str, megabytes: int, seed: int = 0) -> str:
     """Writes (once) a jsonl corpus of about `megabytes` MB to `path`."""
     if os.path.exists(path):
         return path
-    rng, (words, probs) = np.random.default_rng(seed), word_table()
+    rng, (forms, cdf) = np.random.default_rng(seed), word_table()
     written, target, tmp = 0, megabytes * 1_000_000, f"{path}.tmp"
     with open(tmp, "w") as f:
         while written < target:
-            line = json.dumps({"text": synthetic_document(rng, words, probs)}) + "\n"
+            line = json.dumps({"text": synthetic_document(rng, forms, cdf)}) + "\n"
             f.write(line)
             written += len(line)
     os.replace(tmp, path)

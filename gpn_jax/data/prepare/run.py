@@ -107,6 +107,9 @@ def prepare_corpus(o: Options) -> dict:
 
 
 class _Job:
+    """One (possibly resumed) pass: read chunks from the saved position, tokenize them in
+    order over the workers, append each to its split's writer, save progress after each."""
+
     def __init__(self, o, source, settings, tokenizer, origin, progress):
         self.o, self.source, self.settings = o, source, settings
         self.tokenizer, self.origin = tokenizer, origin
