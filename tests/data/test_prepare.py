@@ -260,6 +260,31 @@ def test_bin_training_reads_prepared_shards_heldout_and_tokenizer(tmp_path, toke
     assert batch.shape == (4, 16) and batch.dtype == np.int32
 
 
+def test_bin_training_without_heldout_shards_splits_by_position(tmp_path, tokenizer_path):
+    path = write_jsonl(tmp_path / "c.jsonl", corpus_docs(60))
+    m = prepare(path, tmp_path / "out", tokenizer_path, heldout_fraction=0.0)
+    assert m["splits"]["heldout"] == {"shards": [], "tokens": 0, "documents": 0}
+    data = build_data(f"bin:{tmp_path / 'out'}", vocab_size=V, seq_len=16, batch_size=4)
+    total = m["splits"]["train"]["tokens"]
+    assert (
+        len(data.heldout) == round(total * 0.05)
+        and len(data.train_tokens) + len(data.heldout) == total
+    )
+
+
+def test_bin_training_refuses_a_tokenizer_other_than_the_corpus(tmp_path, tokenizer_path):
+    prepare(write_jsonl(tmp_path / "c.jsonl", corpus_docs(60)), tmp_path / "out", tokenizer_path)
+    other = str(tmp_path / "other.model")
+    train_tokenizer(corpus_docs(40), V, other)
+    spec, geometry = f"bin:{tmp_path / 'out'}", dict(vocab_size=V, seq_len=16, batch_size=4)
+    with pytest.raises(ValueError, match="is not the one .* was prepared with"):
+        build_data(spec, tokenizer_path=other, **geometry)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tokenizer.model").write_bytes(open(other, "rb").read())
+    with pytest.raises(ValueError, match="is not the tokenizer of"):
+        build_data(spec, workdir=str(tmp_path / "run"), **geometry)
+
+
 def test_rerun_of_a_finished_output_does_nothing(tmp_path, tokenizer_path):
     path = write_jsonl(tmp_path / "c.jsonl", corpus_docs(40))
     out = tmp_path / "out"
