@@ -16,6 +16,7 @@ import zstandard
 
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.prepare.inputs import open_source
+from gpn_jax.data.prepare.parallel import ordered_map
 from gpn_jax.data.prepare.run import (
     KILL_AFTER_SHARDS_ENV,
     Options,
@@ -216,6 +217,21 @@ def test_each_host_reads_its_rows_of_prepared_shards(tmp_path, tokenizer_path):
         next(build_data(spec, **geometry, process_index=p, process_count=2).train) for p in (0, 1)
     ]
     np.testing.assert_array_equal(np.concatenate(halves), whole)
+
+
+def test_ordered_map_keeps_order_and_reads_a_bounded_number_of_chunks_ahead():
+    pulled = []
+
+    def items():
+        for i in range(60):
+            pulled.append(i)
+            yield -i
+
+    got = []
+    for value in ordered_map(abs, items(), 2, int, (), in_flight=4):
+        got.append(value)
+        assert len(pulled) <= len(got) + 4  # streaming: memory does not grow with the input
+    assert got == list(range(60))
 
 
 def test_option_errors():
