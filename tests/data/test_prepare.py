@@ -249,6 +249,29 @@ def test_option_errors():
     assert o.heldout_fraction == 0.001
 
 
+def test_uint32_shards_for_a_vocabulary_over_65536(tmp_path, tokenizer_path):
+    """The test tokenizer grown to 70,000 pieces; the last, 'doc', starts every document."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    model = pb.ModelProto()
+    model.ParseFromString(open(tokenizer_path, "rb").read())
+    for i in range(70_000 - len(model.pieces)):
+        piece = model.pieces.add()
+        piece.piece = "doc" if i == 70_000 - V - 1 else f"<unused_{i}>"
+        piece.type = pb.ModelProto.SentencePiece.USER_DEFINED
+    big = tmp_path / "big.model"
+    big.write_bytes(model.SerializeToString())
+    docs = corpus_docs(30)
+    m = prepare(write_jsonl(tmp_path / "c.jsonl", docs), tmp_path / "out", str(big))
+    tok = load_tokenizer(str(big))
+    assert m["dtype"] == "uint32" and tok.encode("doc 1")[0] == 69_999
+    got = split_documents(tmp_path / "out", m, "train", tok)
+    got += split_documents(tmp_path / "out", m, "heldout", tok)
+    assert sorted(got) == sorted(docs)
+    data = build_data(f"bin:{tmp_path / 'out'}", vocab_size=70_000, seq_len=16, batch_size=4)
+    assert data.train_tokens.dtype == np.uint32 and int(data.train_tokens[:].max()) == 69_999
+
+
 def test_token_dtype():
     assert token_dtype(32_000) == "uint16" and token_dtype(65_536) == "uint16"
     assert token_dtype(65_537) == "uint32" and token_dtype(128_256) == "uint32"
