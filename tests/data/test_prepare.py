@@ -355,7 +355,7 @@ def test_killed_prepare_resumes_to_the_same_bytes(tmp_path, tokenizer_path):
     partial = next(out.glob("*/*.partial"))
     with open(partial, "ab") as f:  # bytes written after the last progress save
         f.write(b"\x07" * 100)
-    resumed = cli(*args)
+    resumed = cli(*args[:-1], "--workers=2")  # the worker count may change: same bytes
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert resumed.stdout.strip().splitlines()[-1].startswith("prepared 120 documents")
     manifest = json.loads((out / "manifest.json").read_text())
