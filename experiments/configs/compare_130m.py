@@ -1,8 +1,11 @@
 """The paper's four-model comparison at 130M parameters (Table 1 setting), for real hardware.
 
     python -m experiments.compare --config=experiments/configs/compare_130m.py --workdir=DIR \
-        --config.data.source=bin:/data/fineweb_edu --config.data.tokenizer_path=/data/llama2.model \
+        --config.data.source=bin:/data/fineweb_edu \
         [--lambada_path=lambada_openai_test.jsonl]
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 
 Models: the model blocks of `gpn_m_1l_130m.py` (129,151,902 parameters), `gpn_1l_130m.py`
 (129,234,848), `transformer_130m.py` (128,994,048) and `gdn_130m.py` (129,503,608), unchanged.

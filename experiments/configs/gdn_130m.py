@@ -9,7 +9,10 @@ rule (chunk 64); decoding the recurrent form. Forward FLOPs per token at T=2048:
 275.9M; training 827.8M (matmuls incl. the chunked delta rule).
 
     python -m gpn_jax.train --config=experiments/configs/gdn_130m.py --workdir=/tmp/gdn \
-        --config.data.source=bin:/data/fineweb_edu --config.data.tokenizer_path=/data/llama2.model
+        --config.data.source=bin:/data/fineweb_edu
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 """
 
 import ml_collections

@@ -5,7 +5,11 @@ d_ffn=8320 so the model lands at 129,234,848 parameters (-0.6 % of 130M;
 `python -m gpn_jax.summary --config=<this file>`). Paper result: held-out PPL 23.51; LAMBADA
 0.015 / 263.6 — without the matrix memory the single state cannot hold the context.
 
-    python -m gpn_jax.train --config=experiments/configs/gpn_1l_130m.py --workdir=/tmp/gpn_1l
+    python -m gpn_jax.train --config=experiments/configs/gpn_1l_130m.py --workdir=/tmp/gpn_1l \
+        --config.data.source=bin:/data/fineweb_edu
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 """
 
 import ml_collections

@@ -5,7 +5,10 @@ vocab 32,000: 129,151,902 parameters (`python -m gpn_jax.summary --config=<this 
 Paper result (FineWeb-Edu, 10k steps of 128 x 2048): held-out PPL 18.06; LAMBADA 0.146 / 33.45.
 
     python -m gpn_jax.train --config=experiments/configs/gpn_m_1l_130m.py --workdir=/tmp/gpn_m_1l \
-        --config.data.source=bin:/data/fineweb_edu --config.data.tokenizer_path=/data/llama2.model
+        --config.data.source=bin:/data/fineweb_edu
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 """
 
 import ml_collections

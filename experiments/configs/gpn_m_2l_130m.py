@@ -6,7 +6,11 @@ d_ffn; we choose d_ffn=4800 so the model lands at 129,099,926 parameters (-0.7 %
 windows of 512 with the carry passed between consecutive windows of the same sequences is the
 `seq_len=512` setting here. Paper result: held-out PPL 16.95; LAMBADA 0.160 / 27.39.
 
-    python -m gpn_jax.train --config=experiments/configs/gpn_m_2l_130m.py --workdir=/tmp/gpn_m_2l
+    python -m gpn_jax.train --config=experiments/configs/gpn_m_2l_130m.py --workdir=/tmp/gpn_m_2l \
+        --config.data.source=bin:/data/fineweb_edu
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 """
 
 import ml_collections

@@ -6,7 +6,10 @@ tied embeddings, RoPE, no biases: 128,994,048 parameters (GPN+M 1L: 129,151,902,
 (attention counted at the causal average context T/2): 295.7M; training 887.1M.
 
     python -m gpn_jax.train --config=experiments/configs/transformer_130m.py --workdir=/tmp/tpp \
-        --config.data.source=bin:/data/fineweb_edu --config.data.tokenizer_path=/data/llama2.model
+        --config.data.source=bin:/data/fineweb_edu
+
+`/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
+the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 """
 
 import ml_collections

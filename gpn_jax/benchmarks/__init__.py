@@ -5,4 +5,5 @@
 * `generate`: per-token decoding latency at long contexts.
 * `worker`: runs one record in a fresh process, so each record's peak host RSS is its own.
 * `report`: tables, the scaling analysis and the PNG plot.
+* `prepare`: `gpn_jax.prepare` and the `bin:` loader (its own command, `python -m` it).
 """

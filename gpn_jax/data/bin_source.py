@@ -26,7 +26,8 @@ def list_shards(path: str) -> list[str]:
     return shards
 
 
-def _memmap(path: str, dtype: np.dtype) -> np.ndarray:
+def memmap_shard(path: str, dtype: np.dtype) -> np.ndarray:
+    """One shard file as a read-only memory-mapped token array."""
     size = os.path.getsize(path)
     if size % dtype.itemsize:
         raise ValueError(f"{path}: size {size} bytes is not a multiple of {dtype.name} tokens")
@@ -73,4 +74,4 @@ def open_bin(path: str, dtype: str = "uint32") -> ShardedTokens:
     """Memory-maps the shards of `path` (see `list_shards`) as one token sequence."""
     if dtype not in BIN_DTYPES:
         raise ValueError(f"bin_dtype must be one of {BIN_DTYPES}, got {dtype!r}")
-    return ShardedTokens([_memmap(p, np.dtype(dtype)) for p in list_shards(path)])
+    return ShardedTokens([memmap_shard(p, np.dtype(dtype)) for p in list_shards(path)])

@@ -3,7 +3,9 @@
 Text sources (embedded, files, tfds): documents -> train / held-out character split ->
 SentencePiece tokenizer (given, found in the workdir, or trained on the train split) ->
 flat uint32 token streams (eos after each document) -> windows. `bin:` sources are
-already tokens: memory-mapped and split by token position.
+already tokens, memory-mapped: a directory written by `gpn_jax.prepare` (it has a
+manifest.json) brings its own tokenizer, dtype and held-out shards; plain shards are split
+by token position.
 """
 
 import dataclasses
@@ -13,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from gpn_jax.data.bin_source import list_shards, open_bin
+from gpn_jax.data.bin_source import ShardedTokens, list_shards, memmap_shard, open_bin
+from gpn_jax.data.prepare.manifest import PreparedCorpus, read_prepared
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents, split_tokens
@@ -21,7 +24,7 @@ from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, load_npy
+from gpn_jax.io.files import atomic_save_npy, atomic_write, load_npy
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -88,7 +91,9 @@ class DataConfig:
       data_dir: the tfds data directory (local or gs://).
       text_field: the text field of jsonl / tfds examples (default 'text').
       max_docs: read at most this many documents.
-      bin_dtype: 'uint16' or 'uint32' for `bin:` shards.
+      bin_dtype: 'uint16' or 'uint32' for `bin:` shards (a prepared directory's manifest
+        names its own; its held-out shards replace `heldout_fraction`'s split, and its
+        tokenizer.model is used, and copied into the workdir, unless `tokenizer_path` is set).
       train_layout: 'shuffled', 'sequential' or 'streams' (see `windows`).
     """
 
@@ -180,14 +185,20 @@ def build(
 
         parts = recall_parts(source.name, dc.vocab_size, dc.seq_len)
     elif source.kind == "bin":
-        parts = _bin_parts(
-            source.path,
-            dc.bin_dtype,
-            dc.tokenizer_path,
-            dc.vocab_size,
-            dc.heldout_fraction,
-            cache_dir,
-        )
+        prepared = read_prepared(source.path)
+        if prepared:
+            parts = _prepared_parts(
+                prepared, dc.tokenizer_path, dc.vocab_size, dc.heldout_fraction, cache_dir, workdir
+            )
+        else:
+            parts = _bin_parts(
+                source.path,
+                dc.bin_dtype,
+                dc.tokenizer_path,
+                dc.vocab_size,
+                dc.heldout_fraction,
+                cache_dir,
+            )
     else:
         read = dict(data_dir=dc.data_dir, text_field=dc.text_field, max_docs=dc.max_docs)
         parts = _text_parts(
@@ -256,17 +267,59 @@ def _bin_parts(path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, ca
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if tokenizer:
         check_vocab(tokenizer, vocab_size)
-    counts = _bin_counts(path, train, vocab_size, cache_dir, (0, cut))
-    _bin_counts(path, heldout, vocab_size, cache_dir, (cut, len(tokens)))  # checks the ids
-    shards = len(list_shards(path))
-    what = f"{path}: {shards} {bin_dtype} shard(s), {len(tokens):,} tokens"
+    shards = list_shards(path)
+    counts = _bin_counts(shards, train, vocab_size, cache_dir, (0, cut))
+    _bin_counts(shards, heldout, vocab_size, cache_dir, (cut, len(tokens)))  # checks the ids
+    what = f"{path}: {len(shards)} {bin_dtype} shard(s), {len(tokens):,} tokens"
     return tokenizer, train, heldout, counts, f"{what}; tokenizer {tokenizer_path or 'none'}"
 
 
-def _bin_counts(path, tokens, vocab_size, cache_dir, span) -> np.ndarray:
+def _prepared_parts(prepared: PreparedCorpus, tokenizer_path, vocab_size, fraction, cache, workdir):
+    """A `gpn_jax.prepare` directory: its train shards, its held-out shards (if it has
+    any; else the trailing `heldout_fraction` of the train tokens) and its tokenizer."""
+    tokenizer = load_tokenizer(tokenizer_path or prepared.tokenizer_path)
+    if hashlib.sha256(tokenizer.model_proto).hexdigest() != prepared.tokenizer_sha256:
+        raise ValueError(
+            f"tokenizer {tokenizer.path} is not the one {prepared.directory} was prepared with"
+        )
+    check_vocab(tokenizer, vocab_size)
+    if workdir and not tokenizer_path:
+        _adopt_tokenizer(tokenizer, workdir, prepared.directory)
+    dtype = np.dtype(prepared.dtype)
+    train = ShardedTokens([memmap_shard(p, dtype) for p in prepared.train])
+    heldout = ShardedTokens([memmap_shard(p, dtype) for p in prepared.heldout])
+    if not len(train):
+        raise ValueError(f"empty corpus: {prepared.directory} holds no training tokens")
+    if not len(heldout):  # prepared without held-out documents: split by position
+        cut = split_tokens(len(train), fraction)
+        train, heldout = train.view(0, cut), train.view(cut, len(train))
+    shards = prepared.train + prepared.heldout
+    counts = _bin_counts(shards, train, vocab_size, cache, ("train", len(train)))
+    _bin_counts(shards, heldout, vocab_size, cache, ("heldout", len(heldout)))  # checks the ids
+    what = (
+        f"{prepared.directory}: prepared, {len(prepared.train)} train + "
+        f"{len(prepared.heldout)} held-out {prepared.dtype} shard(s), "
+        f"{len(train) + len(heldout):,} tokens"
+    )
+    return tokenizer, train, heldout, counts, f"{what}; tokenizer {tokenizer.path}"
+
+
+def _adopt_tokenizer(tokenizer: Tokenizer, workdir: str, corpus: str) -> None:
+    """Copies the corpus's tokenizer into the workdir, where evaluation and generation look."""
+    saved = paths.join(workdir, TOKENIZER_FILE)
+    if not paths.exists(saved):
+        atomic_write(saved, tokenizer.model_proto)
+        return
+    if paths.read_bytes(saved) != tokenizer.model_proto:
+        raise ValueError(
+            f"{saved} is not the tokenizer of {corpus}; use a fresh workdir for this corpus"
+        )
+
+
+def _bin_counts(shards, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     if not cache_dir:
         return unigram_counts(tokens, vocab_size)
-    stats = [(p, os.path.getsize(p), os.path.getmtime(p)) for p in list_shards(path)]
+    stats = [(p, os.path.getsize(p), os.path.getmtime(p)) for p in shards]
     key = hashlib.sha256(repr((stats, span, vocab_size, str(tokens.dtype))).encode()).hexdigest()[
         :20
     ]
