@@ -22,6 +22,7 @@ ENTRY_POINTS = {
     "bench",
     "summary",
     "prepare",
+    "bench_prepare",
     "export",
     "aot",
 }
