@@ -1,7 +1,8 @@
 """One command trains and compares GPN+M, GPN, Transformer++ and Gated DeltaNet.
 
     python -m experiments.compare --config=experiments/configs/compare_tiny.py --workdir=/tmp/cmp \
-        [--lambada_path=lambada_test.jsonl]
+        [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,hellaswag,\
+        winogrande,arc_easy,arc_challenge [--include_path=DIR]]
 
 A compare config (`experiments/configs/compare_*.py`) holds the shared blocks of a training
 config (`seed`, `data`, `train`, `mesh`), a dict `models` of model blocks and a `compare` block.
@@ -16,7 +17,12 @@ rerun reuses a finished run (its `final_metrics.json`) and resumes an unfinished
 the workdir: `comparison.md` and `comparison.json` (a table shaped like the paper's Table 1) and
 `loss_curves.png` (training loss vs step / tokens).
 
-From Python: `compare(config, workdir, lambada_path=None) -> dict` (the `comparison.json`).
+`--tasks` adds the Gated DeltaNet paper's lm-evaluation-harness table for every model
+(`experiments.harness_table`): the columns whose task data is on this machine are filled, the
+others are named with the reason (e.g. "task 'piqa' not available offline").
+
+From Python: `compare(config, workdir, lambada_path=None, tasks=None, include_path=None) ->
+dict` (the `comparison.json`).
 """
 
 import json

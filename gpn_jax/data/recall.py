@@ -166,7 +166,9 @@ def recall_parts(params: str, vocab_size: int, seq_len: int, batch_size: int = 1
     counts = np.bincount(train, minlength=vocab_size).astype(np.int64)
     what = (
         f"recall ({spec.params()}): {num_queries(spec, seq_len)} queries per {seq_len}-token "
-        f"example, loss on {spec.targets}; no tokenizer"
+        f"example, loss on {spec.targets}, "
+        f"{'fresh examples every step' if not spec.examples else 'a fixed example set'}; "
+        "no tokenizer"
     )
     return None, train, heldout, counts, what
 

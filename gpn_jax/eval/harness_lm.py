@@ -27,6 +27,7 @@ from lm_eval.models.utils import (
     normalize_gen_kwargs,
     postprocess_generated_text,
 )
+from lm_eval.utils import simple_parse_args_string
 from tqdm import tqdm
 
 from gpn_jax.eval import sampling, scoring
@@ -90,6 +91,18 @@ class GPNLM(TemplateLM):
         self.max_gen_toks = _int("max_gen_toks", kwargs.get("max_gen_toks", 256))
         self.seed = _int("seed", kwargs.get("seed", 0), 0)
         self.stats = scoring.Stats()
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor hook. Its CLI always passes `batch_size` (its --batch_size,
+        default 1) beside --model_args; a `batch_size` in --model_args wins."""
+        extra = {k: v for k, v in (additional_config or {}).items()
+                 if v is not None and k not in arg_dict}  # fmt: skip
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     # ---------------------------------------------------------------- tokenizer
     @property
