@@ -11,7 +11,9 @@ rate with the best mean accuracy over seeds is kept, as Zoology and the Gated De
 report MQAR. Each run lives in `<workdir>/<cell>/<family>/lr<lr>_s<seed>`; a rerun reuses
 finished runs (`recall_result.json`), so the sweep can be stopped and resumed.
 
-Outputs in the workdir: `recall_table.md`, `recall_table.json` and `recall_vs_pairs.png`
+`--config.report_only=True` only tabulates the finished runs (a partial grid; rows list the
+seeds they hold), so several processes can share the grid (e.g. one per `--config.families`
+subset) and one more call writes the joint table. Outputs in the workdir: `recall_table.md`, `recall_table.json` and `recall_vs_pairs.png`
 (accuracy vs number of pairs, one line per family, one panel per (seq_len, width)).
 """
 
@@ -144,7 +146,8 @@ def check_cells(sweep) -> None:
 
 
 def sweep_cell(sweep, workdir: str, cell, family: str, log) -> dict:
-    """Every (lr, seed) run of one family in one cell; the best learning rate's row."""
+    """Every (lr, seed) run of one family in one cell; the best learning rate's row (None when
+    `report_only` finds no finished run)."""
     pairs, seq_len, width = cell
     fields = model_fields(family, width, seq_len, sweep)
     by_lr = {}
@@ -152,11 +155,16 @@ def sweep_cell(sweep, workdir: str, cell, family: str, log) -> dict:
         accs = []
         for seed in sweep.seeds:
             wd = os.path.join(workdir, f"p{pairs}_t{seq_len}_w{width}", family, f"lr{lr:g}_s{seed}")
+            if sweep.get("report_only") and not os.path.exists(os.path.join(wd, RESULT)):
+                continue  # tabulate finished runs only
             r = train_one(run_config(sweep, fields, pairs, seq_len, lr, seed), wd, sweep.heldout)
             log(f"pairs={pairs} T={seq_len} width={width} {family} lr={lr:g} seed={seed}: "
                 f"acc {r['acc']:.4f} ({r['wall_s']} s)")  # fmt: skip
             accs.append(r["acc"])
-        by_lr[lr] = accs
+        if accs:
+            by_lr[lr] = accs
+    if not by_lr:
+        return None
     best = max(by_lr, key=lambda lr: sum(by_lr[lr]) / len(by_lr[lr]))
     accs = by_lr[best]
     return {
@@ -175,8 +183,10 @@ def recall_sweep(sweep, workdir: str, log=print) -> dict:
     start, rows = time.time(), []
     for cell in cells(sweep):
         for family in names:
-            rows.append(sweep_cell(sweep, workdir, cell, family, log))
-            write_outputs(workdir, rows, sweep, time.time() - start)  # partial tables too
+            row = sweep_cell(sweep, workdir, cell, family, log)
+            if row is not None:
+                rows.append(row)
+                write_outputs(workdir, rows, sweep, time.time() - start)  # partial tables too
     return write_outputs(workdir, rows, sweep, time.time() - start)
 
 
@@ -207,6 +217,8 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = sorted({(r["seq_len"], r["width"]) for r in rows})
+    if not panels:
+        return  # nothing finished yet
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
     for ax, (t, w) in zip(axes[0], panels, strict=True):
         for model in dict.fromkeys(r["model"] for r in rows):

@@ -134,7 +134,10 @@ def split(tok, context, cont):
     return ctx, whole[len(ctx) :]
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+FAMILIES = ["gpn_m", "transformer", pytest.param("gdn", marks=pytest.mark.slow)]  # gdn: ~60 s
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_multiple_choice_equals_direct_token_losses(family, runs, tasks, tokenizer):
     lm = GPNLM(workdir=runs[family], batch_size=3)
     res, samples = evaluate(lm, tasks, "gpnt_mc")
@@ -166,7 +169,7 @@ def direct_rolling(model, params, tokens):
     return total
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_rolling_equals_direct_token_losses(family, runs, tasks, tokenizer):
     lm = GPNLM(workdir=runs[family], batch_size=2, window=8)  # several windows per document
     res, samples = evaluate(lm, tasks, "gpnt_roll")
@@ -231,6 +234,7 @@ def cli(*args):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
     out = tmp_path / "out"
     proc = cli(
@@ -243,6 +247,7 @@ def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
     assert "acc,none" in r["results"]["gpnt_mc"] and r["n-samples"]["gpnt_mc"]["effective"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_args, match",
     [
@@ -259,6 +264,7 @@ def test_bad_model_args_are_one_line_errors(model_args, match, runs, tasks, tmp_
     assert last.startswith("gpn-harness: error:") and match in last, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, tmp_path):
     from experiments import harness_table as pt
 

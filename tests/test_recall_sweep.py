@@ -62,3 +62,19 @@ def test_one_real_run_trains_on_fresh_answer_only_data(tmp_path):
     r = rs.train_one(config, str(tmp_path / "run"), s.heldout)
     assert 0.0 <= r["acc"] <= 1.0 and len(r["acc_by_query"]) == 2 and r["chance"] == 0.25
     assert rs.train_one(config, str(tmp_path / "run"), s.heldout) == r  # reused, not retrained
+
+
+def test_report_only_tabulates_finished_runs(tmp_path, monkeypatch):
+    s = sweep_config.get_config("tiny")
+    s.report_only = True
+    calls = []
+    monkeypatch.setattr(rs, "train_one", lambda *a: calls.append(a) or {})
+    assert rs.recall_sweep(s, str(tmp_path), log=lambda _: None)["rows"] == []
+    done = tmp_path / "p2_t8_w16" / "gdn" / "lr0.003_s1"
+    done.mkdir(parents=True)
+    (done / rs.RESULT).write_text(json.dumps({"acc": 0.7, "wall_s": 1.0}))
+    monkeypatch.setattr(
+        rs, "train_one", lambda c, wd, h: json.load(open(os.path.join(wd, rs.RESULT)))
+    )
+    (row,) = rs.recall_sweep(s, str(tmp_path), log=lambda _: None)["rows"]
+    assert row["family"] == "gdn" and row["acc_by_seed"] == [0.7] and not calls

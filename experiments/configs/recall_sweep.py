@@ -34,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.heldout = 512  # held-out examples per cell (fresh, independently seeded)
     c.gdn_layers = 2
     c.transformer_layers = 2
+    c.report_only = False  # True: tabulate finished runs, train nothing
     if arg == "tiny":
         c.update(dict(families="gpn_m,gdn", pairs=(2,), seq_lens=(8,), widths=(16,), n_keys=4,
                       learning_rates=(3e-3,), seeds=(0, 1), steps=3, batch_size=8,
