@@ -436,6 +436,8 @@ def compare(
     lambada_path = lambada_path or config.compare.get("lambada_path") or None
     if lambada_path and not os.path.isfile(lambada_path):
         raise FileNotFoundError(f"LAMBADA file not found: {lambada_path}")
+    if tasks:
+        paper_table.require_lm_eval()
     is_lead = jax.process_index() == 0
     rows = _model_rows(config, names, workdir)
     print_param_counts(rows)

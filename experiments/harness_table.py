@@ -31,6 +31,14 @@ def parse_tasks(tasks) -> list[str]:
     return list(dict.fromkeys(n.strip() for n in names if n and n.strip()))
 
 
+def require_lm_eval() -> None:
+    """Fails (one line) before any training when lm-eval is missing."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"--tasks needs lm-eval ({e}); pip install -e '.[eval]'") from None
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
@@ -78,12 +86,11 @@ def harness_table(rows: list[dict], tasks, include_path: str | None = None, limi
 
     `rows`: the comparison's rows (each with 'label' and the run's 'workdir').
     """
-    try:
-        from lm_eval.tasks import TaskManager
+    require_lm_eval()
+    from lm_eval.tasks import TaskManager
 
-        from gpn_jax.eval.harness_lm import GPNLM
-    except ImportError as e:
-        raise ValueError(f"--tasks needs lm-eval ({e}); pip install -e '.[eval]'") from None
+    from gpn_jax.eval.harness_lm import GPNLM
+
     _offline()
     names = parse_tasks(tasks)
     tm = TaskManager(include_path=include_path)
