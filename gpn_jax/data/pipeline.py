@@ -42,6 +42,8 @@ class Data:
       vocab_size, seq_len, batch_size: the geometry the data was built for.
       eos_id: the document separator id (None if unknown).
       description: a human-readable summary.
+      loss_mask: (seq_len,) bool positions the training loss is taken on (None: all), e.g.
+        the answers of `recall:` data.
     """
 
     tokenizer: Tokenizer | None
@@ -56,6 +58,7 @@ class Data:
     description: str
     process_index: int = 0
     process_count: int = 1
+    loss_mask: np.ndarray | None = None
 
     def heldout_windows(
         self, batch_size: int | None = None, seq_len: int | None = None, layout: str = "sequential"
@@ -116,14 +119,13 @@ def build_data(
       train_state: a `WindowIterator.get_state()` dict to resume from.
       process_index, process_count: this host and the host count (each reads B/count rows).
     """
+    if parse_spec(spec).kind == "recall":
+        return _recall_data(spec, vocab_size, seq_len, batch_size, heldout_fraction, seed,
+                            train_layout, train_state, process_index, process_count)  # fmt: skip
     source = parse_spec(spec)
     if cache_dir is None and workdir:
         cache_dir = paths.join(workdir, "data_cache")
-    if source.kind == "recall":
-        from gpn_jax.data.recall import recall_parts
-
-        parts = recall_parts(source.name, vocab_size, seq_len)
-    elif source.kind == "bin":
+    if source.kind == "bin":
         prepared = read_prepared(source.path)
         if prepared:
             parts = _prepared_parts(
@@ -157,6 +159,19 @@ def build_data(
         process_index,
         process_count,
     )
+
+
+def _recall_data(spec, vocab_size, seq_len, batch_size, heldout_fraction, seed, layout, state,
+                 *hosts):  # fmt: skip
+    """Synthetic recall data (`gpn_jax.data.recall`): examples, loss mask, fresh iterator."""
+    from gpn_jax.data import recall
+
+    params = parse_spec(spec).name
+    fresh = not recall.parse_recall_params(params).examples
+    parts = recall.recall_parts(params, vocab_size, seq_len, batch_size)
+    data = _assemble(parts, vocab_size, seq_len, batch_size, heldout_fraction, seed, layout,
+                     None if fresh else state, *hosts)  # fmt: skip
+    return recall.attach(data, params, seed, state if fresh else None)
 
 
 def _text_parts(source, vocab_size, tokenizer_path, heldout_fraction, workdir, cache_dir, **read):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from gpn_jax.core import fast_window, gpn, window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
+from gpn_jax.models.base import masked_mean
 from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs, zeros
 
 Array = jax.Array
@@ -174,9 +175,15 @@ class GPN:
             carry, out = window.scan_window(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
         return out, carry, cp
 
-    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
+    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), mask=None):
+        """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
+        True. Returns (loss, (carry, metrics))."""
         out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        if mask is not None:
+            ce_TxB = window.per_token_cross_entropy(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+            loss = masked_mean(ce_TxB.T, mask)
+            metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
+            return loss, (carry, metrics)
         ce_sum = (
             fast_window.cross_entropy_sum_fused
             if self.config.scan_impl == "fused"

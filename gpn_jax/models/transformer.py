@@ -38,6 +38,7 @@ import optax
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
 from gpn_jax.core.window import chunk_size
+from gpn_jax.models.base import masked_mean
 from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs
 
 Array = jax.Array
@@ -222,10 +223,14 @@ class Transformer:
         )
         return total
 
-    def loss(self, params, tokens_BxT, carry=None):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics)); carry passes as is."""
+    def loss(self, params, tokens_BxT, carry=None, mask=None):
+        """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
+        True. Returns (loss, (carry, metrics)); carry passes as is."""
         h, cp = self.hidden(params, tokens_BxT)
-        loss = self._chunked(cp, h, tokens_BxT, per_token=False) / tokens_BxT.size
+        if mask is not None:
+            loss = masked_mean(self._chunked(cp, h, tokens_BxT, per_token=True).T, mask)
+        else:
+            loss = self._chunked(cp, h, tokens_BxT, per_token=False) / tokens_BxT.size
         return loss, (carry, {"loss": loss})
 
     def token_losses(self, params, tokens_BxT, carry=None):

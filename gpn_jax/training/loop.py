@@ -266,8 +266,10 @@ class _Run:
     def compile_steps(self):
         t = self.config.train
         # Data-parallel over data x fsdp, weights gathered once per step (see parallel.spmd).
+        # the data may restrict the training loss to some positions (recall: the answers)
+        model = ts.with_loss_mask(self.model, getattr(self.data, "loss_mask", None))
         self.train_step = spmd.jit_train_step(
-            self.model, self.optimizer, t.grad_accum, self.mesh, self.state_sharding, self.rules
+            model, self.optimizer, t.grad_accum, self.mesh, self.state_sharding, self.rules
         )
         self.eval_step = spmd.jit_eval_step(
             self.model, self.mesh, self.state_sharding.params, self.rules
