@@ -1,7 +1,8 @@
 """One command trains and compares GPN+M, GPN, Transformer++ and Gated DeltaNet.
 
     python -m experiments.compare --config=experiments/configs/compare_tiny.py --workdir=/tmp/cmp \
-        [--lambada_path=lambada_test.jsonl]
+        [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,hellaswag,\
+        winogrande,arc_easy,arc_challenge [--include_path=DIR]]
 
 A compare config (`experiments/configs/compare_*.py`) holds the shared blocks of a training
 config (`seed`, `data`, `train`, `mesh`), a dict `models` of model blocks and a `compare` block.
@@ -16,7 +17,12 @@ rerun reuses a finished run (its `final_metrics.json`) and resumes an unfinished
 the workdir: `comparison.md` and `comparison.json` (a table shaped like the paper's Table 1) and
 `loss_curves.png` (training loss vs step / tokens).
 
-From Python: `compare(config, workdir, lambada_path=None) -> dict` (the `comparison.json`).
+`--tasks` adds the Gated DeltaNet paper's lm-evaluation-harness table for every model
+(`experiments.harness_table`): the columns whose task data is on this machine are filled, the
+others are named with the reason (e.g. "task 'piqa' not available offline").
+
+From Python: `compare(config, workdir, lambada_path=None, tasks=None, include_path=None) ->
+dict` (the `comparison.json`).
 """
 
 import json
@@ -28,6 +34,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from experiments import harness_table as paper_table
 from gpn_jax import cli
 from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
 from gpn_jax.data.sources import load_documents
@@ -328,6 +335,9 @@ def markdown(result: dict) -> str:
         )
     else:
         parts.append(f"LAMBADA: {lam['note']}")
+    if "harness" in result:
+        parts += ["", "lm-evaluation-harness (the Gated DeltaNet paper's table):", "",
+                  paper_table.markdown(result["harness"])]  # fmt: skip
     return "\n".join(parts) + "\n"
 
 
@@ -342,9 +352,81 @@ def _check_same_heldout(rows: list[dict]) -> tuple[int, float]:
 
 
 # ------------------------------------------------------------------------------ the job
-def compare(config, workdir: str, lambada_path: str | None = None) -> dict:
+BUDGET_KEYS = ("steps", "batch_size", "seq_len", "grad_accum", "learning_rate", "warmup_steps",
+               "min_lr_ratio", "weight_decay", "b1", "b2", "grad_clip")  # fmt: skip
+
+
+def _model_rows(config, names: list[str], workdir: str) -> list[dict]:
+    return [
+        {"name": n, "label": label(config, n), "workdir": os.path.join(workdir, n)}
+        | model_stats(run_config(config, n).model, config.train.seq_len)
+        for n in names
+    ]
+
+
+def _train_rows(config, rows: list[dict], tokenizer: str, is_lead: bool) -> dict | None:
+    """Trains (or reuses) every row's run and adds its final metrics; a stop dict if stopped."""
+    for i, row in enumerate(rows, 1):
+        print(f"[{i}/{len(rows)}] {row['label']} -> {row['workdir']}")
+        rc = run_config(config, row["name"], tokenizer)
+        final, seconds = train_one(rc, row["workdir"], is_lead)
+        if "stopped_at" in final:
+            print("Stopped; rerun the same command to resume.")
+            return {"stopped_at": {row["name"]: final["stopped_at"]}}
+        keys = ("heldout_ppl", "heldout_loss", "unigram_ppl", "heldout_tokens", "tokens_seen",
+                "step")  # fmt: skip
+        row |= {k: final[k] for k in keys} | {"train_seconds": seconds}
+        _, loss, _, _ = loss_curve(row["workdir"])
+        row["final_train_loss"] = loss[-1] if loss else None
+    return None
+
+
+def _lambada_rows(config, rows: list[dict], lambada_path: str | None) -> dict:
+    """Adds the LAMBADA columns; returns the table's LAMBADA note block."""
+    note = "not run (pass --lambada_path=<lambada_openai jsonl>)"
+    for row in rows:
+        res = None
+        if lambada_path:
+            res = lambada_results(row["workdir"], lambada_path, config.compare.lambada_batch_size)
+            if res is None:
+                note = "not run: gpn_jax.eval has no LAMBADA API in this tree"
+        row["lambada"] = res
+        row["lambada_acc"] = res["paper"]["acc"] if res else None
+        row["lambada_ppl"] = res["paper"]["ppl"] if res else None
+    ran = all(r["lambada"] is not None for r in rows) and bool(lambada_path)
+    return {"path": os.path.abspath(lambada_path) if ran else None, "note": None if ran else note}
+
+
+def _budget(t) -> dict:
+    budget = {k: t[k] for k in BUDGET_KEYS}
+    tokens_per_step = t.batch_size * t.seq_len
+    return budget | {"tokens_per_step": tokens_per_step, "tokens": t.steps * tokens_per_step}
+
+
+def _write_outputs(result: dict, rows: list[dict], budget: dict) -> None:
+    files = result["files"]
+    md = markdown(result)
+    with open(files["markdown"], "w") as f:
+        f.write(md)
+    with open(files["json"], "w") as f:
+        json.dump(result, f, indent=2)
+    plot_losses(rows, budget, files["plot"])
+    print()
+    print(md)
+    print(f"Wrote {files['markdown']}, {TABLE_JSON} and {PLOT}")
+
+
+def compare(
+    config,
+    workdir: str,
+    lambada_path: str | None = None,
+    tasks: str | None = None,
+    include_path: str | None = None,
+) -> dict:
     """Trains (or reuses) every model of a compare config and writes the comparison.
 
+    `tasks` (lm-eval task names, e.g. 'wikitext,lambada_openai,piqa') adds the GDN paper's
+    table from lm-evaluation-harness (`harness_table`), `include_path` a local task folder.
     Returns the `comparison.json` dict ({'budget', 'data', 'rows', ...}), or
     {'stopped_at': {name: step}} if SIGTERM stopped a run (rerun to resume).
     """
@@ -354,97 +436,33 @@ def compare(config, workdir: str, lambada_path: str | None = None) -> dict:
     lambada_path = lambada_path or config.compare.get("lambada_path") or None
     if lambada_path and not os.path.isfile(lambada_path):
         raise FileNotFoundError(f"LAMBADA file not found: {lambada_path}")
+    if tasks:
+        paper_table.require_lm_eval()
     is_lead = jax.process_index() == 0
-    t = config.train
-
-    rows = []
-    for name in names:
-        rows.append(
-            {"name": name, "label": label(config, name), "workdir": os.path.join(workdir, name)}
-            | model_stats(run_config(config, name).model, t.seq_len)
-        )
+    rows = _model_rows(config, names, workdir)
     print_param_counts(rows)
     tokenizer = shared_tokenizer(config, workdir)
-
-    for i, row in enumerate(rows, 1):
-        print(f"[{i}/{len(rows)}] {row['label']} -> {row['workdir']}")
-        rc = run_config(config, row["name"], tokenizer)
-        final, seconds = train_one(rc, row["workdir"], is_lead)
-        if "stopped_at" in final:
-            print("Stopped; rerun the same command to resume.")
-            return {"stopped_at": {row["name"]: final["stopped_at"]}}
-        row |= {
-            "heldout_ppl": final["heldout_ppl"],
-            "heldout_loss": final["heldout_loss"],
-            "unigram_ppl": final["unigram_ppl"],
-            "heldout_tokens": final["heldout_tokens"],
-            "tokens_seen": final["tokens_seen"],
-            "step": final["step"],
-            "train_seconds": seconds,
-        }
-        _, loss, _, _ = loss_curve(row["workdir"])
-        row["final_train_loss"] = loss[-1] if loss else None
-
-    lam_note = "not run (pass --lambada_path=<lambada_openai jsonl>)"
-    for row in rows:
-        res = None
-        if lambada_path:
-            res = lambada_results(row["workdir"], lambada_path, config.compare.lambada_batch_size)
-            if res is None:
-                lam_note = "not run: gpn_jax.eval has no LAMBADA API in this tree"
-        row["lambada"] = res
-        row["lambada_acc"] = res["paper"]["acc"] if res else None
-        row["lambada_ppl"] = res["paper"]["ppl"] if res else None
-    lambada_ran = all(r["lambada"] is not None for r in rows) and bool(lambada_path)
-
+    stopped = _train_rows(config, rows, tokenizer, is_lead)
+    if stopped:
+        return stopped
+    lambada = _lambada_rows(config, rows, lambada_path)
     heldout_tokens, unigram = _check_same_heldout(rows)
-    budget = {
-        k: t[k]
-        for k in (
-            "steps",
-            "batch_size",
-            "seq_len",
-            "grad_accum",
-            "learning_rate",
-            "warmup_steps",
-            "min_lr_ratio",
-            "weight_decay",
-            "b1",
-            "b2",
-            "grad_clip",
-        )
-    }
-    budget |= {
-        "tokens_per_step": t.batch_size * t.seq_len,
-        "tokens": t.steps * t.batch_size * t.seq_len,
-    }
+    budget = _budget(config.train)
     result = {
         "columns": list(COLUMNS),
         "budget": budget,
         "data": {"source": config.data.source, "tokenizer": tokenizer, "seed": config.seed},
         "heldout_tokens": heldout_tokens,
         "unigram_ppl": unigram,
-        "lambada": {
-            "path": os.path.abspath(lambada_path) if lambada_ran else None,
-            "note": None if lambada_ran else lam_note,
-        },
+        "lambada": lambada,
         "rows": rows,
-        "files": {
-            "markdown": os.path.join(workdir, TABLE_MD),
-            "json": os.path.join(workdir, TABLE_JSON),
-            "plot": os.path.join(workdir, PLOT),
-        },
-    }
+        "files": {name: os.path.join(workdir, f)
+                  for name, f in (("markdown", TABLE_MD), ("json", TABLE_JSON), ("plot", PLOT))},
+    }  # fmt: skip
+    if tasks:
+        result["harness"] = paper_table.harness_table(rows, tasks, include_path)
     if is_lead:
-        md = markdown(result)
-        with open(result["files"]["markdown"], "w") as f:
-            f.write(md)
-        with open(result["files"]["json"], "w") as f:
-            json.dump(result, f, indent=2)
-        plot_losses(rows, budget, result["files"]["plot"])
-        print()
-        print(md)
-        print(f"Wrote {result['files']['markdown']}, {TABLE_JSON} and {PLOT}")
+        _write_outputs(result, rows, budget)
     return result
 
 
@@ -461,6 +479,19 @@ _WORKDIR = flags.DEFINE_string(
     "Comparison directory: one subdirectory per model, the table and the plot.",
     allow_override=True,
 )
+_TASKS = flags.DEFINE_string(
+    "tasks",
+    None,
+    "lm-eval tasks for the GDN paper's table, e.g. wikitext,lambada_openai,piqa,hellaswag,"
+    "winogrande,arc_easy,arc_challenge (their data must be available locally).",
+    allow_override=True,
+)
+_INCLUDE = flags.DEFINE_string(
+    "include_path",
+    None,
+    "lm-eval --include_path: a folder of local task YAMLs.",
+    allow_override=True,
+)
 _LAMBADA = flags.DEFINE_string(
     "lambada_path",
     None,
@@ -474,7 +505,7 @@ def _body():
     distributed.initialize()
     config = cli.config_or_exit(_CONFIG, "gpn-compare")
     start = time.perf_counter()
-    result = compare(config, _WORKDIR.value, _LAMBADA.value)
+    result = compare(config, _WORKDIR.value, _LAMBADA.value, _TASKS.value, _INCLUDE.value)
     if "rows" in result:
         print(f"Total wall time {time.perf_counter() - start:,.0f} s")
     return result

@@ -2,7 +2,7 @@
 
 Task (`gpn_jax.data.recall`): 4 key-value pairs (16 keys, 16 values) then 12 queries in a
 32-token window (each key asked 3 times); 20,000 training examples, 512 held-out ones;
-chance accuracy 1/16. Both models are trained on all positions by the normal trainer
+chance accuracy 1/16. Both models are trained on all positions (`targets=all`) by the normal trainer
 (`data.source = 'recall:...'`, no tokenizer) with the same recipe (AdamW 1e-3, batch 32,
 1500 steps = 960k tokens) and the same parameter budget (GPN+M 55,300, GPN 55,296).
 """
@@ -11,7 +11,7 @@ import ml_collections
 
 from gpn_jax.configs import common
 
-TASK = "recall:pairs=4,keys=16,values=16,examples=20000,heldout=512,seed=0"
+TASK = "recall:pairs=4,keys=16,values=16,examples=20000,heldout=512,seed=0,targets=all"
 VOCAB = 3 + 16 + 16  # reserved ids + keys + values
 
 

@@ -42,6 +42,8 @@ class Data:
       vocab_size, seq_len, batch_size: the geometry the data was built for.
       eos_id: the document separator id (None if unknown).
       description: a human-readable summary.
+      loss_mask: (seq_len,) bool positions the training loss is taken on (None: all), e.g.
+        the answers of `recall:` data.
     """
 
     tokenizer: Tokenizer | None
@@ -56,6 +58,7 @@ class Data:
     description: str
     process_index: int = 0
     process_count: int = 1
+    loss_mask: np.ndarray | None = None
 
     def heldout_windows(
         self, batch_size: int | None = None, seq_len: int | None = None, layout: str = "sequential"
@@ -178,13 +181,12 @@ def build(
       process_index, process_count: this host and the host count (each reads B/count rows).
     """
     source = parse_spec(dc.source)
+    hosts = dict(process_index=process_index, process_count=process_count)
+    if source.kind == "recall":
+        return _recall_data(dc, train_state, hosts)
     if cache_dir is None and workdir:
         cache_dir = paths.join(workdir, "data_cache")
-    if source.kind == "recall":
-        from gpn_jax.data.recall import recall_parts
-
-        parts = recall_parts(source.name, dc.vocab_size, dc.seq_len)
-    elif source.kind == "bin":
+    if source.kind == "bin":
         prepared = read_prepared(source.path)
         if prepared:
             parts = _prepared_parts(
@@ -210,7 +212,6 @@ def build(
             cache_dir,
             **read,
         )
-    hosts = dict(process_index=process_index, process_count=process_count)
     return _assemble(parts, dc, train_state, **hosts)
 
 
@@ -233,6 +234,29 @@ def build_data(
         process_index=process_index,
         process_count=process_count,
     )
+
+
+def _recall_data(dc: DataConfig, train_state, hosts: dict) -> Data:
+    """Synthetic recall data (`gpn_jax.data.recall`): examples, loss mask, fresh iterator."""
+    from gpn_jax.data import recall
+
+    params = parse_spec(dc.source).name
+    fresh = not recall.parse_recall_params(params).examples
+    parts = recall.recall_parts(params, dc.vocab_size, dc.seq_len, dc.batch_size)
+    data = _assemble(parts, dc, None if fresh else train_state, **hosts)
+    return recall.attach(data, params, dc.seed, train_state if fresh else None)
+
+
+def loss_mask(config) -> np.ndarray | None:
+    """(seq_len,) bool: the positions the training loss of `config`'s data is taken on (the
+    answers of `recall:` data with targets=answers), or None for every position. Known from
+    the config alone, so the train step can be built before the data."""
+    source = parse_spec(config.get("data", {}).get("source", "embedded"))
+    if source.kind != "recall":
+        return None
+    from gpn_jax.data import recall
+
+    return recall.loss_mask(recall.parse_recall_params(source.name), config.train.seq_len)
 
 
 def _text_parts(source, vocab_size, tokenizer_path, heldout_fraction, workdir, cache_dir, **read):

@@ -9,9 +9,9 @@ Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
 
 import json
 
-from gpn_jax.data.files import atomic_write
 from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
+from gpn_jax.io.files import atomic_write
 
 EVALS = ("ppl", "lambada", "stream", "recall")
 

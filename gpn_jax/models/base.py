@@ -12,11 +12,19 @@ sequence from a BOS token and carries nothing across windows.
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 
 Array = jax.Array
 Params = dict
 Carry = Any
 DecodeState = Any
+
+
+def masked_mean(ce_BxT: Array, mask) -> Array:
+    """Mean of `ce` where `mask` (broadcast to (B, T)) is True: the models' masked loss, e.g.
+    the answer positions of associative recall."""
+    m = jnp.broadcast_to(jnp.asarray(mask, jnp.float32), ce_BxT.shape)
+    return jnp.sum(ce_BxT * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 class LanguageModel(Protocol):
@@ -38,8 +46,11 @@ class LanguageModel(Protocol):
     def init_state(self, batch_size: int) -> Carry:
         """Carry for `batch_size` fresh sequences."""
 
-    def loss(self, params: Params, tokens: Array, carry: Carry = None) -> tuple[Array, tuple]:
-        """Mean CE over all B*T positions. Returns (loss, (new_carry, metrics))."""
+    def loss(
+        self, params: Params, tokens: Array, carry: Carry = None, mask: Array | None = None
+    ) -> tuple[Array, tuple]:
+        """Mean CE over all B*T positions (or over those where `mask`, broadcast to (B, T), is
+        True). Returns (loss, (new_carry, metrics))."""
 
     def token_losses(self, params: Params, tokens: Array, carry: Carry = None):
         """Per-position CE (B, T) and the new carry."""

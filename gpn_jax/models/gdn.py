@@ -48,6 +48,7 @@ from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
 from gpn_jax.models import params as params_lib
+from gpn_jax.models.base import masked_mean
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
 from gpn_jax.models.params import (
     EMBED,
@@ -295,12 +296,17 @@ class GatedDeltaNet:
         new = GDNCarry(conv, S, tokens_BxT[:, -1].astype(jnp.int32))
         return h, new, cp
 
-    def loss(self, params, tokens_BxT, carry=None):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
+    def loss(self, params, tokens_BxT, carry=None, mask=None):
+        """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
+        True. Returns (loss, (carry, metrics))."""
         h, carry, cp = self.hidden(params, tokens_BxT, carry)
         c = self.config
-        total = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=False)
-        loss = total / tokens_BxT.size
+        if mask is not None:
+            ce = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=True)
+            loss = masked_mean(ce.T, mask)
+        else:
+            total = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, False)
+            loss = total / tokens_BxT.size
         state_rms = jnp.sqrt(jnp.mean(jnp.stack([jnp.mean(jnp.square(s)) for s in carry.S])))
         return loss, (carry, {"loss": loss, "state_rms": state_rms})
 

@@ -21,6 +21,7 @@ from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
 from gpn_jax.models import params as params_lib
+from gpn_jax.models.base import masked_mean
 from gpn_jax.models.params import (
     EMBED,
     FFN,
@@ -225,9 +226,18 @@ class GPN:
         carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
         return out, carry, cp
 
-    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics))."""
+    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), mask=None):
+        """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
+        True. Returns (loss, (carry, metrics))."""
         out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        if mask is not None:
+            decode = lambda p: gpn.decode(cp, p)
+            ce_TxB = loss_lib.per_token_cross_entropy(
+                decode, out.p, tokens_BxT.T, self.config.loss_chunk
+            )
+            loss = masked_mean(ce_TxB.T, mask)
+            metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
+            return loss, (carry, metrics)
         ce_sum = _impl(self.config.scan_impl).ce_sum
         total = ce_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
         loss = total / tokens_BxT.size

@@ -38,6 +38,7 @@ from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
 from gpn_jax.models import params as params_lib
+from gpn_jax.models.base import masked_mean
 from gpn_jax.models.params import (
     EMBED,
     FFN,
@@ -212,12 +213,17 @@ class Transformer:
     def _logits_fn(self, cp):
         return lambda h: head_logits(cp, h, self.config.tie_embeddings)
 
-    def loss(self, params, tokens_BxT, carry=None):
-        """Mean CE over all B*T positions. Returns (loss, (carry, metrics)); carry passes as is."""
+    def loss(self, params, tokens_BxT, carry=None, mask=None):
+        """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
+        True. Returns (loss, (carry, metrics)); carry passes as is."""
         h, cp = self.hidden(params, tokens_BxT)
         h_TxBxD, c = jnp.swapaxes(h, 0, 1), self.config.loss_chunk
-        total = loss_lib.cross_entropy_sum(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
-        loss = total / tokens_BxT.size
+        if mask is not None:
+            ce = loss_lib.per_token_cross_entropy(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
+            loss = masked_mean(ce.T, mask)
+        else:
+            total = loss_lib.cross_entropy_sum(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
+            loss = total / tokens_BxT.size
         return loss, (carry, {"loss": loss})
 
     def token_losses(self, params, tokens_BxT, carry=None):

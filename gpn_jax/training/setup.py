@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gpn_jax import data as datalib
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
@@ -96,7 +97,15 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
         schedule=learning_rate_schedule(t),
         abstract_state=abstract,
         state_shardings=shardings,
-        train_step=jit_train_step(model, optimizer, t.grad_accum, mesh, shardings, rules),
+        # the data may restrict the training loss to some positions (recall: the answers)
+        train_step=jit_train_step(
+            ts.with_loss_mask(model, datalib.loss_mask(config)),
+            optimizer,
+            t.grad_accum,
+            mesh,
+            shardings,
+            rules,
+        ),
         eval_step=jit_eval_step(model, mesh, shardings.params, rules),
     )
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from gpn_jax.core.accumulate import accumulated_value_and_grad
@@ -54,6 +55,29 @@ def keep_if_finite(finite: Array, new: TrainState, old: TrainState) -> TrainStat
     construction. The loop reads `metrics['finite']` and stops the run.
     """
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
+class MaskedLoss:
+    """`model` whose `loss` averages the CE over the positions where `mask_T` is True only.
+
+    Why a wrapper: the mask is a property of the data layout (e.g. the answer positions of
+    associative recall, the same in every window), so wrapping the model lets the plain and
+    the sharded train steps use it unchanged. Everything else is the wrapped model's.
+    """
+
+    def __init__(self, model, mask_T):
+        self.model, self.mask_1xT = model, np.asarray(mask_T, bool)[None, :]
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def loss(self, params, tokens_BxT, carry=None):
+        return self.model.loss(params, tokens_BxT, carry, mask=self.mask_1xT)
+
+
+def with_loss_mask(model, mask_T):
+    """`model` itself when `mask_T` is None, else a `MaskedLoss` over it."""
+    return model if mask_T is None else MaskedLoss(model, mask_T)
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation, grad_accum: int = 1):

@@ -263,7 +263,7 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch():
         *jax.device_put((state.params, tokens), jax.devices()[0])
     )
     sharded = spmd.ShardedModel(model, mesh, grad_accum=2)
-    params = jax.device_put(state.params, spmd.state_shardings(abstract, mesh, model).params)
+    params = jax.device_put(state.params, setup.state_shardings(abstract, mesh, model).params)
     with jax.set_mesh(mesh):
         loss, grads = loss_and_grad(sharded)(
             params, jax.device_put(tokens, meshlib.batch_sharding(mesh))

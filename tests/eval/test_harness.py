@@ -1,0 +1,284 @@
+"""lm-evaluation-harness model: offline custom tasks checked against direct `token_losses`."""
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local task files only
+lm_eval = pytest.importorskip("lm_eval")
+
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny  # noqa: E402
+from gpn_jax.data.text_sources import embedded_corpus  # noqa: E402
+from gpn_jax.data.tokenizer import train_tokenizer  # noqa: E402
+from gpn_jax.eval import lambada, sampling  # noqa: E402
+from gpn_jax.eval.harness_lm import GPNLM  # noqa: E402
+from gpn_jax.models import factory  # noqa: E402
+from gpn_jax.training import train_step as ts  # noqa: E402
+from gpn_jax.training.checkpointing import Checkpointer  # noqa: E402
+from gpn_jax.training.optimizer import make_optimizer  # noqa: E402
+
+CONFIGS = {"gpn_m": gpn_m_tiny, "gdn": gdn_tiny, "transformer": transformer_tiny}
+MC = [  # question, choices, gold; two share a context (one pass must serve both)
+    ("A dictionary maps", [" keys to values", " files to lines", " the", " iterators"], 0),
+    ("The interpreter reads the file and", [" executes it", " stops", " sleeps", " x"], 0),
+    ("Generators return ", ["an iterator", "a list", "nothing", "values"], 0),
+]
+DOCS = [
+    "The with statement wraps the execution of a block with methods defined by a context "
+    "manager. A dictionary maps hashable keys to arbitrary values.",
+    "Generators return an iterator.",
+    "x",
+]
+LAMBADA = [
+    "The interpreter reads the file and then executes every statement",
+    "A dictionary maps hashable keys to arbitrary values",
+    "Generators return an iterator",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(embedded_corpus(), 512)
+
+
+def save_run(root, name, tokenizer, **model_overrides):
+    """A tiny run's workdir: its config, initial parameters (seed 1) and tokenizer."""
+    c = CONFIGS[name].get_config()
+    c.model.update(model_overrides)
+    wd = str(root / name)
+    model = factory.build_model(c.model)
+    opt = make_optimizer(c.train, model.weight_decay_mask)
+    state = ts.init_train_state(model, opt, jax.random.PRNGKey(1))
+    os.makedirs(wd, exist_ok=True)
+    tokenizer.save(os.path.join(wd, "tokenizer.model"))
+    with Checkpointer(wd, keep=None, async_save=False) as ckpt:
+        ckpt.save(1, state, {}, c.to_dict(), {"step": 1}, force=True)
+    return wd
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("runs")
+    return {name: save_run(root, name, tokenizer) for name in CONFIGS}
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """Task YAMLs over local jsonl files (an --include_path directory)."""
+    d = tmp_path_factory.mktemp("tasks")
+    rows = {
+        "mc": [{"q": q, "choices": c, "gold": g} for q, c, g in MC],
+        "roll": [{"text": t} for t in DOCS],
+        "lmb": [{"text": t} for t in LAMBADA],
+        "gen": [{"q": "A dictionary maps"}, {"q": "Generators return"}],
+    }
+    for name, records in rows.items():
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    common = f"dataset_path: json\ntest_split: test\ndataset_kwargs:\n  data_files:\n    test: {d}"
+    yamls = {
+        "mc": "output_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc",
+        "roll": "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: bits_per_byte",
+        "lmb": "output_type: loglikelihood\ndoc_to_text: \"{{text.split(' ')[:-1]|join(' ')}}\"\n"
+        "doc_to_target: \"{{' '+text.split(' ')[-1]}}\"\ntarget_delimiter: ''\nmetric_list:\n"
+        "  - metric: perplexity\n    aggregation: perplexity\n    higher_is_better: false\n"
+        "  - metric: acc\n    aggregation: mean\n    higher_is_better: true",
+        "gen": "output_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: ''\n"
+        "generation_kwargs:\n  until: ['.']\n  max_gen_toks: 6\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match",
+    }
+    for name, body in yamls.items():
+        head = f"task: gpnt_{name}\n{common}/{name}.jsonl\n"
+        (d / f"gpnt_{name}.yaml").write_text(head + textwrap.dedent(body) + "\n")
+    return str(d)
+
+
+@functools.lru_cache(maxsize=1)
+def task_manager(tasks_dir):
+    return TaskManager(include_path=tasks_dir)  # indexing lm-eval's tasks is slow: once
+
+
+def evaluate(lm, tasks_dir, task):
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[task], task_manager=task_manager(tasks_dir),
+        log_samples=True, num_fewshot=0,
+    )  # fmt: skip
+    return out["results"][task], out["samples"][task]
+
+
+def direct_ll(model, params, context, cont):
+    """log p(cont | context) with one `token_losses` pass over context + cont (batch 1)."""
+    tokens = np.asarray([context + cont], np.int32)
+    ce, _ = model.token_losses(params, tokens)
+    return -float(np.asarray(ce, np.float64)[0, len(context) :].sum())
+
+
+def split(tok, context, cont):
+    """The harness's boundary rule: trailing context spaces move to the continuation, and the
+    continuation is what encoding the whole string adds after the context's tokens."""
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, cont = context[:-n], context[-n:] + cont
+    whole, ctx = tok.encode(context + cont), tok.encode(context)
+    return ctx, whole[len(ctx) :]
+
+
+FAMILIES = ["gpn_m", "transformer", pytest.param("gdn", marks=pytest.mark.slow)]  # gdn: ~60 s
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multiple_choice_equals_direct_token_losses(family, runs, tasks, tokenizer):
+    lm = GPNLM(workdir=runs[family], batch_size=3)
+    res, samples = evaluate(lm, tasks, "gpnt_mc")
+    m, p = lm.model, lm.params
+    right = 0
+    for s in samples:
+        q, choices, gold = MC[s["doc_id"]]
+        want = [direct_ll(m, p, *split(tokenizer, q, c)) for c in choices]
+        got = [r[0][0] for r in s["resps"]]
+        # float32 CE summed over <= 5 tokens, batched vs batch 1: measured 2e-6, margin 50x
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        right += int(np.argmax(want) == gold)
+    assert res["acc,none"] == right / len(MC)
+    if family != "transformer":  # one carry per distinct context, 12 requests
+        assert lm.stats.context_passes == len(MC)
+
+
+def direct_rolling(model, params, tokens):
+    """Recurrent: one pass over the whole document. Transformer++: the harness's disjoint
+    windows, each [previous token] + up to max_seq_len - 1 new tokens, scored one by one."""
+    if model.init_state(1) is not None:
+        return direct_ll(model, params, [], tokens)
+    L, total, done = model.config.max_seq_len, 0.0, 0
+    while done < len(tokens):
+        n = min(L - 1, len(tokens) - done)
+        context = [] if done == 0 else [tokens[done - 1]]
+        total += direct_ll(model, params, context, tokens[done : done + n])
+        done += n
+    return total
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rolling_equals_direct_token_losses(family, runs, tasks, tokenizer):
+    lm = GPNLM(workdir=runs[family], batch_size=2, window=8)  # several windows per document
+    res, samples = evaluate(lm, tasks, "gpnt_roll")
+    assert len(tokenizer.encode(DOCS[0])) > 32  # longer than the Transformer's context
+    total_ll, total_bytes = 0.0, 0
+    for s in samples:
+        doc = DOCS[s["doc_id"]]
+        want = direct_rolling(lm.model, lm.params, tokenizer.encode(doc))
+        # float32 CE summed over <= 40 tokens: measured 1e-5, margin 50x
+        assert s["resps"][0][0] == pytest.approx(want, rel=1e-4, abs=5e-4)
+        total_ll, total_bytes = total_ll + want, total_bytes + len(doc.encode())
+    bpb = -total_ll / total_bytes / math.log(2)
+    assert res["bits_per_byte,none"] == pytest.approx(bpb, rel=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpn_m", "transformer"])
+def test_lambada_style_task_equals_evaluate_harness_protocol(family, runs, tasks, tmp_path):
+    lm = GPNLM(workdir=runs[family], batch_size=2)
+    res, _ = evaluate(lm, tasks, "gpnt_lmb")
+    path = tmp_path / "lambada.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
+    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    assert res["acc,none"] == ours["acc"]
+    # float32 CE of 3 examples, measured 1e-6 relative, margin 100x
+    assert res["perplexity,none"] == pytest.approx(ours["ppl"], rel=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpn_m", "transformer"])
+def test_generate_until_is_greedy_decoding_cut_at_the_stop_string(family, runs, tasks):
+    lm = GPNLM(workdir=runs[family])
+    _, samples = evaluate(lm, tasks, "gpnt_gen")
+    for s in samples:
+        prompt = lm.tok.encode(s["doc"]["q"])
+        cfg = sampling.SamplingConfig(greedy=True)
+        ids = sampling.generate(lm.model, lm.params, prompt, 6, cfg, eos_id=lm.tok.eos_id)
+        want = lm.tok.decode(ids["tokens"][0]).split(".")[0]
+        assert s["resps"][0][0] == want
+
+
+def test_transformer_context_longer_than_max_seq_len_is_cut_from_the_left(runs, tokenizer, caplog):
+    lm = GPNLM(workdir=runs["transformer"])
+    L = lm.model.config.max_seq_len
+    context = " ".join(DOCS * 2)
+    ctx, cont = split(tokenizer, context, " values")
+    assert len(ctx) + len(cont) > L
+
+    class Req:
+        args = (context, " values")
+
+    (got, _), = lm.loglikelihood([Req()])  # fmt: skip
+    kept = (ctx + cont)[-L:]
+    want = direct_ll(lm.model, lm.params, kept[: -len(cont)], cont)
+    assert got == pytest.approx(want, rel=1e-4) and lm.stats.truncated == 1
+    assert "cut from the left" in caplog.text
+
+
+def cli(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "gpn_jax.harness", *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
+    out = tmp_path / "out"
+    proc = cli(
+        "--model_args", f"workdir={runs['gpn_m']},batch_size=4", "--tasks", "gpnt_mc",
+        "--include_path", tasks, "--limit", "2", "--output_path", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = list(out.rglob("results_*.json"))
+    r = json.loads(result.read_text())
+    assert "acc,none" in r["results"]["gpnt_mc"] and r["n-samples"]["gpnt_mc"]["effective"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_args, match",
+    [
+        ("workdir={wd},colour=3", "unknown --model_args key(s) ['colour']"),
+        ("workdir={wd},batch_size=0", "batch_size must be an integer >= 1"),
+        ("workdir={empty}", "no checkpoint in"),
+    ],
+)
+def test_bad_model_args_are_one_line_errors(model_args, match, runs, tasks, tmp_path):
+    args = model_args.format(wd=runs["gpn_m"], empty=tmp_path)
+    proc = cli("--model_args", args, "--tasks", "gpnt_mc", "--include_path", tasks)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpn-harness: error:") and match in last, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, tmp_path):
+    from experiments import harness_table as pt
+
+    rows = [{"label": "GPN+M", "workdir": runs["gpn_m"]}]
+    t = pt.harness_table(rows, "gpnt_lmb,piqa,nosuchtask", include_path=tasks)
+    path = tmp_path / "lambada.jsonl"
+    path.write_text("".join(json.dumps({"text": x}) + "\n" for x in LAMBADA))
+    lm = GPNLM(workdir=runs["gpn_m"])
+    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    assert t["rows"][0]["gpnt_lmb acc"] == ours["acc"]
+    assert t["rows"][0]["gpnt_lmb perplexity"] == pytest.approx(ours["ppl"], rel=1e-4)
+    assert "not available offline" in t["missing"]["PIQA acc"]
+    assert "unknown to lm-eval" in t["missing"]["nosuchtask"]
+    assert t["missing"]["Wiki. ppl"] == "task 'wikitext' not in --tasks"
+    assert t["missing"]["Avg."].startswith("needs every accuracy column")
+    md = pt.markdown(t)
+    assert "| GPN+M | — |" in md and "- PIQA acc: not filled: task 'piqa'" in md
