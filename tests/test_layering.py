@@ -23,6 +23,7 @@ ENTRY_POINTS = {
     "summary",
     "prepare",
     "bench_prepare",
+    "harness",
     "export",
     "aot",
 }
