@@ -24,10 +24,10 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.configs import common
 from gpn_jax import cli
-from gpn_jax.data.files import atomic_write
+from gpn_jax.configs import common
 from gpn_jax.eval.recall import recall_eval
+from gpn_jax.io.files import atomic_write
 from gpn_jax.models import accounting, factory
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.restore import load_run

@@ -4,7 +4,7 @@
         --mesh=data=2,fsdp=4,tensor=1
 
 Nothing touches an accelerator: N CPU host devices are forced, the train step is built by the
-same code as training (`gpn_jax.parallel.spmd.jit_train_step`, the config's sharding rules),
+same code as training (`gpn_jax.training.setup.build`, the config's sharding rules),
 lowered from abstract inputs (`jax.ShapeDtypeStruct`s carrying their shardings) and compiled.
 It prints XLA's per-device memory analysis of the compiled step (parameters + optimiser
 state shard, batch shard, outputs, temporaries) and checks that no recurrent loop body holds
@@ -90,42 +90,21 @@ def compile_train_step(config, n_devices: int, mesh_sizes: dict):
     compile seconds.
     """
     import jax
-    import jax.numpy as jnp
     import ml_collections
 
-    from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
-    from gpn_jax.parallel import sharding as shardlib
-    from gpn_jax.parallel import spmd
-    from gpn_jax.training import train_step as ts
-    from gpn_jax.training.optimizer import make_optimizer
+    from gpn_jax.training import setup
 
     devices = jax.devices()
     if len(devices) < n_devices:
         raise ValueError(f"{n_devices} devices asked for, JAX has {len(devices)}")
     mesh_cfg = ml_collections.ConfigDict(dict(mesh_sizes))
-    if "rules" in config.mesh:
-        mesh_cfg.rules = config.mesh.rules
     mesh = meshlib.make_mesh(mesh_cfg, devices[:n_devices])
-    t = config.train
-    meshlib.check_batch(mesh, t.batch_size, t.grad_accum)
-    model = factory.build_model(config.model)
-    optimizer = make_optimizer(t, model.weight_decay_mask)
-    rules = shardlib.rules_from_config(mesh_cfg)
-    abstract = jax.eval_shape(
-        lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
-    )
-    state_sh = spmd.state_shardings(abstract, mesh, model, rules)
-    state_in = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
-    )
-    batch_in = jax.ShapeDtypeStruct(
-        (t.batch_size, t.seq_len), jnp.int32, sharding=meshlib.batch_sharding(mesh)
-    )
-    step = spmd.jit_train_step(model, optimizer, t.grad_accum, mesh, state_sh, rules)
+    run = setup.build(config, mesh)  # the config's sharding rules, on the asked-for mesh
+    abstract, state_sh = run.abstract_state, run.state_shardings
     start = time.perf_counter()
     with jax.set_mesh(mesh):
-        compiled = step.lower(state_in, batch_in).compile()
+        compiled = run.train_step.lower(run.state_target(), run.batch_target()).compile()
     seconds = time.perf_counter() - start
     state_bytes = sum(
         math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
@@ -134,7 +113,7 @@ def compile_train_step(config, n_devices: int, mesh_sizes: dict):
     return {
         "compiled": compiled,
         "mesh": mesh,
-        "model": model,
+        "model": run.model,
         "abstract": abstract,
         "state_bytes_per_device": state_bytes,
         "compile_seconds": seconds,

@@ -74,7 +74,7 @@ def sqrt_segment(T: int) -> int:
 def build_specs(config, suites, workdir: str, profile: bool) -> list[dict]:
     """One spec per worker run (a training record, or a model x batch of generation records)."""
     models = config.models.to_dict()
-    common = dict(
+    shared = dict(
         config=config.name,
         compute_dtype=config.compute_dtype,
         peak_size=config.peak.size,
@@ -88,61 +88,70 @@ def build_specs(config, suites, workdir: str, profile: bool) -> list[dict]:
 
     specs = []
     if "train" in suites:
-        t = config.train
-        for name in _names(t.models):
-            specs.append(
-                common
-                | dict(
-                    suite="train",
-                    name=name,
-                    model=model(name),
-                    batch_size=t.batch_size,
-                    seq_len=t.seq_len,
-                    warmup=t.warmup,
-                    steps=t.steps,
-                    profile_dir=os.path.join(workdir, "profile", name) if profile else "",
-                )
-            )
+        specs += _train_specs(config.train, shared, model, workdir, profile)
     if "scaling" in suites:
-        s = config.scaling
-        points = [(s.batch_size, T) for T in s.seq_lens]
-        points += [(B, s.seq_len) for B in s.batch_sizes if (B, s.seq_len) not in points]
-        for B, T in points:
-            for remat in (0, sqrt_segment(T)):
-                specs.append(
-                    common
-                    | dict(
-                        suite="scaling",
-                        name=s.model,
-                        model=model(s.model),
-                        batch_size=B,
-                        seq_len=T,
-                        warmup=s.warmup,
-                        steps=s.steps,
-                        overrides=dict(remat_segment=remat),
-                        config=f"{config.name}:B{B}xT{T}:remat{remat}",
-                    )
-                )
+        specs += _scaling_specs(config.scaling, shared, model, config.name)
     if "generate" in suites:
-        g = config.generate
-        for name in _names(g.models):
-            for B in g.batch_sizes:
-                specs.append(
-                    common
-                    | dict(
-                        suite="generate",
-                        name=name,
-                        model=model(name),
-                        batch_size=B,
-                        contexts=list(g.contexts),
-                        steps=g.steps,
-                        rounds=g.rounds,
-                        warmup=g.warmup,
-                        feed_window=g.feed_window,
-                        kv_cache_limit_bytes=int(g.kv_cache_limit_gb * 2**30),
-                    )
-                )
+        specs += _generate_specs(config.generate, shared, model)
     return specs
+
+
+def _train_specs(t, shared: dict, model, workdir: str, profile: bool) -> list[dict]:
+    return [
+        shared
+        | dict(
+            suite="train",
+            name=name,
+            model=model(name),
+            batch_size=t.batch_size,
+            seq_len=t.seq_len,
+            warmup=t.warmup,
+            steps=t.steps,
+            profile_dir=os.path.join(workdir, "profile", name) if profile else "",
+        )
+        for name in _names(t.models)
+    ]
+
+
+def _scaling_specs(s, shared: dict, model, config_name: str) -> list[dict]:
+    points = [(s.batch_size, T) for T in s.seq_lens]
+    points += [(B, s.seq_len) for B in s.batch_sizes if (B, s.seq_len) not in points]
+    return [
+        shared
+        | dict(
+            suite="scaling",
+            name=s.model,
+            model=model(s.model),
+            batch_size=B,
+            seq_len=T,
+            warmup=s.warmup,
+            steps=s.steps,
+            overrides=dict(remat_segment=remat),
+            config=f"{config_name}:B{B}xT{T}:remat{remat}",
+        )
+        for B, T in points
+        for remat in (0, sqrt_segment(T))
+    ]
+
+
+def _generate_specs(g, shared: dict, model) -> list[dict]:
+    return [
+        shared
+        | dict(
+            suite="generate",
+            name=name,
+            model=model(name),
+            batch_size=B,
+            contexts=list(g.contexts),
+            steps=g.steps,
+            rounds=g.rounds,
+            warmup=g.warmup,
+            feed_window=g.feed_window,
+            kv_cache_limit_bytes=int(g.kv_cache_limit_gb * 2**30),
+        )
+        for name in _names(g.models)
+        for B in g.batch_sizes
+    ]
 
 
 def _names(csv: str) -> list[str]:
@@ -198,26 +207,8 @@ def _line(r: dict) -> str:
     )
 
 
-def run(
-    config, workdir: str, out: str, suites: list[str], profile: bool, isolate: bool
-) -> list[dict]:
-    from gpn_jax.benchmarks import common, report
-
-    unknown = sorted(set(suites) - set(SUITES))
-    if unknown:
-        raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
-    os.makedirs(workdir, exist_ok=True)
-    specs = build_specs(config, suites, workdir, profile)
-    dtype = common.resolve_dtype(config.compute_dtype)
-    machine = common.device_kind()
-    print(
-        f"{PROG}: {config.name} on {machine} ({common.platform()}, {dtype}), "
-        f"load average {_load()}",
-        flush=True,
-    )
-    peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
-    print(f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s", flush=True)
-
+def _run_all(specs: list[dict], isolate: bool, peaks: list) -> list[dict]:
+    """Every spec's records (an error record for a failed spec); appends measured peaks."""
     records = []
     for i, spec in enumerate(specs):
         t0 = time.perf_counter()
@@ -242,9 +233,11 @@ def run(
         for r in result["records"]:
             print(f"    {_line(r)}  ({time.perf_counter() - t0:.0f} s)", flush=True)
         records += result["records"]
-    peaks.append(common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
-    peak = max(peaks)
+    return records
 
+
+def _complete(records: list[dict], peak: float, machine: str, platform: str) -> None:
+    """MFU against the run's peak, and the machine, on every record."""
     import jax
 
     for r in records:
@@ -254,13 +247,34 @@ def run(
             r.setdefault("mfu", None)
             r.setdefault("tokens_per_s", None)
             r.setdefault("peak_mem_bytes", None)
-        r.update(
-            peak_flops=peak,
-            machine=machine,
-            platform=common.platform(),
-            jax_version=jax.__version__,
-        )
+        r.update(peak_flops=peak, machine=machine, platform=platform, jax_version=jax.__version__)
 
+
+def _scaling_lines(ok: list[dict], workdir: str, name: str) -> list[str]:
+    from gpn_jax.benchmarks import report
+
+    lines = []
+    for remat in (False, True):
+        for B in {r["batch_size"] for r in ok if r.get("suite") == "scaling"}:
+            slopes = report.memory_slopes(ok, remat, B)
+            if len(slopes) > 1:
+                desc = ", ".join(f"{a}->{b}: {s:.2f}" for a, b, s in slopes)
+                lines.append(
+                    f"\nmemory log-log slope vs T (B={B}, remat {'on' if remat else 'off'}): {desc}"
+                )
+    png = os.path.join(workdir, f"{name}_scaling.png")
+    if report.plot_scaling(ok, png):
+        lines.append(f"\nplot: {png}")
+    return lines
+
+
+def _summary(config, records, suites, workdir, machine, dtype, peaks) -> str:
+    """The printed / saved report: header, one table per suite, scaling slopes, checks."""
+    import jax
+
+    from gpn_jax.benchmarks import report
+
+    peak = max(peaks)
     sections = [
         f"{config.name}: {machine}, {dtype}, jax {jax.__version__}, python {pyplatform.python_version()}",
         f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
@@ -275,21 +289,36 @@ def run(
         if table:
             sections += ["", f"## {title}", "", table]
     if "scaling" in suites and ok:
-        for remat in (False, True):
-            for B in {r["batch_size"] for r in ok if r.get("suite") == "scaling"}:
-                slopes = report.memory_slopes(ok, remat, B)
-                if len(slopes) > 1:
-                    desc = ", ".join(f"{a}->{b}: {s:.2f}" for a, b, s in slopes)
-                    sections.append(
-                        f"\nmemory log-log slope vs T (B={B}, remat {'on' if remat else 'off'}): {desc}"
-                    )
-        png = os.path.join(workdir, f"{config.name}_scaling.png")
-        if report.plot_scaling(ok, png):
-            sections.append(f"\nplot: {png}")
+        sections += _scaling_lines(ok, workdir, config.name)
     checks = report.generate_checks(ok)
     if checks:
         sections += [""] + checks
-    text = "\n".join(sections)
+    return "\n".join(sections)
+
+
+def run(
+    config, workdir: str, out: str, suites: list[str], profile: bool, isolate: bool
+) -> list[dict]:
+    from gpn_jax.benchmarks import common
+
+    unknown = sorted(set(suites) - set(SUITES))
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    os.makedirs(workdir, exist_ok=True)
+    specs = build_specs(config, suites, workdir, profile)
+    dtype = common.resolve_dtype(config.compute_dtype)
+    machine = common.device_kind()
+    print(
+        f"{PROG}: {config.name} on {machine} ({common.platform()}, {dtype}), "
+        f"load average {_load()}",
+        flush=True,
+    )
+    peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
+    print(f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s", flush=True)
+    records = _run_all(specs, isolate, peaks)
+    peaks.append(common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
+    _complete(records, max(peaks), machine, common.platform())
+    text = _summary(config, records, suites, workdir, machine, dtype, peaks)
     print("\n" + text, flush=True)
 
     out = out or os.path.join(workdir, f"{config.name}.json")

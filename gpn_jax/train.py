@@ -17,10 +17,28 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
 flags.mark_flags_as_required(["config", "workdir"])
+# Multi-host start-up (`gpn_jax.parallel.distributed`; GPN_* environment variables otherwise).
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: host:port of process 0's coordinator service."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+_AUTO = flags.DEFINE_bool(
+    "distributed", False, "Multi-host: jax.distributed.initialize() with cluster auto-detection."
+)
+_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout", None, "Multi-host: seconds to wait for every process to join."
+)
 
 
 def _body():
-    distributed.initialize()
+    distributed.initialize(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+        distributed=_AUTO.value,
+        distributed_timeout=_TIMEOUT.value,
+    )
     config = cli.config_or_exit(_CONFIG, "gpn-train")
     return train_and_evaluate(config, _WORKDIR.value)
 

@@ -10,7 +10,8 @@ import ml_collections
 import pytest
 
 from experiments import compare
-from experiments.configs import common, compare_130m, compare_tiny
+from experiments.configs import compare_130m, compare_tiny
+from gpn_jax.configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ["gpn_m", "gpn", "transformer", "gdn"]

@@ -5,7 +5,7 @@ python -m gpn_jax.bench --config=experiments/configs/bench_scaling.py --workdir=
 
 import ml_collections
 
-from experiments.configs import bench_common
+from gpn_jax.configs import bench_common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -8,7 +8,7 @@ shared blocks and setting that model block as `model`.
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 LABELS = dict(gpn_m="GPN+M", gpn="GPN", transformer="Transformer++", gdn="Gated DeltaNet")
 

@@ -15,7 +15,7 @@ up to 9 min when the cores are shared with other jobs.
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

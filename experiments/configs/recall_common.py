@@ -9,7 +9,7 @@ chance accuracy 1/16. Both models are trained on all positions (`targets=all`) b
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 TASK = "recall:pairs=4,keys=16,values=16,examples=20000,heldout=512,seed=0,targets=all"
 VOCAB = 3 + 16 + 16  # reserved ids + keys + values

@@ -14,7 +14,7 @@ the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

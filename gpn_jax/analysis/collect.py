@@ -123,83 +123,86 @@ def collect(
       max_batch_means: per-batch means kept for the per-batch cosine.
       n_state_lags: points of the log lag grid of the state horizon.
     """
-    D = params["decode"]["norm"].shape[0]
-    mem = gpn.memory_shape(params)
-    moments, reservoir = stats.Moments(D), stats.Reservoir(sample_size, D, seed)
-    norm_sum = norm_sq = 0.0
-    unit_sum, nonzero = np.zeros(D), 0
-    fn = ret = horizon = conv = conv_sum = None
-    batch_means, sequences, batches, T = [], 0, 0, 0
+    col = fn = None
     for bi, batch in enumerate(windows):
         if max_batches and bi >= max_batches:
             break
         batch = np.asarray(batch, np.int32)
-        B, T_b = batch.shape
-        mb = micro_size(B, micro_batch)
-        if fn is None:
-            T = T_b
-            if T < 2:
-                raise ValueError(f"analysis needs windows of at least 2 tokens, got {T}")
-            state_lags = horizons.log_lags(T - 1, n_state_lags)
-            conv = np.unique([n for n in CONVERGENCE_POINTS if n <= T] + [T])
-            conv_sum, conv_n = np.zeros((len(conv), D)), np.zeros(len(conv))
-            fn = make_micro_stats(model, state_lags, conv)
-            horizon = horizons.StateHorizonAccumulator(state_lags)
-            if mem is not None:
-                ret = horizons.RetentionAccumulator(horizons.retention_lags(T - 1), mem[0])
-        elif T_b != T:
-            raise ValueError(f"held-out windows changed length ({T} -> {T_b})")
-        batch_sum = np.zeros(D)
-        for r0 in range(0, B, mb):
-            tokens = batch[r0 : r0 + mb]
-            n = tokens.size
-            summary, g, x = fn(params, tokens)
-            idx, slots = reservoir.offer(n)
-            if len(idx):
-                reservoir.put(slots, np.asarray(_gather(x, _padded(idx)))[: len(idx)])
-            del x
-            summary = jax.device_get(summary)
-            moments.add_summary(n, summary["mean"], summary["scatter"])
-            norm_sum += float(summary["norm_sum"])
-            norm_sq += float(summary["norm_sq_sum"])
-            unit_sum += summary["unit_sum"]
-            conv_sum += summary["conv_dir_sum"]
-            horizon.add_sums(
-                summary["horizon_raw"],
-                summary["horizon_centred"],
-                summary["horizon_raw_n"],
-                summary["horizon_centred_n"],
-            )
-            nonzero += int(summary["nonzero"])
-            conv_n += summary["conv_n"]
-            if ret is not None:
-                ret.add(np.asarray(g))
-            batch_sum += np.asarray(summary["mean"], np.float64) * n
-        if len(batch_means) < max_batch_means:
-            batch_means.append(batch_sum / batch.size)
-        sequences += B
-        batches += 1
+        if col is None:
+            col, fn = _start(model, params, batch.shape[1], n_state_lags, sample_size, seed)
+        elif batch.shape[1] != col.seq_len:
+            raise ValueError(f"held-out windows changed length ({col.seq_len} -> {batch.shape[1]})")
+        batch_sum = np.zeros(col.unit_sum.shape)
+        mb = micro_size(batch.shape[0], micro_batch)
+        for r0 in range(0, batch.shape[0], mb):
+            batch_sum += _add_micro(col, fn, params, batch[r0 : r0 + mb])
+        if len(col.batch_means) < max_batch_means:
+            col.batch_means.append(batch_sum / batch.size)
+        col.sequences += batch.shape[0]
+        col.batches += 1
         if progress is not None:
-            progress(batches)
-    if fn is None:
+            progress(col.batches)
+    if col is None:
         raise ValueError("no held-out windows to analyse")
-    return Collected(
-        moments=moments,
-        reservoir=reservoir,
-        norm_sum=norm_sum,
-        norm_sq_sum=norm_sq,
-        unit_sum=unit_sum,
-        batch_means=batch_means,
-        state_horizon=horizon,
+    return col
+
+
+def _start(model, params, T: int, n_state_lags: int, sample_size: int, seed: int):
+    """(empty `Collected` for windows of T tokens, the jitted micro-batch statistics)."""
+    if T < 2:
+        raise ValueError(f"analysis needs windows of at least 2 tokens, got {T}")
+    D = params["decode"]["norm"].shape[0]
+    mem = gpn.memory_shape(params)
+    state_lags = horizons.log_lags(T - 1, n_state_lags)
+    conv = np.unique([n for n in CONVERGENCE_POINTS if n <= T] + [T])
+    ret = None
+    if mem is not None:
+        ret = horizons.RetentionAccumulator(horizons.retention_lags(T - 1), mem[0])
+    col = Collected(
+        moments=stats.Moments(D),
+        reservoir=stats.Reservoir(sample_size, D, seed),
+        norm_sum=0.0,
+        norm_sq_sum=0.0,
+        unit_sum=np.zeros(D),
+        batch_means=[],
+        state_horizon=horizons.StateHorizonAccumulator(state_lags),
         retention=ret,
         convergence_points=conv,
-        convergence_dir_sum=conv_sum,
-        convergence_n=conv_n,
-        nonzero=nonzero,
-        sequences=sequences,
-        batches=batches,
+        convergence_dir_sum=np.zeros((len(conv), D)),
+        convergence_n=np.zeros(len(conv)),
+        nonzero=0,
+        sequences=0,
+        batches=0,
         seq_len=T,
     )
+    return col, make_micro_stats(model, state_lags, conv)
+
+
+def _add_micro(col: Collected, fn, params, tokens: np.ndarray) -> np.ndarray:
+    """Runs one micro-batch and merges its summaries into `col`; returns its state sum (d,)."""
+    n = tokens.size
+    summary, g, x = fn(params, tokens)
+    idx, slots = col.reservoir.offer(n)
+    if len(idx):
+        col.reservoir.put(slots, np.asarray(_gather(x, _padded(idx)))[: len(idx)])
+    del x
+    summary = jax.device_get(summary)
+    col.moments.add_summary(n, summary["mean"], summary["scatter"])
+    col.norm_sum += float(summary["norm_sum"])
+    col.norm_sq_sum += float(summary["norm_sq_sum"])
+    col.unit_sum += summary["unit_sum"]
+    col.convergence_dir_sum += summary["conv_dir_sum"]
+    col.state_horizon.add_sums(
+        summary["horizon_raw"],
+        summary["horizon_centred"],
+        summary["horizon_raw_n"],
+        summary["horizon_centred_n"],
+    )
+    col.nonzero += int(summary["nonzero"])
+    col.convergence_n += summary["conv_n"]
+    if col.retention is not None:
+        col.retention.add(np.asarray(g))
+    return np.asarray(summary["mean"], np.float64) * n
 
 
 @jax.jit

@@ -85,14 +85,10 @@ def analyze(
     log = log or (lambda *a, **k: None)
     t0 = time.perf_counter()
     if data is None:
-        from gpn_jax.training.restore import run_data  # training's split; the workdir only read
-
-        data = run_data(run, config.cache_dir or None)
-    tokenizer = data.tokenizer or run.tokenizer
-    model, params = run.model, run.params
+        data = run.data(config.cache_dir or None)  # training's split; the workdir only read
     col = collect.collect(
-        model,
-        params,
+        run.model,
+        run.params,
         heldout_windows(data, config),
         max_batches=config.max_batches,
         micro_batch=config.micro_batch,
@@ -100,6 +96,22 @@ def analyze(
         seed=config.seed,
     )
     log(f"collected {col.moments.n:,} held-out states in {time.perf_counter() - t0:.1f}s")
+    results = _summaries(run, col, data, config)
+    if config.ablation_batches >= 0:
+        t1 = time.perf_counter()
+        results["ablations"], n_rows = _ablations(run, col, data, results, config)
+        log(f"ablations ({n_rows} rows) in {time.perf_counter() - t1:.1f}s")
+        log(report.ablation_table(results["ablations"]["rows"]))
+    results["seconds"] = time.perf_counter() - t0
+    if out:
+        write_outputs(results, col, out, config)
+        log(f"wrote {os.path.join(out, 'report.md')}")
+    return summarize.to_json(results)
+
+
+def _summaries(run, col, data, config: AnalysisConfig) -> dict:
+    """The results of the streaming pass: run and data lines, geometry, s̄, horizons."""
+    tokenizer = data.tokenizer or run.tokenizer
     results = {
         "run": {
             "workdir": run.workdir,
@@ -116,7 +128,7 @@ def analyze(
         },
         "state_geometry": summarize.state_geometry(col, config.dead_rel),
         "mean_direction": summarize.mean_direction(
-            col, params, tokenizer, data.unigram_counts, config.top_k
+            col, run.params, tokenizer, data.unigram_counts, config.top_k
         ),
         "state_horizon": summarize.state_horizon(col),
         "memory_horizon": summarize.memory_horizon(col, config.fast_max_lag),
@@ -130,25 +142,25 @@ def analyze(
         results["mean_direction"]["sample_cos_to_mean_quantiles"] = {
             str(q): float(np.quantile(cos, q)) for q in (0.05, 0.25, 0.5, 0.75, 0.95)
         }
-    if config.ablation_batches >= 0:
-        t1 = time.perf_counter()
-        mh = results["memory_horizon"]
-        ivs = ablations.interventions(params, sbar, mh["pools"] if mh else None, config.seed)
-        results["ablations"] = ablations.ablation_ppl(
-            model,
-            params,
-            heldout_windows(data, config),
-            ivs,
-            config.ablation_batches or config.max_batches,
-            config.micro_batch,
-        )
-        log(f"ablations ({len(ivs)} rows) in {time.perf_counter() - t1:.1f}s")
-        log(report.ablation_table(results["ablations"]["rows"]))
-    results["seconds"] = time.perf_counter() - t0
-    if out:
-        write_outputs(results, col, out, config)
-        log(f"wrote {os.path.join(out, 'report.md')}")
-    return summarize.to_json(results)
+    return results
+
+
+def _ablations(run, col, data, results: dict, config: AnalysisConfig) -> tuple[dict, int]:
+    """The second pass: held-out PPL under each intervention (needs s̄ and the head pools).
+    Returns (the ablation results, the number of interventions)."""
+    mh = results["memory_horizon"]
+    ivs = ablations.interventions(
+        run.params, col.moments.mean, mh["pools"] if mh else None, config.seed
+    )
+    rows = ablations.ablation_ppl(
+        run.model,
+        run.params,
+        heldout_windows(data, config),
+        ivs,
+        config.ablation_batches or config.max_batches,
+        config.micro_batch,
+    )
+    return rows, len(ivs)
 
 
 def write_outputs(results: dict, col, out: str, config: AnalysisConfig) -> dict:

@@ -79,9 +79,28 @@ def mean_direction(
 
     s-bar itself averages every position, s^p_0 = 0 included; cosines skip zero states.
     """
-    n = col.moments.n
     sbar = col.moments.mean
     sn = float(np.linalg.norm(sbar))
+    out = _size_and_stability(col, sbar, sn)
+    logits = decode_vector(params, sbar)
+    out |= _decoded(params, logits, sbar, tokenizer, unigram_counts, top_k)
+    out["convergence"] = {
+        int(k): float(v @ sbar / (c * sn))
+        for k, v, c in zip(
+            col.convergence_points, col.convergence_dir_sum, col.convergence_n, strict=True
+        )
+        if c > 0 and sn > 0
+    }
+    for k in (10, 100):
+        if k in out["convergence"]:
+            out[f"convergence_cos_at_{k}"] = out["convergence"][k]
+    out["_logits"] = logits
+    out["_direction"] = sbar / sn if sn > 0 else sbar
+    return out
+
+
+def _size_and_stability(col: Collected, sbar, sn: float) -> dict:
+    n = col.moments.n
     out = {
         "norm": sn,
         "norm_ratio": sn / (col.norm_sum / n),
@@ -96,14 +115,20 @@ def mean_direction(
             "batch_cos_min": float(pc.min()),
             "batch_cos_batches": len(col.batch_means),
         }
-    logits = decode_vector(params, sbar)
+    return out
+
+
+def _decoded(params, logits, sbar, tokenizer, unigram_counts, top_k: int) -> dict:
+    """What s-bar and the mean embedding decode to, and their Spearman with the unigram."""
     emb = np.asarray(params["embed"], np.float64)
     ebar = emb.mean(0)
     logits_e = emb @ ebar
-    out["top_tokens"] = _top(logits, top_k, tokenizer)
-    out["mean_embedding_top_tokens"] = _top(logits_e, top_k, tokenizer)
-    out["head_input_cos_mean_embedding"] = stats.cosine(head_input(params, sbar), ebar)
-    out["spearman_logits_vs_mean_embedding_logits"] = stats.spearman(logits, logits_e)
+    out = {
+        "top_tokens": _top(logits, top_k, tokenizer),
+        "mean_embedding_top_tokens": _top(logits_e, top_k, tokenizer),
+        "head_input_cos_mean_embedding": stats.cosine(head_input(params, sbar), ebar),
+        "spearman_logits_vs_mean_embedding_logits": stats.spearman(logits, logits_e),
+    }
     if unigram_counts is not None:
         counts = np.asarray(unigram_counts, np.float64)
         out["spearman_unigram"] = stats.spearman(logits, counts)
@@ -112,18 +137,6 @@ def mean_direction(
             {"id": int(i), "token": _piece(tokenizer, i), "count": int(counts[i])}
             for i in np.argsort(-counts, kind="stable")[:top_k]
         ]
-    out["convergence"] = {
-        int(k): float(v @ sbar / (c * sn))
-        for k, v, c in zip(
-            col.convergence_points, col.convergence_dir_sum, col.convergence_n, strict=True
-        )
-        if c > 0 and sn > 0
-    }
-    for k in (10, 100):
-        if k in out["convergence"]:
-            out[f"convergence_cos_at_{k}"] = out["convergence"][k]
-    out["_logits"] = logits
-    out["_direction"] = sbar / sn if sn > 0 else sbar
     return out
 
 

@@ -63,84 +63,73 @@ def _broadcast(tree, batch):
     )
 
 
-def run(spec: dict) -> list[dict]:
-    """spec: name, config, model, batch_size, contexts, steps, rounds, warmup, compute_dtype,
-    feed_window, kv_cache_limit_bytes."""
-    dtype = common.resolve_dtype(spec["compute_dtype"])
-    B, contexts = spec["batch_size"], sorted(spec["contexts"])
-    steps, rounds, warmup = spec["steps"], spec["rounds"], spec.get("warmup", 2)
-    family = spec["model"].get("family", "gpn")
-    records, runners = [], {}
-    base = dict(
-        model=spec["name"],
-        config=spec["config"],
-        suite="generate",
-        family=family,
-        batch_size=B,
-        compute_dtype=dtype,
+def _transformer_context(spec, dtype, base, ctx):
+    """(record, runner or None) of one context: a KV cache of that length, randomly filled."""
+    B, warmup = spec["batch_size"], spec.get("warmup", 2)
+    max_len = ctx + warmup + spec["rounds"] * spec["steps"] + 1
+    model = common.build_model(spec["model"], dtype, max_seq_len=max_len)
+    c = model.config
+    cache_bytes = 2 * c.n_layers * B * max_len * c.d_model * jnp.dtype(dtype).itemsize
+    rec = base | dict(
+        context=ctx,
+        state_bytes=cache_bytes,
+        flops_per_token=model.flops_per_token(2 * ctx)["forward"],
     )
+    limit = spec["kv_cache_limit_bytes"]
+    if cache_bytes > limit:
+        why = f"KV cache {cache_bytes / 2**30:.1f} GiB > limit {limit / 2**30:.1f} GiB"
+        return rec | dict(skipped=why), None
+    params = model.init(jax.random.PRNGKey(0))
+    shape = (c.n_layers, B, max_len, c.n_heads, c.head_dim)
+    k1, k2 = jax.random.split(jax.random.PRNGKey(3))
+    state = {
+        "k": jax.random.normal(k1, shape, jnp.float32).astype(dtype),
+        "v": jax.random.normal(k2, shape, jnp.float32).astype(dtype),
+        "pos": jnp.asarray(ctx, jnp.int32),
+    }
+    fn = jax.jit(_greedy_step(model), donate_argnums=1)
+    runner = [fn, params, state, jnp.zeros((B,), jnp.int32)]
+    note = "KV cache filled with random keys/values (content-independent cost)"
+    return rec | dict(note=note), runner
 
-    if family == "transformer":
-        for ctx in contexts:
-            max_len = ctx + warmup + rounds * steps + 1
-            model = common.build_model(spec["model"], dtype, max_seq_len=max_len)
-            c = model.config
-            cache_bytes = 2 * c.n_layers * B * max_len * c.d_model * jnp.dtype(dtype).itemsize
-            rec = base | dict(
-                context=ctx,
-                state_bytes=cache_bytes,
-                flops_per_token=model.flops_per_token(2 * ctx)["forward"],
-            )
-            if cache_bytes > spec["kv_cache_limit_bytes"]:
-                records.append(
-                    rec
-                    | dict(
-                        skipped=(
-                            f"KV cache {cache_bytes / 2**30:.1f} GiB > limit "
-                            f"{spec['kv_cache_limit_bytes'] / 2**30:.1f} GiB"
-                        )
-                    )
-                )
-                continue
-            params = model.init(jax.random.PRNGKey(0))
-            shape = (c.n_layers, B, max_len, c.n_heads, c.head_dim)
-            k1, k2 = jax.random.split(jax.random.PRNGKey(3))
-            state = {
-                "k": jax.random.normal(k1, shape, jnp.float32).astype(dtype),
-                "v": jax.random.normal(k2, shape, jnp.float32).astype(dtype),
-                "pos": jnp.asarray(ctx, jnp.int32),
-            }
-            fn = jax.jit(_greedy_step(model), donate_argnums=1)
-            token = jnp.zeros((B,), jnp.int32)
-            runners[ctx] = [fn, params, state, token]
-            records.append(
-                rec
-                | dict(note="KV cache filled with random keys/values (content-independent cost)")
-            )
-    else:
-        model = common.build_model(spec["model"], dtype)
-        params = model.init(jax.random.PRNGKey(0))
-        carries = _feed_recurrent(model, params, contexts, spec.get("feed_window", 1024))
-        start = jax.jit(lambda p, c: model.start_decode(p, c))
-        fn = jax.jit(_greedy_step(model), donate_argnums=1)
-        for ctx in contexts:
-            carry = carries[ctx] if B == 1 else _broadcast(carries[ctx], B)
-            logits, state = start(params, carry)
-            token = jnp.argmax(logits, -1).astype(jnp.int32)
-            runners[ctx] = [fn, params, state, token]
-            state_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(carry))
-            note = "context fed through the window forward" + (
-                f" at batch 1, state broadcast to batch {B}" if B > 1 else ""
-            )
-            records.append(
-                base
-                | dict(
-                    context=ctx,
-                    state_bytes=state_bytes,
-                    note=note,
-                    flops_per_token=model.flops_per_token(ctx)["forward"],
-                )
-            )
+
+def _transformer_runners(spec, dtype, base, contexts):
+    records, runners = [], {}
+    for ctx in contexts:
+        rec, runner = _transformer_context(spec, dtype, base, ctx)
+        records.append(rec)
+        if runner is not None:
+            runners[ctx] = runner
+    return records, runners
+
+
+def _recurrent_runners(spec, dtype, base, contexts):
+    """Records and runners of a recurrent model: the context really fed, then decoded from."""
+    B = spec["batch_size"]
+    model = common.build_model(spec["model"], dtype)
+    params = model.init(jax.random.PRNGKey(0))
+    carries = _feed_recurrent(model, params, contexts, spec.get("feed_window", 1024))
+    start = jax.jit(lambda p, c: model.start_decode(p, c))
+    fn = jax.jit(_greedy_step(model), donate_argnums=1)
+    records, runners = [], {}
+    for ctx in contexts:
+        carry = carries[ctx] if B == 1 else _broadcast(carries[ctx], B)
+        logits, state = start(params, carry)
+        token = jnp.argmax(logits, -1).astype(jnp.int32)
+        runners[ctx] = [fn, params, state, token]
+        state_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(carry))
+        note = "context fed through the window forward" + (
+            f" at batch 1, state broadcast to batch {B}" if B > 1 else ""
+        )
+        flops = model.flops_per_token(ctx)["forward"]
+        records.append(
+            base | dict(context=ctx, state_bytes=state_bytes, note=note, flops_per_token=flops)
+        )
+    return records, runners
+
+
+def _time(runners: dict, warmup: int, rounds: int, steps: int) -> dict:
+    """{context: call times}, contexts interleaved in `rounds` rounds of `steps` calls."""
 
     def call(ctx):
         r = runners[ctx]
@@ -154,6 +143,26 @@ def run(spec: dict) -> list[dict]:
     for _ in range(rounds):
         for ctx in runners:
             times[ctx] += common.time_calls(lambda ctx=ctx: call(ctx), steps)
+    return times
+
+
+def run(spec: dict) -> list[dict]:
+    """spec: name, config, model, batch_size, contexts, steps, rounds, warmup, compute_dtype,
+    feed_window, kv_cache_limit_bytes."""
+    dtype = common.resolve_dtype(spec["compute_dtype"])
+    B, contexts = spec["batch_size"], sorted(spec["contexts"])
+    family = spec["model"].get("family", "gpn")
+    base = dict(
+        model=spec["name"],
+        config=spec["config"],
+        suite="generate",
+        family=family,
+        batch_size=B,
+        compute_dtype=dtype,
+    )
+    runners_of = _transformer_runners if family == "transformer" else _recurrent_runners
+    records, runners = runners_of(spec, dtype, base, contexts)
+    times = _time(runners, spec.get("warmup", 2), spec["rounds"], spec["steps"])
     mem, mem_kind = common.peak_memory_bytes()
     for rec in records:
         ts = times.get(rec["context"])

@@ -1,6 +1,6 @@
 """Benchmark of `gpn_jax.prepare` and of the `bin:` data loader (prints figures; asserts nothing).
 
-    python -m gpn_jax.benchmarks.prepare --sizes_mb=50,500 --workers=1,2 \\
+    python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2 \\
         --workdir=/tmp/gpn_bench_prepare [--out=prepare.json]
 
 For each size a synthetic jsonl corpus is generated once (no download): documents of
@@ -24,21 +24,6 @@ import sys
 import time
 
 import numpy as np
-from absl import flags
-
-from gpn_jax import cli
-
-_SIZES = flags.DEFINE_list("sizes_mb", ["50", "500"], "Corpus sizes to generate, in MB.")
-_WORKERS = flags.DEFINE_list("workers", ["1", "2"], "Worker counts to run prepare with.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/gpn_bench_prepare", "Corpora, outputs, results.")
-_OUT = flags.DEFINE_string("out", "", "Results JSON (default <workdir>/prepare.json).")
-_VOCAB = flags.DEFINE_integer(
-    "vocab_size", 4096, "Benchmark tokenizer vocabulary (the synthetic text allows < 6.5k)."
-)
-_BATCH = flags.DEFINE_integer("batch_size", 128, "Loader benchmark batch size.")
-_SEQ = flags.DEFINE_integer("seq_len", 2048, "Loader benchmark window length.")
-_LOADER_BATCHES = flags.DEFINE_integer("loader_batches", 100, "Batches timed per layout.")
-_KEEP = flags.DEFINE_bool("keep", False, "Keep the prepared outputs (they are large).")
 
 
 def word_table() -> tuple[np.ndarray, np.ndarray]:
@@ -156,36 +141,29 @@ def loader_rates(output: str, vocab_size: int, batch: int, seq: int, n: int) -> 
     return rows
 
 
-def _body():
-    workdir = _WORKDIR.value
+def run(sizes_mb, workers, workdir, out, vocab_size, batch_size, seq_len, loader_batches, keep):
+    """Generates the corpora, times `prepare` per (size, workers) and the loader; writes JSON."""
     os.makedirs(workdir, exist_ok=True)
-    sizes = [int(s) for s in _SIZES.value]
     results = {"load_average_start": os.getloadavg(), "cpus": os.cpu_count(), "prepare": []}
-    corpora = {mb: make_corpus(os.path.join(workdir, f"corpus_{mb}mb.jsonl"), mb) for mb in sizes}
-    tok = make_tokenizer(corpora[min(sizes)], os.path.join(workdir, "bench.model"), _VOCAB.value)
+    corpora = {
+        mb: make_corpus(os.path.join(workdir, f"corpus_{mb}mb.jsonl"), mb) for mb in sizes_mb
+    }
+    tok = make_tokenizer(corpora[min(sizes_mb)], os.path.join(workdir, "bench.model"), vocab_size)
     output = os.path.join(workdir, "prepared")
-    for mb in sizes:
-        for w in (int(x) for x in _WORKERS.value):
+    for mb in sizes_mb:
+        for w in workers:
             row = {"corpus_mb": mb, **run_prepare(corpora[mb], tok, output, w)}
             print(json.dumps(row), flush=True)
             results["prepare"].append(row)
-    results["loader"] = loader_rates(
-        output, _VOCAB.value, _BATCH.value, _SEQ.value, _LOADER_BATCHES.value
-    )
+    results["loader"] = loader_rates(output, vocab_size, batch_size, seq_len, loader_batches)
     for row in results["loader"]:
         print(json.dumps(row), flush=True)
     results["load_average_end"] = os.getloadavg()
-    if not _KEEP.value:
+    if not keep:
         shutil.rmtree(output, ignore_errors=True)
-    path = _OUT.value or os.path.join(workdir, "prepare.json")
+    path = out or os.path.join(workdir, "prepare.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(f"results: {path}; load average {results['load_average_start']} -> "
           f"{results['load_average_end']}")  # fmt: skip
-
-
-main, run = cli.absl_entry(_body, "gpn-bench-prepare")
-
-
-if __name__ == "__main__":
-    run()
+    return results

@@ -1,6 +1,7 @@
 """One training-step record: a model's jitted step (loss, gradients, clipped AdamW) timed.
 
-Tokens are random (the cost of a step does not depend on them). FLOPs are the analytic
+Tokens are random (the cost of a step does not depend on them). The step is the trainer's
+(`training.setup.build`) on a one-device mesh. FLOPs are the analytic
 `model.flops_per_token(T)["train"]` (matmuls only, 3 x forward), so MFU is comparable
 across families: achieved FLOP/s divided by the matmul peak measured in the same run.
 """
@@ -9,12 +10,28 @@ import os
 import time
 
 import jax
+import ml_collections
 
-from experiments.configs import common as recipe
 from gpn_jax.benchmarks import common
+from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
-from gpn_jax.training.optimizer import make_optimizer
-from gpn_jax.training.train_step import init_train_state, make_train_step
+from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.training import setup
+
+
+def _time(one, spec: dict) -> tuple[list, tuple, float]:
+    """(times of `spec['steps']` steps after the warm-up, peak memory, the loss of one more
+    step); then one profiled step when `spec['profile_dir']` is set."""
+    for _ in range(spec.get("warmup", 1)):
+        one()
+    times = common.time_calls(one, spec["steps"])
+    mem = common.peak_memory_bytes()
+    loss = float(one())
+    if spec.get("profile_dir"):
+        os.makedirs(spec["profile_dir"], exist_ok=True)
+        with jax.profiler.trace(spec["profile_dir"]):
+            jax.block_until_ready(one())
+    return times, mem, loss
 
 
 def run(spec: dict) -> dict:
@@ -28,33 +45,27 @@ def run(spec: dict) -> dict:
     model = common.build_model(spec["model"], dtype, **overrides)
     rss0 = common.host_rss_bytes()
 
-    train_cfg = recipe.base_config().train
-    optimizer = make_optimizer(train_cfg, model.weight_decay_mask)
-    # jitted: eager initialisation would compile (and keep) one executable per op
-    state = jax.jit(lambda key: init_train_state(model, optimizer, key))(jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, model.config.vocab_size)
-    step = jax.jit(make_train_step(model, optimizer), donate_argnums=0)
-
-    t0 = time.perf_counter()
-    compiled = step.lower(state, tokens).compile()
-    compile_s = time.perf_counter() - t0
+    config = recipe.base_config()
+    config.train.update(batch_size=B, seq_len=T, grad_accum=1)
+    # The trainer's own step (`setup.build`) on a one-device mesh.
+    one_device = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+    built = setup.build(config, meshlib.make_mesh(one_device, jax.devices()[:1]), model=model)
+    with jax.set_mesh(built.mesh):
+        state = built.init_state(jax.random.PRNGKey(0))
+        tokens = jax.device_put(
+            jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, model.config.vocab_size),
+            built.batch_target().sharding,
+        )
+        t0 = time.perf_counter()
+        compiled = built.train_step.lower(state, tokens).compile()
+        compile_s = time.perf_counter() - t0
     holder = {"state": state}
 
     def one():
         holder["state"], metrics = compiled(holder["state"], tokens)
         return metrics["loss"]
 
-    for _ in range(spec.get("warmup", 1)):
-        loss = one()
-    times = common.time_calls(one, spec["steps"])
-    mem, mem_kind = common.peak_memory_bytes()
-    loss = float(one())
-
-    if spec.get("profile_dir"):
-        os.makedirs(spec["profile_dir"], exist_ok=True)
-        with jax.profiler.trace(spec["profile_dir"]):
-            jax.block_until_ready(one())
-
+    times, (mem, mem_kind), loss = _time(one, spec)
     flops_tok = model.flops_per_token(T)["train"]
     step_s = common.median(times)
     return {

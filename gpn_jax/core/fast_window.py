@@ -39,8 +39,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from gpn_jax.core import gpn
+from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.norms import l2n, mm, rms
 
@@ -541,8 +542,6 @@ def _ce_fwd(c, W, bias, E, P, tgt):
 
 def _ce_bwd(c, saved, g):
     dW, db, dE, dP, W, bias, E, tgt = saved
-    import numpy as np
-
     zero_tgt = np.zeros(tgt.shape, dtype=jax.dtypes.float0)
     return (
         (g * dW).astype(W.dtype),
@@ -558,11 +557,10 @@ _ce_sum.defvjp(_ce_fwd, _ce_bwd)
 
 
 def cross_entropy_sum_fused(cp: gpn.Params, p_TxBxD: Array, targets_TxB: Array, chunk: int = 0):
-    """Same value as `window.cross_entropy_sum`; gradients computed in the forward pass."""
-    from gpn_jax.core.window import chunk_size
-
+    """Same value as `loss.cross_entropy_sum` over `gpn.decode`; gradients computed in the
+    forward pass."""
     dp = cp["decode"]
     W = (dp["norm"][:, None] * dp["proj"].astype(jnp.float32)).astype(dp["proj"].dtype)
     bias = dp["bias"].astype(jnp.float32) if "bias" in dp else jnp.zeros((W.shape[1],), jnp.float32)
-    c = chunk_size(p_TxBxD.shape[0], chunk)
+    c = loss.chunk_size(p_TxBxD.shape[0], chunk)
     return _ce_sum(c, W, bias, cp["embed"], p_TxBxD, targets_TxB)

@@ -1,7 +1,7 @@
 """Data pipeline: text / tfds / pre-tokenised sources -> tokenizer -> resumable windows."""
 
 from gpn_jax.data.bin_source import ShardedTokens, open_bin
-from gpn_jax.data.pipeline import Data, build_data
+from gpn_jax.data.pipeline import Data, DataConfig, build, build_data, from_config, loss_mask
 from gpn_jax.data.spec import SourceSpec, parse_spec
 from gpn_jax.data.split import split_documents, split_tokens
 from gpn_jax.data.stream import tokenize_documents, unigram_counts
@@ -12,17 +12,21 @@ from gpn_jax.data.windows import WindowIterator
 
 __all__ = [
     "Data",
+    "DataConfig",
     "ShardedTokens",
     "SourceSpec",
     "Tokenizer",
     "WindowIterator",
+    "build",
     "build_data",
     "check_vocab",
     "embedded_corpus",
+    "from_config",
     "iter_jsonl_file",
     "iter_path_documents",
     "iter_tfds_documents",
     "load_tokenizer",
+    "loss_mask",
     "open_bin",
     "parse_spec",
     "split_documents",

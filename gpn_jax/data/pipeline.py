@@ -1,4 +1,4 @@
-"""The single entry point of the data pipeline: `build_data(spec, ...) -> Data`.
+"""The data pipeline's entry point: `from_config(config, ...) -> Data` (or `build(DataConfig)`).
 
 Text sources (embedded, files, tfds): documents -> train / held-out character split ->
 SentencePiece tokenizer (given, found in the workdir, or trained on the train split) ->
@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from gpn_jax.data.bin_source import ShardedTokens, list_shards, memmap_shard, open_bin
-from gpn_jax.data.files import atomic_save_npy, atomic_write, load_npy
 from gpn_jax.data.prepare.manifest import PreparedCorpus, read_prepared
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
@@ -24,7 +23,8 @@ from gpn_jax.data.split import split_documents, split_tokens
 from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
-from gpn_jax.training import paths
+from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_save_npy, atomic_write, load_npy
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -76,31 +76,14 @@ class Data:
         )
 
 
-def build_data(
-    spec: str | None = "embedded",
-    *,
-    vocab_size: int,
-    seq_len: int,
-    batch_size: int,
-    tokenizer_path: str | None = None,
-    heldout_fraction: float = 0.05,
-    seed: int = 0,
-    workdir: str | None = None,
-    cache_dir: str | None = None,
-    data_dir: str | None = None,
-    text_field: str | None = None,
-    max_docs: int | None = None,
-    bin_dtype: str = "uint32",
-    train_layout: str = "shuffled",
-    train_state: dict | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> Data:
-    """Builds the data for `spec` (grammar in `gpn_jax.data.spec`).
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What the data is, as the config says (`config.data`, `config.train`, the model's vocab).
 
-    Args:
-      spec: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH'
-        or 'recall:PARAMS' (synthetic associative recall, no tokenizer; `gpn_jax.data.recall`).
+    Attributes:
+      source: 'embedded', a .txt/.jsonl path, 'tfds:NAME[/CONFIG][:VERSION][:SPLIT]', 'bin:PATH'
+        or 'recall:PARAMS' (synthetic associative recall, no tokenizer; `gpn_jax.data.recall`);
+        grammar in `gpn_jax.data.spec`.
       vocab_size: the model's vocabulary; the tokenizer must match it exactly (for `bin:`
         data without a tokenizer it must exceed the largest id).
       seq_len, batch_size: window length T and global batch size B.
@@ -108,7 +91,6 @@ def build_data(
         loaded if present, or trained on the train split (and saved there if workdir is set).
       heldout_fraction: the trailing fraction of the text (or tokens) held out.
       seed: the training window shuffle seed.
-      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
       data_dir: the tfds data directory (local or gs://).
       text_field: the text field of jsonl / tfds examples (default 'text').
       max_docs: read at most this many documents.
@@ -116,62 +98,165 @@ def build_data(
         names its own; its held-out shards replace `heldout_fraction`'s split, and its
         tokenizer.model is used, and copied into the workdir, unless `tokenizer_path` is set).
       train_layout: 'shuffled', 'sequential' or 'streams' (see `windows`).
+    """
+
+    source: str | None
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    tokenizer_path: str | None = None
+    heldout_fraction: float = 0.05
+    seed: int = 0
+    data_dir: str | None = None
+    text_field: str | None = None
+    max_docs: int | None = None
+    bin_dtype: str = "uint32"
+    train_layout: str = "shuffled"
+
+    @classmethod
+    def of(cls, config) -> "DataConfig":
+        """The data a run config describes (the trainer's data, field for field)."""
+        d, t = config.data, config.train
+        return cls(
+            d.source,
+            vocab_size=config.model.vocab_size,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            tokenizer_path=d.tokenizer_path or None,
+            heldout_fraction=d.heldout_fraction,
+            seed=config.seed,
+            data_dir=d.data_dir or None,
+            text_field=d.text_field or None,
+            bin_dtype=d.bin_dtype,
+            train_layout=train_layout(config),
+        )
+
+
+def train_layout(config) -> str:
+    """The training window order: in order for `bin:` data continued from another trainer's
+    checkpoint (`train.init_from`, see `training.init_from`), as that trainer reads it;
+    shuffled otherwise. Fixed by the config, so a resume agrees with it."""
+    continued = bool(config.train.get("init_from", ""))
+    return (
+        "sequential" if continued and parse_spec(config.data.source).kind == "bin" else "shuffled"
+    )
+
+
+def from_config(
+    config,
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """The data of a run config (`DataConfig.of(config)`); the keywords as for `build`."""
+    return build(
+        DataConfig.of(config),
+        workdir=workdir,
+        cache_dir=cache_dir,
+        train_state=train_state,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+def build(
+    dc: DataConfig,
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """Builds the data `dc` describes.
+
+    Args:
+      dc: what to read and how to window it.
+      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
+      cache_dir: the token / count cache directory.
       train_state: a `WindowIterator.get_state()` dict to resume from.
       process_index, process_count: this host and the host count (each reads B/count rows).
     """
-    if parse_spec(spec).kind == "recall":
-        return _recall_data(spec, vocab_size, seq_len, batch_size, heldout_fraction, seed,
-                            train_layout, train_state, process_index, process_count)  # fmt: skip
-    source = parse_spec(spec)
+    source = parse_spec(dc.source)
+    hosts = dict(process_index=process_index, process_count=process_count)
+    if source.kind == "recall":
+        return _recall_data(dc, train_state, hosts)
     if cache_dir is None and workdir:
         cache_dir = paths.join(workdir, "data_cache")
     if source.kind == "bin":
         prepared = read_prepared(source.path)
         if prepared:
             parts = _prepared_parts(
-                prepared, tokenizer_path, vocab_size, heldout_fraction, cache_dir, workdir
+                prepared, dc.tokenizer_path, dc.vocab_size, dc.heldout_fraction, cache_dir, workdir
             )
         else:
             parts = _bin_parts(
-                source.path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, cache_dir
+                source.path,
+                dc.bin_dtype,
+                dc.tokenizer_path,
+                dc.vocab_size,
+                dc.heldout_fraction,
+                cache_dir,
             )
     else:
+        read = dict(data_dir=dc.data_dir, text_field=dc.text_field, max_docs=dc.max_docs)
         parts = _text_parts(
             source,
-            vocab_size,
-            tokenizer_path,
-            heldout_fraction,
+            dc.vocab_size,
+            dc.tokenizer_path,
+            dc.heldout_fraction,
             workdir,
             cache_dir,
-            data_dir=data_dir,
-            text_field=text_field,
-            max_docs=max_docs,
+            **read,
         )
-    return _assemble(
-        parts,
-        vocab_size,
-        seq_len,
-        batch_size,
-        heldout_fraction,
-        seed,
-        train_layout,
-        train_state,
-        process_index,
-        process_count,
+    return _assemble(parts, dc, train_state, **hosts)
+
+
+def build_data(
+    spec: str | None = "embedded",
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    **fields,
+) -> Data:
+    """`build(DataConfig(spec, **fields), ...)`: the data from keyword fields (tests, notebooks)."""
+    return build(
+        DataConfig(spec, **fields),
+        workdir=workdir,
+        cache_dir=cache_dir,
+        train_state=train_state,
+        process_index=process_index,
+        process_count=process_count,
     )
 
 
-def _recall_data(spec, vocab_size, seq_len, batch_size, heldout_fraction, seed, layout, state,
-                 *hosts):  # fmt: skip
+def _recall_data(dc: DataConfig, train_state, hosts: dict) -> Data:
     """Synthetic recall data (`gpn_jax.data.recall`): examples, loss mask, fresh iterator."""
     from gpn_jax.data import recall
 
-    params = parse_spec(spec).name
+    params = parse_spec(dc.source).name
     fresh = not recall.parse_recall_params(params).examples
-    parts = recall.recall_parts(params, vocab_size, seq_len, batch_size)
-    data = _assemble(parts, vocab_size, seq_len, batch_size, heldout_fraction, seed, layout,
-                     None if fresh else state, *hosts)  # fmt: skip
-    return recall.attach(data, params, seed, state if fresh else None)
+    parts = recall.recall_parts(params, dc.vocab_size, dc.seq_len, dc.batch_size)
+    data = _assemble(parts, dc, None if fresh else train_state, **hosts)
+    return recall.attach(data, params, dc.seed, train_state if fresh else None)
+
+
+def loss_mask(config) -> np.ndarray | None:
+    """(seq_len,) bool: the positions the training loss of `config`'s data is taken on (the
+    answers of `recall:` data with targets=answers), or None for every position. Known from
+    the config alone, so the train step can be built before the data."""
+    source = parse_spec(config.get("data", {}).get("source", "embedded"))
+    if source.kind != "recall":
+        return None
+    from gpn_jax.data import recall
+
+    return recall.loss_mask(recall.parse_recall_params(source.name), config.train.seq_len)
 
 
 def _text_parts(source, vocab_size, tokenizer_path, heldout_fraction, workdir, cache_dir, **read):
@@ -271,41 +356,22 @@ def _bin_counts(shards, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     return counts
 
 
-def _assemble(
-    parts,
-    vocab_size,
-    seq_len,
-    batch_size,
-    heldout_fraction,
-    seed,
-    layout,
-    state,
-    process_index,
-    process_count,
-) -> Data:
+def _assemble(parts, dc: DataConfig, state, process_index, process_count) -> Data:
     tokenizer, train_tokens, heldout, counts, what = parts
+    B, T = dc.batch_size, dc.seq_len
     hosts = dict(process_index=process_index, process_count=process_count)
-    train = WindowIterator(train_tokens, batch_size, seq_len, seed=seed, layout=layout, **hosts)
+    train = WindowIterator(train_tokens, B, T, seed=dc.seed, layout=dc.train_layout, **hosts)
     if state is not None:
         train.set_state(state)
+    eos = tokenizer.eos_id if tokenizer else None
     data = Data(
-        tokenizer,
-        train,
-        train_tokens,
-        heldout,
-        counts,
-        vocab_size,
-        seq_len,
-        batch_size,
-        tokenizer.eos_id if tokenizer else None,
-        "",
-        **hosts,
+        tokenizer, train, train_tokens, heldout, counts, dc.vocab_size, T, B, eos, "", **hosts
     )
-    if heldout_fraction > 0:
-        _check_heldout(heldout, batch_size, seq_len, heldout_fraction)
+    if dc.heldout_fraction > 0:
+        _check_heldout(heldout, B, T, dc.heldout_fraction)
     data.description = (
         f"{what}; train {len(train_tokens):,} tokens ({train.steps_per_epoch} steps/epoch of "
-        f"({batch_size}, {seq_len})), held-out {len(heldout):,} tokens"
+        f"({B}, {T})), held-out {len(heldout):,} tokens"
     )
     return data
 

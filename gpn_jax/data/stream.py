@@ -5,9 +5,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpn_jax.data.files import atomic_save_npy, load_npy
 from gpn_jax.data.tokenizer import Tokenizer
-from gpn_jax.training import paths
+from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_save_npy, load_npy
 
 _ENCODE_BATCH = 512
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from gpn_jax.data.files import atomic_write
-from gpn_jax.training import paths
+from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_write
 
 _MAX_LINE_CHARS = 2048  # training lines are chopped to this (SentencePiece skips long ones)
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")

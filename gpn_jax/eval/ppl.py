@@ -48,10 +48,8 @@ def _jitted_loss(model):
 
 def heldout_data(run, cache_dir: str | None = None):
     """The run's data rebuilt exactly as training built it (same split, tokenizer, windows),
-    without writing into its workdir (`restore.run_data`)."""
-    from gpn_jax.training.restore import run_data
-
-    return run_data(run, cache_dir)
+    without writing into its workdir (`RestoredRun.data`)."""
+    return run.data(cache_dir)
 
 
 def heldout_ppl(run, data=None, max_batches: int = 0) -> dict:

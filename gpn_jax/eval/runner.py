@@ -9,11 +9,9 @@ Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
 
 import json
 
-from gpn_jax.data.files import atomic_write
 from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
-
-EVALS = ("ppl", "lambada", "stream", "recall")
+from gpn_jax.io.files import atomic_write
 
 
 def parse_evals(evals) -> list[str]:
@@ -35,6 +33,61 @@ def run_tokenizer(run, tokenizer_path: str | None = None):
         )
     check_vocab(tokenizer, run.config.model.vocab_size)
     return tokenizer
+
+
+class _Context:
+    """What the evals of one `run_evals` call share: the run, the options, and the held-out
+    data and tokenizer, each built at most once and only if an eval asks for it."""
+
+    def __init__(self, run, options: dict, examples):
+        self.run, self.options, self.examples = run, options, examples
+        self._data = None
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = ppl.heldout_data(self.run, self.options["cache_dir"])
+        return self._data
+
+    @property
+    def tokenizer(self):
+        return run_tokenizer(self.run, self.options["tokenizer_path"])
+
+
+def _ppl(ctx: _Context) -> dict:
+    return ppl.heldout_ppl(ctx.run, ctx.data, ctx.options["ppl_max_batches"])
+
+
+def _lambada(ctx: _Context) -> dict:
+    batch = ctx.options["batch_size"]
+    return lambada.evaluate_lambada(
+        ctx.run.model, ctx.run.params, ctx.tokenizer, ctx.examples, batch
+    )
+
+
+def _stream(ctx: _Context) -> dict:
+    o = ctx.options
+    if o["stream_path"]:
+        with open(o["stream_path"], encoding="utf-8") as f:
+            tokens = ctx.tokenizer.encode(f.read())
+        source = o["stream_path"]
+    else:
+        tokens, source = ctx.data.heldout, "held-out split"
+    window = o["stream_window"] or ctx.run.config.train.seq_len
+    result = stream.stream_eval(
+        ctx.run.model, ctx.run.params, tokens, window, o["stream_buckets"], o["stream_streams"]
+    )
+    return result | {"source": source}
+
+
+def _recall(ctx: _Context) -> dict:
+    o = ctx.options
+    return recall.recall_eval(ctx.run, o["recall_examples"], max(o["batch_size"], 1))
+
+
+# name -> eval(context) -> result dict. A new eval is one function and one entry here.
+REGISTRY = {"ppl": _ppl, "lambada": _lambada, "stream": _stream, "recall": _recall}
+EVALS = tuple(REGISTRY)
 
 
 def run_evals(
@@ -69,45 +122,21 @@ def run_evals(
     Returns:
       {'run': {workdir, step, family}, <eval>: its result, ...}.
     """
+    options = dict(locals())
+    del options["run"], options["evals"]
     names = parse_evals(evals)
     examples = None
     if "lambada" in names:
         if not lambada_path:
             raise ValueError("the lambada eval needs a LAMBADA jsonl file (--lambada_path)")
         examples = lambada.read_lambada(lambada_path)  # fails before any model work
-    needs_tokenizer = examples is not None or ("stream" in names and stream_path)
-    tokenizer = run_tokenizer(run, tokenizer_path) if needs_tokenizer else None
-    model, params = run.model, run.params
-    results = {
-        "run": {
-            "workdir": run.workdir,
-            "step": int(run.step),
-            "family": run.config.model.get("family", "gpn"),
-        }
-    }
-    data = None
+    if examples is not None or ("stream" in names and stream_path):
+        run_tokenizer(run, tokenizer_path)  # a wrong tokenizer fails before any model work
+    ctx = _Context(run, options, examples)
+    family = run.config.model.get("family", "gpn")
+    results = {"run": {"workdir": run.workdir, "step": int(run.step), "family": family}}
     for name in names:
-        if name == "ppl":
-            data = ppl.heldout_data(run, cache_dir) if data is None else data
-            results["ppl"] = ppl.heldout_ppl(run, data, ppl_max_batches)
-        elif name == "lambada":
-            results["lambada"] = lambada.evaluate_lambada(
-                model, params, tokenizer, examples, batch_size
-            )
-        elif name == "stream":
-            if stream_path:
-                with open(stream_path, encoding="utf-8") as f:
-                    tokens = tokenizer.encode(f.read())
-                source = stream_path
-            else:
-                data = ppl.heldout_data(run, cache_dir) if data is None else data
-                tokens, source = data.heldout, "held-out split"
-            window = stream_window or run.config.train.seq_len
-            results["stream"] = stream.stream_eval(
-                model, params, tokens, window, stream_buckets, stream_streams
-            ) | {"source": source}
-        elif name == "recall":
-            results["recall"] = recall.recall_eval(run, recall_examples, max(batch_size, 1))
+        results[name] = REGISTRY[name](ctx)
     return results
 
 

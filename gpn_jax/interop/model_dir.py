@@ -24,8 +24,9 @@ import os
 import jax
 import ml_collections
 
-from gpn_jax.data.files import atomic_write
 from gpn_jax.data.tokenizer import load_tokenizer
+from gpn_jax.io.files import atomic_write
+from gpn_jax.io.provenance import package_version
 from gpn_jax.models import factory
 from gpn_jax.models.accounting import abstract_params
 from gpn_jax.training.restore import RestoredRun
@@ -37,16 +38,6 @@ WEIGHTS, CONFIG, TOKENIZER, CARD = (
     "README.md",
 )
 FORMAT = "gpn_jax"
-
-
-def package_version() -> str:
-    """The installed gpn_jax version (setup.cfg's), or 'unknown' for an uninstalled checkout."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("gpn_jax")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def file_sha256(path: str) -> str:

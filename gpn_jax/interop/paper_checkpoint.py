@@ -249,7 +249,7 @@ def save(path: str, params: dict, opt_state, step: int, data_position: int) -> s
         "params": to_paper_params(host(params)),
         "opt_state": _map_param_dicts(host(opt_state), to_paper_params),
     }
-    from gpn_jax.training.paths import atomic_open  # a temporary name unique per host/process
+    from gpn_jax.io.paths import atomic_open  # a temporary name unique per host/process
 
     with atomic_open(path) as f:
         pickle.dump(ckpt, f)

@@ -33,6 +33,16 @@ class LanguageModel(Protocol):
     def init(self, rng: Array) -> Params:
         """Initial parameters (SPEC's initialisation for GPN)."""
 
+    def param_axes(self) -> dict[str, tuple]:
+        """{'layer_0/w1': ('embed', 'ffn'), ...}: each parameter's logical axis name per dimension
+        (`gpn_jax.models.params`), which `gpn_jax.parallel.sharding` maps to mesh axes."""
+
+    def axis_sizes(self) -> dict[str, int]:
+        """{logical axis: the model size it must split evenly}, e.g. {'heads': n_heads}."""
+
+    def check_sharding(self, split_axes: frozenset) -> None:
+        """Raise ValueError (one line) if the model cannot run with these logical axes split."""
+
     def init_state(self, batch_size: int) -> Carry:
         """Carry for `batch_size` fresh sequences."""
 

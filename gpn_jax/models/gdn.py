@@ -1,4 +1,4 @@
-"""Gated DeltaNet baseline: parameter declaration (Flax linen) plus the model's pure entry points.
+"""Gated DeltaNet baseline: parameter specs (initialiser, shape, logical axes) plus the model's pure entry points.
 
 Architecture (the layer of flash-linear-attention's `GatedDeltaNet`): token embedding, then
 `n_layers` pre-norm blocks
@@ -42,15 +42,25 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from gpn_jax.core import gated_delta
+from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
-from gpn_jax.core.window import chunk_size as loss_chunk_size
+from gpn_jax.models import params as params_lib
 from gpn_jax.models.base import masked_mean
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
-from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs
+from gpn_jax.models.params import (
+    EMBED,
+    FFN,
+    HEADS,
+    VOCAB,
+    lecun,
+    ones,
+    param,
+    small,
+    swiglu_specs,
+)
 
 Array = jax.Array
 
@@ -122,47 +132,42 @@ class GDNDecodeState(NamedTuple):
 # ----------------------------------------------------------------------------- parameters
 
 
-class _Params(nn.Module):
-    """Declares Gated DeltaNet parameters; `__call__` only returns the nested dict."""
-
-    cfg: GDNConfig
-
-    @nn.compact
-    def __call__(self):
-        c = self.cfg
-        d, f, v, h = c.d_model, c.d_ffn, c.vocab_size, c.n_heads
-        out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
-        bound = 1.0 / math.sqrt(c.conv_size)
-        conv_init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
-            key, shape, dtype, -bound, bound
-        )
-        tree = {"embed": self.param("embed", small, (v, d))}
-        for i in range(c.n_layers):
-            specs = {
-                "attn_norm": (ones, (d,)),
-                "wq": (lecun, (d, c.d_qk)),
-                "wk": (lecun, (d, c.d_qk)),
-                "wv": (lecun, (d, c.d_v)),
-                "conv_q": (conv_init, (c.conv_size, c.d_qk)),
-                "conv_k": (conv_init, (c.conv_size, c.d_qk)),
-                "conv_v": (conv_init, (c.conv_size, c.d_v)),
-                "wb": (lecun, (d, h)),
-                "wa": (lecun, (d, h)),
-                "A_log": (a_log_init, (h,)),
-                "dt_bias": (dt_bias_init, (h,)),
-                "wg": (lecun, (d, c.d_v)),
-                "o_norm": (ones, (c.d_value,)),
-                "wo": (out_init, (c.d_v, d)),
-                "mlp_norm": (ones, (d,)),
-                **swiglu_specs(d, f, out_init),
-            }
-            tree[f"layer_{i}"] = {
-                k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
-            }
-        tree["final_norm"] = self.param("final_norm", ones, (d,))
-        if not c.tie_embeddings:
-            tree["head"] = self.param("head", lecun, (d, v))
-        return tree
+def param_specs(c: GDNConfig) -> dict:
+    """Every Gated DeltaNet parameter: initialiser (module doc), shape, logical axes (q / k / v,
+    gate, beta and decay projections and the depthwise filters split by whole heads, the MLP
+    by d_ffn, the vocabulary; see `gpn_jax.models.params`)."""
+    d, f, v, h = c.d_model, c.d_ffn, c.vocab_size, c.n_heads
+    out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
+    bound = 1.0 / math.sqrt(c.conv_size)
+    conv_init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+        key, shape, dtype, -bound, bound
+    )
+    col = lambda init, n: param(init, (d, n), (EMBED, HEADS))  # (d, H*) column-parallel
+    conv = lambda n: param(conv_init, (c.conv_size, n), (None, HEADS))
+    tree = {"embed": param(small, (v, d), (VOCAB, EMBED))}
+    for i in range(c.n_layers):
+        tree[f"layer_{i}"] = {
+            "attn_norm": param(ones, (d,)),
+            "wq": col(lecun, c.d_qk),
+            "wk": col(lecun, c.d_qk),
+            "wv": col(lecun, c.d_v),
+            "conv_q": conv(c.d_qk),
+            "conv_k": conv(c.d_qk),
+            "conv_v": conv(c.d_v),
+            "wb": col(lecun, h),
+            "wa": col(lecun, h),
+            "A_log": param(a_log_init, (h,), (HEADS,)),
+            "dt_bias": param(dt_bias_init, (h,), (HEADS,)),
+            "wg": col(lecun, c.d_v),
+            "o_norm": param(ones, (c.d_value,)),
+            "wo": param(out_init, (c.d_v, d), (HEADS, EMBED)),
+            "mlp_norm": param(ones, (d,)),
+            **swiglu_specs(d, f, out_init),
+        }
+    tree["final_norm"] = param(ones, (d,))
+    if not c.tie_embeddings:
+        tree["head"] = param(lecun, (d, v), (EMBED, VOCAB))
+    return tree
 
 
 def weight_decay_mask(params) -> dict:
@@ -222,26 +227,11 @@ def head_logits(cp: dict, h: Array, tie: bool) -> Array:
 
 
 def cross_entropy(cp, h_BxTxD, tokens_BxT, chunk: int, tie: bool, per_token: bool):
-    """CE of each position (T, B) or its sum, decoding `chunk` positions at a time.
-
-    Each chunk is rematerialised, so neither pass holds more than (chunk, B, V) logits.
-    """
-    T = tokens_BxT.shape[1]
-    c = loss_chunk_size(T, chunk)
-    chunks = lambda a: jnp.swapaxes(a, 0, 1).reshape(T // c, c, a.shape[0], *a.shape[2:])
-
-    @jax.checkpoint
-    def chunk_ce(h, x):
-        return optax.softmax_cross_entropy_with_integer_labels(head_logits(cp, h, tie), x)
-
-    xs = (chunks(h_BxTxD), chunks(tokens_BxT))
-    if per_token:
-        _, ce = jax.lax.scan(lambda _, hx: (None, chunk_ce(*hx)), None, xs)
-        return ce.reshape(T, -1)
-    total, _ = jax.lax.scan(
-        lambda tot, hx: (tot + chunk_ce(*hx).sum(), None), jnp.zeros((), jnp.float32), xs
-    )
-    return total
+    """CE of each position (T, B) or its sum, decoding `chunk` positions at a time
+    (`gpn_jax.core.loss`)."""
+    ce = loss_lib.per_token_cross_entropy if per_token else loss_lib.cross_entropy_sum
+    logits_fn = lambda h: head_logits(cp, h, tie)
+    return ce(logits_fn, jnp.swapaxes(h_BxTxD, 0, 1), tokens_BxT.T, chunk)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -253,8 +243,17 @@ class GatedDeltaNet:
 
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
-        flat = _Params(self.config).init(rng)["params"]
-        return nest(dict(flat))
+        return params_lib.init_params(param_specs(self.config), rng)
+
+    def param_axes(self) -> dict:
+        return params_lib.flat_axes(param_specs(self.config))
+
+    def axis_sizes(self) -> dict:
+        c = self.config
+        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
+
+    def check_sharding(self, split_axes: frozenset) -> None:
+        """Every split of the logical axes is supported."""
 
     def init_state(self, batch_size: int) -> GDNCarry:
         c = self.config

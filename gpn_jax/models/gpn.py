@@ -1,25 +1,52 @@
-"""GPN and GPN+M: parameter declaration (Flax linen) plus the model's pure entry points.
+"""GPN and GPN+M: parameter specs (initialiser, shape, logical axes) plus the model's pure
+entry points.
 
-Why linen: a linen module's `init` returns a plain nested dict of arrays, which is exactly
-what the pure `core` functions, orbax, optax masks and regex sharding rules consume; NNX
-would need a split/merge round trip at every boundary for no gain, since the module here
-only declares and initialises parameters and never runs the math.
+Why linen (`gpn_jax.models.params`): a linen module's `init` returns a plain nested dict of
+arrays, which is exactly what the pure `core` functions, orbax, optax masks and the sharding
+code consume; NNX would need a split/merge round trip at every boundary for no gain, since
+the module only declares and initialises parameters and never runs the math.
 """
 
 import dataclasses
+import enum
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from gpn_jax.core import fast_window, gpn, window
+from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
+from gpn_jax.models import params as params_lib
 from gpn_jax.models.base import masked_mean
-from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs, zeros
+from gpn_jax.models.params import (
+    EMBED,
+    FFN,
+    HEADS,
+    VOCAB,
+    lecun,
+    ones,
+    param,
+    small,
+    swiglu_specs,
+    zeros,
+)
 
 Array = jax.Array
+
+
+class ScanImpl(enum.StrEnum):
+    """How the window is scanned and differentiated (same math; configs give the string).
+
+    AUTODIFF: `lax.scan` over `gpn.step`, differentiated by JAX (`core.window`), any
+    intervention; FUSED: `core.fast_window` (fused projections, custom VJP with weight
+    gradients out of the loop, cross-entropy gradients in the forward pass)."""
+
+    AUTODIFF = "autodiff"
+    FUSED = "fused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +66,7 @@ class GPNConfig:
     compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
-    # "autodiff": lax.scan over gpn.step, differentiated by JAX; "fused": gpn_jax.core.fast_window
-    # (fused projections, custom VJP with weight gradients out of the loop; same math)
-    scan_impl: str = "autodiff"
+    scan_impl: ScanImpl = ScanImpl.AUTODIFF  # "autodiff" | "fused" (`ScanImpl`; same math)
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -49,8 +74,9 @@ class GPNConfig:
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
-        if self.scan_impl not in ("autodiff", "fused"):
+        if self.scan_impl not in tuple(ScanImpl):
             raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
+        object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
 
 
 # ----------------------------------------------------------------------------- initialisers
@@ -66,77 +92,89 @@ def dt_bias_init(key, shape, dtype=jnp.float32):
     return dt + jnp.log(-jnp.expm1(-dt))
 
 
-class _Params(nn.Module):
-    """Declares GPN(+M) parameters with SPEC's initialisation; `__call__` only returns them."""
-
-    cfg: GPNConfig
-
-    def _group(self, name: str, specs: dict) -> dict:
-        return {
-            k: self.param(f"{name}/{k}" if name else k, init, shape)
-            for k, (init, shape) in specs.items()
+def param_specs(c: GPNConfig) -> dict:
+    """Every GPN(+M) parameter with SPEC's initialisation and its logical axes (see
+    `gpn_jax.models.params`). Square mixing matrices that feed element-wise gates (`wpg`,
+    `gate_w`) and the decode / ground projections stay whole over `heads`-like splits."""
+    d, e, f = c.d_model, c.d_emb, c.d_ffn
+    hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
+    vec = lambda n, init=zeros: param(init, (n,))
+    col = lambda init, n: param(init, (d, n), (EMBED, HEADS))  # (d, H*) column-parallel
+    decode = {"norm": vec(d, ones), "proj": param(lecun, (d, e), (EMBED, None))}
+    if c.decoder_bias:
+        decode["bias"] = vec(e)
+    tree = {
+        "embed": param(small, (c.vocab_size, e), (VOCAB, EMBED)),
+        "decode": decode,
+        "ground": {
+            "emb_norm": vec(e, ones),
+            "fuse": param(lecun, (e, d), (EMBED, None)),
+            "gate_norm": vec(d, ones),
+            "gate_w": param(zeros, (d, d), (EMBED, None)),
+            "gate_b": vec(d),
+        },
+    }
+    if c.memory:
+        tree["write"] = {
+            "norm": vec(d, ones),
+            "wk": col(lecun, hk),
+            "bk": param(zeros, (hk,), (HEADS,)),
+            "wv": col(lecun, hu),
+            "wbeta": col(lecun, h),
+            "wa": col(lecun, h),
+            "A_log": param(a_log_init, (h,), (HEADS,)),
+            "dt_bias": param(dt_bias_init, (h,), (HEADS,)),
         }
-
-    @nn.compact
-    def __call__(self):
-        c = self.cfg
-        d, e, f = c.d_model, c.d_emb, c.d_ffn
-        hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
-        decode = {"norm": (ones, (d,)), "proj": (lecun, (d, e))}
-        if c.decoder_bias:
-            decode["bias"] = (zeros, (e,))
-        tree = {
-            "embed": self.param("embed", small, (c.vocab_size, e)),
-            "decode": self._group("decode", decode),
-            "ground": self._group(
-                "ground",
-                {
-                    "emb_norm": (ones, (e,)),
-                    "fuse": (lecun, (e, d)),
-                    "gate_norm": (ones, (d,)),
-                    "gate_w": (zeros, (d, d)),
-                    "gate_b": (zeros, (d,)),
-                },
-            ),
+    for i in range(c.n_layers):
+        layer = {
+            "ffn_norm": vec(d, ones),
+            **swiglu_specs(d, f, zeros),
+            "pg_norm": vec(d, ones),
+            "wpg": param(zeros, (d, d), (EMBED, None)),
+            "bpg": vec(d),
         }
         if c.memory:
-            tree["write"] = self._group(
-                "write",
-                {
-                    "norm": (ones, (d,)),
-                    "wk": (lecun, (d, hk)),
-                    "bk": (zeros, (hk,)),
-                    "wv": (lecun, (d, hu)),
-                    "wbeta": (lecun, (d, h)),
-                    "wa": (lecun, (d, h)),
-                    "A_log": (a_log_init, (h,)),
-                    "dt_bias": (dt_bias_init, (h,)),
-                },
-            )
-        for i in range(c.n_layers):
-            layer = {
-                "ffn_norm": (ones, (d,)),
-                **swiglu_specs(d, f, zeros),
-                "pg_norm": (ones, (d,)),
-                "wpg": (zeros, (d, d)),
-                "bpg": (zeros, (d,)),
+            layer |= {
+                "read_norm": vec(d, ones),
+                "wq": col(lecun, hk),
+                "bq": param(zeros, (hk,), (HEADS,)),
+                "wrg": col(lecun, hu),
+                "out_norm": param(ones, (hu,), (HEADS,)),
+                "wo": param(small, (hu, d), (HEADS, EMBED)),  # row-parallel
             }
-            if c.memory:
-                layer |= {
-                    "read_norm": (ones, (d,)),
-                    "wq": (lecun, (d, hk)),
-                    "bq": (zeros, (hk,)),
-                    "wrg": (lecun, (d, hu)),
-                    "out_norm": (ones, (hu,)),
-                    "wo": (small, (hu, d)),
-                }
-            tree[f"layer_{i}"] = self._group(f"layer_{i}", layer)
-        return tree
+        tree[f"layer_{i}"] = layer
+    return tree
 
 
 def weight_decay_mask(params) -> dict:
     """Decay matrices only: never norms, biases, A_log or dt_bias (all of which are vectors)."""
     return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+# ----------------------------------------------------------------------------- scan_impl
+class _Impl(NamedTuple):
+    """What `scan_impl` selects: the window scan and the summed cross-entropy."""
+
+    scan: Callable  # (cp, carry, xg_TxBxD, remat_segment, iv) -> (carry, StepOutput)
+    ce_sum: Callable  # (cp, p_TxBxD, targets_TxB, chunk) -> CE sum
+
+
+def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
+    return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
+
+
+def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv):
+    """The fused window; an intervention falls back to the autodiff scan (fast_window has none)."""
+    if any(x is not None for x in iv):
+        return window.scan_window(cp, carry, xg_TxBxD, remat_segment, iv)
+    return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment)
+
+
+def _impl(scan_impl: ScanImpl) -> _Impl:
+    """The one place `scan_impl` is dispatched (looked up when a loss is traced)."""
+    if scan_impl is ScanImpl.FUSED:
+        return _Impl(_fused_scan, fast_window.cross_entropy_sum_fused)
+    return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
 class GPN:
@@ -147,8 +185,25 @@ class GPN:
 
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
-        flat = _Params(self.config).init(rng)["params"]
-        return nest(dict(flat))
+        return params_lib.init_params(param_specs(self.config), rng)
+
+    def param_axes(self) -> dict:
+        return params_lib.flat_axes(param_specs(self.config))
+
+    def axis_sizes(self) -> dict:
+        c = self.config
+        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
+
+    def check_sharding(self, split_axes: frozenset) -> None:
+        """Raises if the model cannot run with these logical axes split over devices."""
+        if self.config.scan_impl is ScanImpl.FUSED and split_axes & {HEADS, FFN, VOCAB}:
+            # The fused window concatenates projections that these axes split differently, so
+            # XLA would reshard them inside the scan (per token). embed (fsdp) splits are fine.
+            raise ValueError(
+                f"scan_impl='fused' does not support tensor parallelism (logical axes "
+                f"{sorted(split_axes & {HEADS, FFN, VOCAB})} split over the mesh); use "
+                "--config.model.scan_impl=autodiff"
+            )
 
     def init_state(self, batch_size: int) -> GPNCarry:
         c = self.config
@@ -167,12 +222,8 @@ class GPN:
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
-        if self.config.scan_impl == "fused" and all(x is None for x in iv):
-            carry, out = fast_window.scan_window_fused(
-                cp, carry, xg_TxBxD, self.config.remat_segment
-            )
-        else:
-            carry, out = window.scan_window(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
+        scan = _impl(self.config.scan_impl).scan
+        carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
         return out, carry, cp
 
     def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), mask=None):
@@ -180,15 +231,14 @@ class GPN:
         True. Returns (loss, (carry, metrics))."""
         out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
         if mask is not None:
-            ce_TxB = window.per_token_cross_entropy(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+            decode = lambda p: gpn.decode(cp, p)
+            ce_TxB = loss_lib.per_token_cross_entropy(
+                decode, out.p, tokens_BxT.T, self.config.loss_chunk
+            )
             loss = masked_mean(ce_TxB.T, mask)
             metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
             return loss, (carry, metrics)
-        ce_sum = (
-            fast_window.cross_entropy_sum_fused
-            if self.config.scan_impl == "fused"
-            else window.cross_entropy_sum
-        )
+        ce_sum = _impl(self.config.scan_impl).ce_sum
         total = ce_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
         loss = total / tokens_BxT.size
         metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
@@ -196,7 +246,10 @@ class GPN:
 
     def token_losses(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
         out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
-        ce_TxB = window.per_token_cross_entropy(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
+        decode = lambda p: gpn.decode(cp, p)
+        ce_TxB = loss_lib.per_token_cross_entropy(
+            decode, out.p, tokens_BxT.T, self.config.loss_chunk
+        )
         return ce_TxB.T, carry
 
     def logits(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):

@@ -1,4 +1,24 @@
-"""Pieces every model family's parameter declaration shares."""
+"""Parameter declaration every model family shares: one `ParamSpec` per parameter.
+
+A family writes `param_specs(config)`, a nested dict of `ParamSpec(init, shape, axes)`; from
+it come the initial values (`init_params`, through Flax linen, which returns the plain
+nested dict the pure code, orbax and optax consume) and the logical axes the sharding code
+maps to the device mesh (`flat_axes`; see `gpn_jax.parallel.sharding`). So a family's
+module alone says what its parameters are and how each dimension may be split.
+
+Logical axis names (one per dimension; None: that dimension is never split):
+
+* `embed`: a model-width dimension (d_model, d_emb) - a matrix's storage split (fsdp);
+* `vocab`: the vocabulary (embedding rows, LM head columns);
+* `ffn`: the SwiGLU hidden width;
+* `heads`: a dimension made of whole heads (H, H*K or H*U columns / rows).
+
+`axis_sizes` of a model says which model size each logical axis must split evenly (heads
+whole, d_ffn evenly), so a mesh that would cut a head is not used for that axis.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.linen as nn
 
@@ -6,11 +26,63 @@ lecun = nn.initializers.lecun_normal()
 zeros, ones = nn.initializers.zeros, nn.initializers.ones
 small = nn.initializers.normal(stddev=0.02)  # embeddings and memory-read output (SPEC)
 
+EMBED, VOCAB, FFN, HEADS = "embed", "vocab", "ffn", "heads"
+
+
+class ParamSpec(NamedTuple):
+    """One parameter: initialiser `init(key, shape)`, shape, logical axis name per dimension."""
+
+    init: Callable
+    shape: tuple
+    axes: tuple
+
+
+def param(init, shape, axes=None) -> ParamSpec:
+    """A `ParamSpec`; `axes` None: no dimension is ever split (norm weights, biases)."""
+    axes = (None,) * len(shape) if axes is None else tuple(axes)
+    if len(axes) != len(shape):
+        raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {shape}")
+    return ParamSpec(init, tuple(shape), axes)
+
 
 def swiglu_specs(d: int, f: int, down_init) -> dict:
-    """{name: (init, shape)} of a SwiGLU block (`gpn_jax.core.mlp`): gate `w1` and up `w3`
-    LeCun-normal (fan-in d, as one (d, 2f) matrix would be), down `w2` with `down_init`."""
-    return {"w1": (lecun, (d, f)), "w3": (lecun, (d, f)), "w2": (down_init, (f, d))}
+    """Specs of a SwiGLU block (`gpn_jax.core.mlp`): gate `w1` and up `w3` LeCun-normal (fan-in
+    d, as one (d, 2f) matrix would be) and column-parallel, down `w2` row-parallel."""
+    return {
+        "w1": param(lecun, (d, f), (EMBED, FFN)),
+        "w3": param(lecun, (d, f), (EMBED, FFN)),
+        "w2": param(down_init, (f, d), (FFN, EMBED)),
+    }
+
+
+def flatten(specs: dict, prefix: str = "") -> dict:
+    """{'a': {'b': spec}} -> {'a/b': spec}, in declaration order."""
+    out = {}
+    for key, value in specs.items():
+        name = f"{prefix}{key}"
+        out |= flatten(value, name + "/") if isinstance(value, dict) else {name: value}
+    return out
+
+
+def flat_axes(specs: dict) -> dict:
+    """{'layer_0/w1': ('embed', 'ffn'), ...}: what `model.param_axes()` returns."""
+    return {name: s.axes for name, s in flatten(specs).items()}
+
+
+class _Declare(nn.Module):
+    """Declares flat ('a/b'-named) parameters in order; `__call__` only returns them."""
+
+    flat: tuple  # ((name, init, shape), ...)
+
+    @nn.compact
+    def __call__(self):
+        return {name: self.param(name, init, shape) for name, init, shape in self.flat}
+
+
+def init_params(specs: dict, rng) -> dict:
+    """Initial values of `specs` as a nested dict (each leaf drawn from `rng` by linen)."""
+    flat = tuple((name, s.init, s.shape) for name, s in flatten(specs).items())
+    return nest(dict(_Declare(flat).init(rng)["params"]))
 
 
 def nest(flat: dict) -> dict:

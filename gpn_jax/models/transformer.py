@@ -1,4 +1,4 @@
-"""Transformer++ baseline: parameter declaration (Flax linen) plus the model's pure entry points.
+"""Transformer++ baseline: parameter specs (initialiser, shape, logical axes) plus the model's pure entry points.
 
 Architecture (the "Transformer++" recipe): token embedding, then `n_layers` pre-norm blocks
 
@@ -33,13 +33,23 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
+from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
-from gpn_jax.core.window import chunk_size
+from gpn_jax.models import params as params_lib
 from gpn_jax.models.base import masked_mean
-from gpn_jax.models.params import lecun, nest, ones, small, swiglu_specs
+from gpn_jax.models.params import (
+    EMBED,
+    FFN,
+    HEADS,
+    VOCAB,
+    lecun,
+    ones,
+    param,
+    small,
+    swiglu_specs,
+)
 
 Array = jax.Array
 
@@ -80,34 +90,27 @@ class TransformerConfig:
 # ----------------------------------------------------------------------------- parameters
 
 
-class _Params(nn.Module):
-    """Declares Transformer++ parameters; `__call__` only returns the nested dict."""
-
-    cfg: TransformerConfig
-
-    @nn.compact
-    def __call__(self):
-        c = self.cfg
-        d, f, v = c.d_model, c.d_ffn, c.vocab_size
-        out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
-        tree = {"embed": self.param("embed", small, (v, d))}
-        for i in range(c.n_layers):
-            specs = {
-                "attn_norm": (ones, (d,)),
-                "wq": (lecun, (d, d)),
-                "wk": (lecun, (d, d)),
-                "wv": (lecun, (d, d)),
-                "wo": (out_init, (d, d)),
-                "mlp_norm": (ones, (d,)),
-                **swiglu_specs(d, f, out_init),
-            }
-            tree[f"layer_{i}"] = {
-                k: self.param(f"layer_{i}/{k}", init, s) for k, (init, s) in specs.items()
-            }
-        tree["final_norm"] = self.param("final_norm", ones, (d,))
-        if not c.tie_embeddings:
-            tree["head"] = self.param("head", lecun, (d, v))
-        return tree
+def param_specs(c: TransformerConfig) -> dict:
+    """Every Transformer++ parameter: initialiser (module doc), shape, logical axes (attention
+    projections split by whole heads, the MLP by d_ffn, the vocabulary; see
+    `gpn_jax.models.params`)."""
+    d, f, v = c.d_model, c.d_ffn, c.vocab_size
+    out_init = nn.initializers.normal(stddev=0.02 / math.sqrt(2 * c.n_layers))
+    tree = {"embed": param(small, (v, d), (VOCAB, EMBED))}
+    for i in range(c.n_layers):
+        tree[f"layer_{i}"] = {
+            "attn_norm": param(ones, (d,)),
+            "wq": param(lecun, (d, d), (EMBED, HEADS)),
+            "wk": param(lecun, (d, d), (EMBED, HEADS)),
+            "wv": param(lecun, (d, d), (EMBED, HEADS)),
+            "wo": param(out_init, (d, d), (HEADS, EMBED)),
+            "mlp_norm": param(ones, (d,)),
+            **swiglu_specs(d, f, out_init),
+        }
+    tree["final_norm"] = param(ones, (d,))
+    if not c.tie_embeddings:
+        tree["head"] = param(lecun, (d, v), (EMBED, VOCAB))
+    return tree
 
 
 def weight_decay_mask(params) -> dict:
@@ -167,8 +170,17 @@ class Transformer:
 
     # ------------------------------------------------------------------ parameters and state
     def init(self, rng: Array) -> dict:
-        flat = _Params(self.config).init(rng)["params"]
-        return nest(dict(flat))
+        return params_lib.init_params(param_specs(self.config), rng)
+
+    def param_axes(self) -> dict:
+        return params_lib.flat_axes(param_specs(self.config))
+
+    def axis_sizes(self) -> dict:
+        c = self.config
+        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
+
+    def check_sharding(self, split_axes: frozenset) -> None:
+        """Every split of the logical axes is supported."""
 
     def init_state(self, batch_size: int = 0):
         """No state crosses windows: always None."""
@@ -198,44 +210,27 @@ class Transformer:
             x = fn(cp[f"layer_{i}"], x)
         return rms_norm(x, cp["final_norm"]), cp
 
-    def _chunked(self, cp, h_BxTxD, tokens_BxT, per_token: bool):
-        """CE of each position (T, B) or its sum, decoding `loss_chunk` positions at a time.
-
-        Each chunk is rematerialised, so neither pass holds more than (chunk, B, V) logits.
-        """
-        tie = self.config.tie_embeddings
-        T = tokens_BxT.shape[1]
-        c = chunk_size(T, self.config.loss_chunk)
-        chunks = lambda a: jnp.swapaxes(a, 0, 1).reshape(T // c, c, *a.shape[:1], *a.shape[2:])
-
-        @jax.checkpoint
-        def chunk_ce(h, x):
-            return optax.softmax_cross_entropy_with_integer_labels(head_logits(cp, h, tie), x)
-
-        if per_token:
-            _, ce = jax.lax.scan(
-                lambda _, hx: (None, chunk_ce(*hx)), None, (chunks(h_BxTxD), chunks(tokens_BxT))
-            )
-            return ce.reshape(T, -1)
-        body = lambda tot, hx: (tot + chunk_ce(*hx).sum(), None)
-        total, _ = jax.lax.scan(
-            body, jnp.zeros((), jnp.float32), (chunks(h_BxTxD), chunks(tokens_BxT))
-        )
-        return total
+    def _logits_fn(self, cp):
+        return lambda h: head_logits(cp, h, self.config.tie_embeddings)
 
     def loss(self, params, tokens_BxT, carry=None, mask=None):
         """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
         True. Returns (loss, (carry, metrics)); carry passes as is."""
         h, cp = self.hidden(params, tokens_BxT)
+        h_TxBxD, c = jnp.swapaxes(h, 0, 1), self.config.loss_chunk
         if mask is not None:
-            loss = masked_mean(self._chunked(cp, h, tokens_BxT, per_token=True).T, mask)
+            ce = loss_lib.per_token_cross_entropy(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
+            loss = masked_mean(ce.T, mask)
         else:
-            loss = self._chunked(cp, h, tokens_BxT, per_token=False) / tokens_BxT.size
+            total = loss_lib.cross_entropy_sum(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
+            loss = total / tokens_BxT.size
         return loss, (carry, {"loss": loss})
 
     def token_losses(self, params, tokens_BxT, carry=None):
         h, cp = self.hidden(params, tokens_BxT)
-        return self._chunked(cp, h, tokens_BxT, per_token=True).T, carry
+        h_TxBxD, c = jnp.swapaxes(h, 0, 1), self.config.loss_chunk
+        ce = loss_lib.per_token_cross_entropy(self._logits_fn(cp), h_TxBxD, tokens_BxT.T, c)
+        return ce.T, carry
 
     def logits(self, params, tokens_BxT, carry=None):
         """Full (B, T, V) float32 logits (short windows only); logits[:, t] predicts token t."""

@@ -2,7 +2,8 @@
 
 Where the processes come from, in order:
 
-1. flags `--coordinator_address=host:port --num_processes=N --process_id=i` (any launcher);
+1. `gpn_jax.train`'s flags `--coordinator_address=host:port --num_processes=N --process_id=i`
+   (any launcher), passed in by the entry point;
 2. environment `GPN_COORDINATOR` (host:port), `GPN_NUM_PROCESSES`, `GPN_PROCESS_ID`;
 3. `--distributed` (or `GPN_DISTRIBUTED=1`), or a detected cluster - a multi-host Cloud TPU
    slice (`TPU_WORKER_HOSTNAMES` lists several hosts), Slurm (`SLURM_NTASKS` > 1), Open MPI
@@ -18,35 +19,19 @@ process waits for the others to join. Must run before anything touches a JAX bac
 import os
 
 import jax
-from absl import flags
-
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-host: host:port of process 0's coordinator service."
-)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
-_AUTO = flags.DEFINE_bool(
-    "distributed", False, "Multi-host: jax.distributed.initialize() with cluster auto-detection."
-)
-_TIMEOUT = flags.DEFINE_integer(
-    "distributed_timeout", None, "Multi-host: seconds to wait for every process to join."
-)
 
 _initialized = False
 
 
-def _flag(holder):
-    return holder.value if flags.FLAGS.is_parsed() else None
-
-
-def explicit_settings(environ=None) -> dict | None:
-    """{coordinator_address, num_processes, process_id} from flags, else GPN_* env, else None."""
+def explicit_settings(environ=None, given: dict | None = None) -> dict | None:
+    """{coordinator_address, num_processes, process_id} from `given` (the entry point's flag
+    values, None where not given), else GPN_* env, else None."""
     environ = os.environ if environ is None else environ
-    coordinator = _flag(_COORDINATOR) or environ.get("GPN_COORDINATOR")
+    given = given or {}
+    coordinator = given.get("coordinator_address") or environ.get("GPN_COORDINATOR")
     if not coordinator:
         return None
-    n = _flag(_NUM_PROCESSES)
-    i = _flag(_PROCESS_ID)
+    n, i = given.get("num_processes"), given.get("process_id")
     n = int(environ["GPN_NUM_PROCESSES"]) if n is None and "GPN_NUM_PROCESSES" in environ else n
     i = int(environ["GPN_PROCESS_ID"]) if i is None and "GPN_PROCESS_ID" in environ else i
     if n is None or i is None:
@@ -70,21 +55,32 @@ def detected_cluster(environ=None) -> bool:
     )
 
 
-def _timeout(environ) -> int:
-    t = _flag(_TIMEOUT)
+def _timeout(environ, given: dict) -> int:
+    t = given.get("distributed_timeout")
     return int(t if t is not None else environ.get("GPN_DISTRIBUTED_TIMEOUT", 300))
 
 
-def initialize(environ=None) -> None:
-    """Joins the other processes of a multi-host run (see the module doc); idempotent."""
+def initialize(environ=None, **given) -> None:
+    """Joins the other processes of a multi-host run (see the module doc); idempotent.
+
+    `given`: the launcher's flag values (`coordinator_address`, `num_processes`,
+    `process_id`, `distributed`, `distributed_timeout`; None or absent where not given).
+    The flags are defined by the entry point (`gpn_jax.train`), not here: nothing below the
+    entry points reads absl flags.
+    """
     global _initialized
     if _initialized:
         return
     environ = os.environ if environ is None else environ
-    settings = explicit_settings(environ)
+    settings = explicit_settings(environ, given)
     if settings is not None:
         if settings["num_processes"] > 1:
-            jax.distributed.initialize(**settings, initialization_timeout=_timeout(environ))
-    elif _flag(_AUTO) or environ.get("GPN_DISTRIBUTED") == "1" or detected_cluster(environ):
-        jax.distributed.initialize(initialization_timeout=_timeout(environ))
+            timeout = _timeout(environ, given)
+            jax.distributed.initialize(**settings, initialization_timeout=timeout)
+    elif (
+        given.get("distributed")
+        or environ.get("GPN_DISTRIBUTED") == "1"
+        or detected_cluster(environ)
+    ):
+        jax.distributed.initialize(initialization_timeout=_timeout(environ, given))
     _initialized = True

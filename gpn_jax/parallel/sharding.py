@@ -1,59 +1,73 @@
-"""Parameter and optimiser-state shardings: regex rules over parameter paths -> logical axes.
+"""Parameter and optimiser-state shardings: each leaf's logical axes -> mesh axes.
 
-A rule is `(regex, spec)`: the first regex that `re.search`es a leaf's path (keys joined by
-'/', e.g. `params/layer_0/w1` or `opt_state/1/0/mu/layer_0/w1`) gives the leaf's spec, one
-entry per array dimension: a logical axis name (`LOGICAL_AXES`), a mesh axis name, or None.
-Optimiser moments have their parameter's path as a suffix, so they follow it automatically.
+Model families declare a logical axis name per dimension of each parameter
+(`model.param_axes()`, e.g. `{'layer_0/w1': ('embed', 'ffn')}`; see `gpn_jax.models.params`);
+this module knows no parameter names. `Rules.axes` maps each logical name to a mesh axis
+(or to None: never split):
 
-Logical axes and the mesh axis each maps to:
-
-* `fsdp` -> `fsdp`: storage of a matrix split along one dimension (ZeRO-3 style). The model
-  computes with parameters gathered over `fsdp` once per step (`gpn_jax.parallel.spmd`).
-* `ffn` -> `tensor`: d_ffn, Megatron style: gate `w1` and up `w3` column-parallel, down `w2`
-  row-parallel (one reduction per SwiGLU block; see `gpn_jax.core.mlp`).
-* `heads` -> `tensor`: memory / attention heads: key, value, query, gate, beta and decay
-  projections column-parallel (with their per-head vectors), the output projection `wo`
-  row-parallel; each head's memory lives on one device.
+* `embed` -> `fsdp`: storage of a matrix split along its model-width dimension (ZeRO-3
+  style). The model computes with parameters gathered over `fsdp` once per step
+  (`gpn_jax.parallel.spmd`).
+* `ffn` -> `tensor`: d_ffn, Megatron style (column-parallel gate / up, row-parallel down).
+* `heads` -> `tensor`: whole memory / attention heads; each head's memory on one device.
 * `vocab` -> `tensor`: the embedding's rows / the untied LM head's columns.
 
-A logical axis is dropped (that dimension replicated) when its mesh axis has size 1, does not
-divide the dimension, or does not divide the model size it stands for (`model_sizes`: heads
-must split whole, d_ffn evenly), so one rule set serves every mesh and model. Leaves no rule
-matches: matrices are sharded over `fsdp` on their first divisible dimension, vectors and
-scalars are replicated. Square mixing matrices that feed element-wise gates (GPN's `wpg`,
-`gate_w`) and GPN's decode/ground projections stay whole on `tensor`.
+A leaf of a train state (`params/layer_0/w1`, `opt_state/1/0/mu/layer_0/w1`) takes the axes
+of the parameter whose path is its suffix, so optimiser moments follow their parameters.
+`Rules.overrides` (config regexes over leaf paths, first match wins) come before the
+declared axes. A logical axis is dropped (that dimension replicated) when its mesh axis has
+size 1, does not divide the dimension, or does not divide the model size it stands for
+(`model.axis_sizes()`: heads must split whole, d_ffn evenly), so one declaration serves
+every mesh. Leaves with no declared axes: matrices are sharded over `fsdp` on their first
+divisible dimension, vectors and scalars are replicated.
 """
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import jax
 from jax import P
 from jax.sharding import NamedSharding
 
-Rules = Sequence[tuple[str, tuple | None]]
-
 FSDP, TENSOR = "fsdp", "tensor"
-LOGICAL_AXES = {"fsdp": FSDP, "ffn": TENSOR, "heads": TENSOR, "vocab": TENSOR}
-
-DEFAULT_RULES: Rules = (
-    (r"(^|/)embed$", ("vocab", "fsdp")),  # (V, E)
-    (r"(^|/)head$", ("fsdp", "vocab")),  # (d, V)
-    (r"(^|/)w[13]$", ("fsdp", "ffn")),  # (d, F) gate, up
-    (r"(^|/)w2$", ("ffn", "fsdp")),  # (F, d)
-    (r"(^|/)(wq|wk|wv|wg|wrg|wbeta|wa|wb)$", ("fsdp", "heads")),  # (d, H*) column-parallel
-    (r"(^|/)conv_[qkv]$", (None, "heads")),  # (W, H*) depthwise filters
-    (r"(^|/)(bk|bq|A_log|dt_bias|out_norm)$", ("heads",)),  # (H*) per-head vectors
-    (r"(^|/)wo$", ("heads", "fsdp")),  # (H*, d) row-parallel
-    (r"(^|/)(proj|fuse|gate_w|wpg)$", ("fsdp", None)),
-)
+MESH_AXES = ("data", FSDP, TENSOR)
+DEFAULT_AXIS_RULES = (("embed", FSDP), ("ffn", TENSOR), ("heads", TENSOR), ("vocab", TENSOR))
 
 
-def model_sizes(model_config) -> dict:
-    """{logical axis: the model size it must split evenly} from a model config dataclass."""
-    get = lambda name: getattr(model_config, name, None)
-    return {"heads": get("n_heads"), "ffn": get("d_ffn"), "vocab": get("vocab_size")}
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """How leaves become PartitionSpecs: `axes` ((logical name, mesh axis or None), ...) and
+    `overrides` ((regex over the leaf path, spec or None), ...) tried first."""
+
+    axes: tuple = DEFAULT_AXIS_RULES
+    overrides: Sequence[tuple[str, tuple | None]] = ()
+
+    def mesh_axis(self, name: str) -> str | None:
+        """The mesh axis a logical name maps to; a mesh axis name maps to itself."""
+        return dict(self.axes).get(name, name)
+
+
+DEFAULT_RULES = Rules()
+
+
+class Layout(NamedTuple):
+    """What a model family declares: {param path: logical axes}, {logical axis: model size}."""
+
+    axes: Mapping[str, tuple]
+    sizes: Mapping[str, int]
+
+
+def layout_of(model) -> Layout:
+    """The model's declared layout (see `gpn_jax.models.base.LanguageModel.param_axes`)."""
+    return Layout(model.param_axes(), model.axis_sizes())
+
+
+def split_axes(rules: Rules, mesh_shape: Mapping[str, int]) -> frozenset:
+    """The logical axes that `rules` actually split on a mesh of `mesh_shape`."""
+    return frozenset(name for name, axis in rules.axes if axis and mesh_shape.get(axis, 1) > 1)
 
 
 def leaf_path(path) -> str:
@@ -76,7 +90,9 @@ def _trim(entries: list) -> P:
     return P(*entries)
 
 
-def fit_spec(spec, shape, mesh_shape: Mapping[str, int], sizes: Mapping | None = None) -> P:
+def fit_spec(
+    spec, shape, mesh_shape: Mapping[str, int], sizes: Mapping | None = None, rules=DEFAULT_RULES
+) -> P:
     """The mesh PartitionSpec for a logical `spec` on an array of `shape` (see the module doc)."""
     if spec is None or len(spec) != len(shape):
         return P()
@@ -85,8 +101,8 @@ def fit_spec(spec, shape, mesh_shape: Mapping[str, int], sizes: Mapping | None =
     for entry, dim in zip(spec, shape, strict=True):
         axes = []
         for name in _names(entry):
-            axis = LOGICAL_AXES.get(name, name)
-            n = mesh_shape.get(axis, 1)
+            axis = rules.mesh_axis(name)
+            n = mesh_shape.get(axis, 1) if axis else 1
             model_size = sizes.get(name)
             if n == 1 or axis in used or (model_size and model_size % n):
                 continue
@@ -109,25 +125,39 @@ def _fallback(shape, mesh_shape) -> tuple | None:
     return None
 
 
-def spec_for(path: str, shape, mesh_shape, rules: Rules = DEFAULT_RULES, sizes=None) -> P:
-    """The PartitionSpec of one leaf."""
-    for pattern, spec in rules:
+def _declared(path: str, axes: Mapping[str, tuple]):
+    """The logical axes of the parameter whose path is a ('/'-aligned) suffix of `path`."""
+    parts = path.split("/")
+    for i in range(len(parts)):
+        found = axes.get("/".join(parts[i:]))
+        if found is not None:
+            return found
+    return None
+
+
+def spec_for(path: str, shape, mesh_shape, rules: Rules = DEFAULT_RULES, layout=None) -> P:
+    """The PartitionSpec of one leaf: a config override, else the declared axes, else fallback."""
+    sizes = layout.sizes if layout else None
+    for pattern, spec in rules.overrides:
         if re.search(pattern, path):
-            return fit_spec(spec, shape, mesh_shape, sizes)
-    return fit_spec(_fallback(shape, mesh_shape), shape, mesh_shape, sizes)
+            return fit_spec(spec, shape, mesh_shape, sizes, rules)
+    spec = _declared(path, layout.axes) if layout else None
+    if spec is None:
+        spec = _fallback(shape, mesh_shape)
+    return fit_spec(spec, shape, mesh_shape, sizes, rules)
 
 
-def tree_specs(tree, mesh, rules: Rules = DEFAULT_RULES, sizes=None):
+def tree_specs(tree, mesh, layout: Layout | None = None, rules: Rules | None = None):
     """PartitionSpec for every array leaf of `tree` (arrays or ShapeDtypeStructs)."""
-    mesh_shape = dict(mesh.shape)
+    mesh_shape, rules = dict(mesh.shape), rules or DEFAULT_RULES
     return jax.tree_util.tree_map_with_path(
-        lambda p, x: spec_for(leaf_path(p), x.shape, mesh_shape, rules, sizes), tree
+        lambda p, x: spec_for(leaf_path(p), x.shape, mesh_shape, rules, layout), tree
     )
 
 
-def tree_shardings(tree, mesh, rules: Rules = DEFAULT_RULES, sizes=None):
+def tree_shardings(tree, mesh, layout: Layout | None = None, rules: Rules | None = None):
     """NamedSharding for every leaf of `tree` (train state, params, optimiser state)."""
-    specs = tree_specs(tree, mesh, rules, sizes)
+    specs = tree_specs(tree, mesh, layout, rules)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec)
 
 
@@ -149,20 +179,24 @@ def is_spec(x) -> bool:
 
 
 def rules_from_config(mesh_cfg) -> Rules:
-    """`config.mesh.rules` (a list of [regex, spec] pairs; spec a list of logical / mesh axis
-    names or None per dimension, or None for replicated) placed before the defaults."""
-    extra = mesh_cfg.get("rules", None) if hasattr(mesh_cfg, "get") else None
-    if not extra:
-        return DEFAULT_RULES
+    """`config.mesh.axis_rules` ({logical axis: mesh axis, '' for never split}) over the
+    defaults, and `config.mesh.rules` (a list of [regex, spec] pairs; spec a list of logical /
+    mesh axis names or None per dimension, or None for replicated) as overrides."""
+    get = (lambda k: mesh_cfg.get(k, None)) if hasattr(mesh_cfg, "get") else (lambda k: None)
+    axes = dict(DEFAULT_AXIS_RULES)
+    for name, axis in dict(get("axis_rules") or {}).items():
+        if axis and axis not in MESH_AXES:
+            raise ValueError(f"axis rule {name!r} -> {axis!r}: not a mesh axis {MESH_AXES}")
+        axes[name] = axis or None
     parsed = []
-    for pattern, spec in extra:
+    for pattern, spec in get("rules") or ():
         re.compile(pattern)
         if spec is not None:
             for name in (n for e in spec for n in _names(e)):
-                if name not in LOGICAL_AXES and name not in ("data", FSDP, TENSOR):
+                if name not in axes and name not in MESH_AXES:
                     raise ValueError(f"unknown axis {name!r} in sharding rule {pattern!r}")
         parsed.append((pattern, None if spec is None else tuple(_freeze(e) for e in spec)))
-    return tuple(parsed) + tuple(DEFAULT_RULES)
+    return Rules(tuple(axes.items()), tuple(parsed))
 
 
 def _freeze(e):

@@ -18,8 +18,8 @@ would), the backward pass only scales the reduced gradient by the cotangent. So
 `jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0])` - the unmodified train step - gets
 the exact full-batch gradient, and no per-token collective over the batch axes exists.
 
-The tensor axis stays automatic: parameters arrive split per `sharding.DEFAULT_RULES`
-(d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
+The tensor axis stays automatic: parameters arrive split per their declared logical axes
+and `sharding.DEFAULT_RULES` (d_ffn, memory / attention heads, vocabulary), and XLA inserts the within-layer
 reductions. The model is written so that these are Megatron-style: SwiGLU gate and up are
 separate column-parallel matrices (`core.mlp`) and the memory read applies its norm's
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
@@ -39,9 +39,9 @@ is one gathered (unsharded) float32 gradient accumulator per device, 4 bytes per
 import jax
 from jax import P
 
+from gpn_jax.core.accumulate import accumulated_value_and_grad
 from gpn_jax.parallel import sharding as shlib
-from gpn_jax.parallel.mesh import BATCH_AXES, batch_sharding, replicated
-from gpn_jax.training import train_step as ts
+from gpn_jax.parallel.mesh import BATCH_AXES
 
 MANUAL = frozenset(BATCH_AXES)
 
@@ -54,24 +54,19 @@ def _manual_only(spec: P) -> P:
 class ShardedModel:
     """Wraps a `LanguageModel` so that `loss` / `token_losses` run data-parallel on `mesh`.
 
-    Every other attribute is the wrapped model's. The parameters' storage specs come from
-    `rules` (None: `sharding.DEFAULT_RULES`; see `sharding.tree_specs`); only their `fsdp`
-    entries matter here. The gradient of `loss` accumulates over `grad_accum` local
-    micro-batches (see the module doc).
+    Every other attribute is the wrapped model's. The parameters' storage specs come from the
+    model's declared logical axes through `rules` (None: `sharding.DEFAULT_RULES`; see
+    `sharding.tree_specs`); only their `fsdp` entries matter here. The model may refuse the
+    mesh (`model.check_sharding`, e.g. GPN's fused window under tensor parallelism). The
+    gradient of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
     """
 
     def __init__(self, model, mesh, rules=None, grad_accum: int = 1):
-        if getattr(model.config, "scan_impl", None) == "fused" and mesh.shape[shlib.TENSOR] > 1:
-            # The fused window concatenates projections that `tensor` splits differently, so
-            # XLA would reshard them inside the scan (per token). data / fsdp meshes are fine.
-            raise ValueError(
-                f"scan_impl='fused' does not support tensor parallelism (mesh tensor = "
-                f"{mesh.shape[shlib.TENSOR]}); use --config.model.scan_impl=autodiff"
-            )
         self.model, self.mesh = model, mesh
         self.rules = shlib.DEFAULT_RULES if rules is None else rules
+        model.check_sharding(shlib.split_axes(self.rules, dict(mesh.shape)))
         self.grad_accum = grad_accum
-        self.sizes = shlib.model_sizes(model.config)
+        self.layout = shlib.layout_of(model)
         self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
         self._loss = self._make_loss()
 
@@ -81,7 +76,7 @@ class ShardedModel:
     # ----------------------------------------------------------------- pieces
     def _specs(self, params):
         """(specs at the shard_map boundary, the fsdp-sharded dimension of each leaf or None)."""
-        storage = shlib.tree_specs(params, self.mesh, self.rules, self.sizes)
+        storage = shlib.tree_specs(params, self.mesh, self.layout, self.rules)
         boundary = jax.tree.map(_manual_only, storage, is_leaf=shlib.is_spec)
         dims = jax.tree.map(lambda s: shlib.axis_dim(s, shlib.FSDP), storage, is_leaf=shlib.is_spec)
         return boundary, dims
@@ -140,9 +135,7 @@ class ShardedModel:
                 if not with_grad:
                     return jax.lax.pmean(self._local_loss(full, x), tuple(BATCH_AXES))
                 # Local gradient, accumulated over this device's micro-batches, reduced once.
-                loss, grads = ts.accumulated_value_and_grad(
-                    self._local_loss, full, x, self.grad_accum
-                )
+                loss, grads = accumulated_value_and_grad(self._local_loss, full, x, self.grad_accum)
                 return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
@@ -184,32 +177,3 @@ class ShardedModel:
             return self.model.token_losses(self._gather(p, dims), x)[0]
 
         return self._shard_map(body, boundary, P(BATCH_AXES))(params, tokens_BxT), None
-
-
-def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
-    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
-
-    Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
-    sharded = ShardedModel(model, mesh, rules, grad_accum)
-    return jax.jit(
-        ts.make_train_step(sharded, optimizer),
-        in_shardings=(state_sharding, batch_sharding(mesh)),
-        out_shardings=(state_sharding, replicated(mesh)),
-        donate_argnums=0,
-    )
-
-
-def jit_eval_step(model, mesh, param_sharding, rules=None):
-    """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
-    sharded = ShardedModel(model, mesh, rules)
-    return jax.jit(
-        ts.make_eval_step(sharded),
-        in_shardings=(param_sharding, batch_sharding(mesh)),
-        out_shardings=replicated(mesh),
-    )
-
-
-def state_shardings(abstract_state, mesh, model, rules=None):
-    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
-    rules = shlib.DEFAULT_RULES if rules is None else rules
-    return shlib.tree_shardings(abstract_state, mesh, rules, shlib.model_sizes(model.config))

@@ -31,7 +31,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from gpn_jax.training import paths
+from gpn_jax.errors import CheckpointError
+from gpn_jax.io import paths
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,6 @@ def _quiet_closed_loop_callbacks() -> None:
 
 
 _JSON_ITEMS = ("data", "config", "meta")
-
-
-class CheckpointError(RuntimeError):
-    """Checkpoint directory unusable or no checkpoint could be restored."""
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:
@@ -296,13 +293,17 @@ class Checkpointer:
             log.warning("step %d not saved: checkpoint step %d already exists", step, latest)
         return started
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[int, Any, dict, dict, dict]:
+    def restore(
+        self, target: Any, step: int | None = None, params_only: bool = False
+    ) -> tuple[int, Any, dict, dict, dict]:
         """Restores one step onto `target`'s structure, dtypes and shardings.
 
         Args:
             target: Example pytree of arrays, or abstract pytree of
                 `jax.ShapeDtypeStruct` (with `.sharding` to place on a mesh).
             step: Step to restore; latest if None.
+            params_only: `target` is the parameters alone: only the `params` subtree of the
+                saved state is read (no optimiser state needed, none read).
 
         Returns:
             (step, state, data_state, config_dict, meta).
@@ -315,20 +316,40 @@ class Checkpointer:
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(_abstract_leaf, target)
+        json_args = {k: ocp.args.JsonRestore() for k in _JSON_ITEMS}
+        if params_only:
+            out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
+            state = self._restore_params(step, abstract)
+            return step, state, out["data"], out["config"], out["meta"]
         # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
         # structure (JSON metadata), JsonRestore reads JSON; orbax unpickles nothing here.
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract),
-            **{k: ocp.args.JsonRestore() for k in _JSON_ITEMS},
-        )
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
         out = self._mngr.restore(step, args=args)
         return step, out["state"], out["data"], out["config"], out["meta"]
+
+    def _restore_params(self, step: int, abstract_params: Any) -> Any:
+        """The `params` subtree of `step`'s state item, read alone.
+
+        orbax's partial restore (`PyTreeRestore(partial_restore=True)`) reads only the leaves
+        the target names. It needs the PyTree handler, while the manager's `state` item is
+        registered with the Standard one (same on-disk format), so the item is read here
+        directly. Safe on untrusted files as `restore`: tensorstore arrays, no pickles.
+        """
+        item = {"params": abstract_params}
+        args = ocp.args.PyTreeRestore(
+            item,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True,
+        )
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+            return reader.restore(self._step_path(step) / "state", args=args)["params"]
 
     def restore_latest_good(
         self,
         target: Any,
         quarantine: bool = False,
         check_config: Callable[[dict], None] | None = None,
+        params_only: bool = False,
     ) -> tuple[int, Any, dict, dict, dict]:
         """Restores the newest step that reads cleanly, warning on each damaged one.
 
@@ -345,6 +366,7 @@ class Checkpointer:
                 those steps again; readers should leave it False.
             check_config: Called with a step's JSON config before its arrays are read (e.g.
                 to reject a checkpoint of another model); its exceptions propagate.
+            params_only: As for `restore`.
 
         Returns:
             As for `restore`.
@@ -357,7 +379,7 @@ class Checkpointer:
         failures, bad = [], []
         for step in sorted(self.all_steps(), reverse=True):
             try:
-                restored = self._restore_checked(target, step, check_config)
+                restored = self._restore_checked(target, step, check_config, params_only)
             except _Damaged as e:
                 log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
                 failures.append(f"step {step}: {e}")
@@ -369,7 +391,7 @@ class Checkpointer:
         detail = "; ".join(failures) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
 
-    def _restore_checked(self, target: Any, step: int, check_config) -> tuple:
+    def _restore_checked(self, target: Any, step: int, check_config, params_only=False) -> tuple:
         """`restore(target, step)` after the completeness and config checks; raises _Damaged
         for damage, CheckpointError for any other read failure."""
         missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
@@ -382,7 +404,7 @@ class Checkpointer:
         if check_config is not None:
             check_config(config)
         try:
-            return self.restore(target, step)
+            return self.restore(target, step, params_only)
         except Exception as e:  # noqa: BLE001
             raise self._read_failure(step, e) from None
 

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from gpn_jax.data import pipeline
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.interop import paper_checkpoint
 from gpn_jax.training import train_step as ts
@@ -41,12 +42,10 @@ def parse(spec: str) -> tuple[str, str] | None:
 
 
 def train_layout(config) -> str:
-    """The training window order: in order for `bin:` data continued from the paper (as its
-    trainer reads it), shuffled otherwise. Fixed by the config, so a resume agrees with it."""
-    continued = parse(config.train.get("init_from", ""))
-    return (
-        "sequential" if continued and parse_spec(config.data.source).kind == "bin" else "shuffled"
-    )
+    """`data.pipeline.train_layout` (sequential on `bin:` data continued from the paper) after
+    checking the `init_from` spec."""
+    parse(config.train.get("init_from", ""))
+    return pipeline.train_layout(config)
 
 
 def note_resumed(config, step: int, directory: str) -> None:

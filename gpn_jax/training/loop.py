@@ -19,17 +19,16 @@ from absl import logging
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from gpn_jax import data as datalib
 from gpn_jax.core.window import check_remat_segment
-from gpn_jax.data.pipeline import build_data
+from gpn_jax.errors import TrainingError
+from gpn_jax.io import paths
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
-from gpn_jax.parallel import sharding as shardlib
-from gpn_jax.parallel import spmd
-from gpn_jax.training import init_from, paths, validate
+from gpn_jax.training import init_from, setup, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
-from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 FINAL_METRICS = "final_metrics.json"
 
@@ -39,10 +38,6 @@ MATH_FREE_MODEL_FIELDS = frozenset(
     {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype"}
 )
 _MISSING = "(absent)"
-
-
-class TrainingError(RuntimeError):
-    """The run cannot continue (diverged, or inconsistent with its workdir)."""
 
 
 def model_difference(saved: dict, current: dict) -> str | None:
@@ -145,28 +140,6 @@ def _preemption_service_enabled() -> bool:
     return jax_distributed.global_state.preemption_sync_manager is not None
 
 
-def _build_data(config, workdir: str | None, train_state: dict | None = None, cache_dir=None):
-    d, t = config.data, config.train
-    return build_data(
-        d.source,
-        vocab_size=config.model.vocab_size,
-        seq_len=t.seq_len,
-        batch_size=t.batch_size,
-        tokenizer_path=d.tokenizer_path or None,
-        heldout_fraction=d.heldout_fraction,
-        seed=config.seed,
-        workdir=workdir,
-        cache_dir=cache_dir,
-        data_dir=d.data_dir or None,
-        text_field=d.text_field or None,
-        bin_dtype=d.bin_dtype,
-        train_state=train_state,
-        train_layout=init_from.train_layout(config),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-
-
 def evaluate_heldout(eval_step, params, data, mesh, max_batches: int = 0) -> dict:
     """Mean CE / PPL over the held-out windows (all positions, as the training loss)."""
     total, count, tokens = 0.0, 0.0, []
@@ -201,15 +174,16 @@ class _Run:
         data, fsdp, _ = meshlib.mesh_shape(config.mesh, jax.device_count())
         validate.check_config(config, data_parallel=data * fsdp)
         self.config, self.workdir = config, prepare_workdir(workdir)
-        self.model = factory.build_model(config.model)
-        check_config(config, self.model)
+        model = factory.build_model(config.model)
+        check_config(config, model)
         self.is_lead = jax.process_index() == 0
-        self.mesh = meshlib.make_mesh(config.mesh)
-        self.rules = shardlib.rules_from_config(config.mesh)
-        meshlib.check_batch(self.mesh, config.train.batch_size, config.train.grad_accum)
+        # Model, optimiser, abstract state, shardings and jitted steps: `setup.build`, as AOT
+        # and the bench build them. Data-parallel over data x fsdp, weights gathered once per step.
+        self.setup = setup.build(config, meshlib.make_mesh(config.mesh), model=model)
+        self.model, self.mesh = model, self.setup.mesh
+        self.schedule = self.setup.schedule
+        self.train_step, self.eval_step = self.setup.train_step, self.setup.eval_step
         t = config.train
-        self.optimizer = make_optimizer(t, self.model.weight_decay_mask)
-        self.schedule = learning_rate_schedule(t)
         self.ckpt = Checkpointer(
             self.workdir,
             keep=t.keep_checkpoints,
@@ -220,30 +194,30 @@ class _Run:
 
     # ---------------------------------------------------------------- state
     def init_or_restore(self):
-        init = lambda rng: ts.init_train_state(self.model, self.optimizer, rng)
-        rng = jax.random.PRNGKey(self.config.seed)
-        abstract = jax.eval_shape(init, rng)
-        self.state_sharding = spmd.state_shardings(abstract, self.mesh, self.model, self.rules)
+        run = self.setup
         data_state = position = None
         continued = init_from.parse(self.config.train.get("init_from", ""))  # a bad spec stops here
         if self.ckpt.all_steps():
-            target = jax.tree.map(
-                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                abstract,
-                self.state_sharding,
-            )
             step, state, data_state, _, _ = self.ckpt.restore_latest_good(
-                target, quarantine=True, check_config=self._check_same_model
+                run.state_target(), quarantine=True, check_config=self._check_same_model
             )
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
             print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
             init_from.note_resumed(self.config, step, self.ckpt.directory)
         elif continued:
-            self.state, position = init_from.paper_state(self.config, abstract, self.state_sharding)
+            self.state, position = init_from.paper_state(
+                self.config, run.abstract_state, run.state_shardings
+            )
         else:
-            self.state = jax.jit(init, out_shardings=self.state_sharding)(rng)
-        self.data = _build_data(self.config, self.workdir, data_state)
+            self.state = run.init_state(jax.random.PRNGKey(self.config.seed))
+        self.data = datalib.from_config(
+            self.config,
+            workdir=self.workdir,
+            train_state=data_state,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
         t = self.config.train
@@ -263,19 +237,6 @@ class _Run:
             )
 
     # ---------------------------------------------------------------- steps
-    def compile_steps(self):
-        t = self.config.train
-        # Data-parallel over data x fsdp, weights gathered once per step (see parallel.spmd).
-        # the data may restrict the training loss to some positions (recall: the answers)
-        model = ts.with_loss_mask(self.model, getattr(self.data, "loss_mask", None))
-        self.train_step = spmd.jit_train_step(
-            model, self.optimizer, t.grad_accum, self.mesh, self.state_sharding, self.rules
-        )
-        self.eval_step = spmd.jit_eval_step(
-            self.model, self.mesh, self.state_sharding.params, self.rules
-        )
-        return self
-
     def save(self, step: int, metrics: dict | None = None, force: bool = False):
         meta = {"step": step, "tokens_seen": step * self.tokens_per_step}
         self.ckpt.save(
@@ -386,7 +347,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     """
     run = _Run(config, workdir)
     with jax.set_mesh(run.mesh):
-        return _train(run.init_or_restore().compile_steps())
+        return _train(run.init_or_restore())
 
 
 def _train(run: _Run) -> dict:

@@ -8,7 +8,7 @@
 Each run session first records its `run_info` (config, git revision, package version, argv):
 a `{"run_info": ...}` line in metrics.jsonl, `run_info/*` text in TensorBoard, the run config
 plus `git_revision` in wandb's config. Only process 0 writes; other processes get a writer that
-does nothing. The workdir may be a `gs://` URL (`gpn_jax.training.paths`): then metrics.jsonl
+does nothing. The workdir may be a `gs://` URL (`gpn_jax.io.paths`): then metrics.jsonl
 and the event files are rewritten objects (object stores cannot append).
 
 Library choice: TensorBoard through tensorboardX and W&B through wandb, not hand-written. CLU's
@@ -24,7 +24,8 @@ import subprocess
 import sys
 import time
 
-from gpn_jax.training import paths
+from gpn_jax.io import paths
+from gpn_jax.io.provenance import package_version
 
 WRITERS = ("jsonl", "tensorboard", "wandb")
 DEFAULT_WRITERS = "jsonl,tensorboard"
@@ -70,8 +71,6 @@ def git_revision() -> str:
 
 def run_info(config, workdir: str) -> dict:
     """What identifies a run session: its config, code revision, package version and command."""
-    from gpn_jax.interop.model_dir import package_version
-
     return {
         "git_revision": git_revision(),
         "gpn_jax_version": package_version(),

@@ -13,12 +13,12 @@ import tempfile
 import jax
 import ml_collections
 
+from gpn_jax import data as datalib
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
+from gpn_jax.errors import CheckpointError
+from gpn_jax.io import paths
 from gpn_jax.models import factory
-from gpn_jax.training import paths
-from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer, CheckpointError
-from gpn_jax.training.optimizer import make_optimizer
+from gpn_jax.training.checkpointing import Checkpointer
 
 
 @dataclasses.dataclass
@@ -30,9 +30,27 @@ class RestoredRun:
     step: int
     workdir: str
 
+    def data(self, cache_dir: str | None = None):
+        """The run's data rebuilt as training built it (`data.from_config`: same split,
+        tokenizer and windows), reading the workdir only: the tokenizer is the workdir's file
+        (never trained or saved there) and token caches go to `cache_dir` (default: a
+        temporary directory removed at exit), never to `<workdir>/data_cache`."""
+        config = ml_collections.ConfigDict(self.config.to_dict())
+        if self.tokenizer is not None and not config.data.get("tokenizer_path"):
+            config.data.tokenizer_path = self.tokenizer.path
+        return datalib.from_config(
+            config,
+            cache_dir=cache_dir or _temporary_cache(),
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+
 
 def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     """The newest readable (or the given) checkpoint of `workdir`, parameters on the default device.
+
+    Only the parameters are read (orbax partial restore of the state's `params` subtree): no
+    optimiser is built and its state is never loaded.
 
     Raises:
       CheckpointError: no checkpoint in the workdir.
@@ -44,38 +62,26 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     try:
         config = _config_from_latest(ckpt, step)
         model = factory.build_model(config.model)
-        optimizer = make_optimizer(config.train, model.weight_decay_mask)
-        abstract = jax.eval_shape(
-            lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
-        )
         # Restore onto this process's default device, whatever topology wrote the checkpoint.
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract
+        target = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+            jax.eval_shape(model.init, jax.random.PRNGKey(0)),
         )
         if step is None:
-            got, state, _, _, _ = ckpt.restore_latest_good(abstract)
+            got, params, _, _, _ = ckpt.restore_latest_good(target, params_only=True)
         else:
-            got, state, _, _, _ = ckpt.restore(abstract, step)
+            got, params, _, _, _ = ckpt.restore(target, step, params_only=True)
     finally:
         ckpt.close()
-    params = state.params if hasattr(state, "params") else state[1]
     tok_path = config.data.get("tokenizer_path") or paths.join(workdir, "tokenizer.model")
     tokenizer = load_tokenizer(tok_path) if paths.exists(tok_path) else None
     return RestoredRun(config, model, params, tokenizer, got, workdir)
 
 
 def run_data(run: RestoredRun, cache_dir: str | None = None):
-    """The run's data rebuilt as training built it (same split, tokenizer and windows), reading
-    the workdir only: the tokenizer is the workdir's file (never trained or saved there) and token
-    caches go to `cache_dir` (default: a temporary directory removed at exit), never to
-    `<workdir>/data_cache`."""
-    from gpn_jax.training.loop import _build_data  # the trainer's own call, for identical data
-
-    config = ml_collections.ConfigDict(run.config.to_dict())
-    if run.tokenizer is not None and not config.data.get("tokenizer_path"):
-        config.data.tokenizer_path = run.tokenizer.path
-    return _build_data(config, None, cache_dir=cache_dir or _temporary_cache())
+    """`run.data(cache_dir)` (kept for older callers)."""
+    return run.data(cache_dir)
 
 
 @functools.cache

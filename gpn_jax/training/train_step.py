@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gpn_jax.core.accumulate import accumulated_value_and_grad
+
 Array = jax.Array
 
 
@@ -30,29 +32,6 @@ def init_train_state(model, optimizer, rng: Array) -> TrainState:
     init_rng, state_rng = jax.random.split(rng)
     params = model.init(init_rng)
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), state_rng)
-
-
-def _micro_batches(batch_BxT: Array, grad_accum: int) -> Array:
-    b = batch_BxT.shape[0]
-    if b % grad_accum:
-        raise ValueError(f"batch size {b} is not divisible by grad_accum {grad_accum}")
-    return batch_BxT.reshape(grad_accum, b // grad_accum, *batch_BxT.shape[1:])
-
-
-def accumulated_value_and_grad(loss_fn, params, batch_BxT: Array, grad_accum: int = 1):
-    """(loss, grads) of the scalar `loss_fn(params, batch)`, averaged over `grad_accum` equal
-    micro-batches scanned in order (so the full-batch value and gradient, at a micro-batch's
-    activation memory)."""
-    grad_fn = jax.value_and_grad(loss_fn)
-    if grad_accum == 1:
-        return grad_fn(params, batch_BxT)
-
-    def body(acc, micro):
-        return jax.tree.map(jnp.add, acc, grad_fn(params, micro)), None
-
-    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    total, _ = jax.lax.scan(body, zero, _micro_batches(batch_BxT, grad_accum))
-    return jax.tree.map(lambda x: x / grad_accum, total)
 
 
 FINITE = "finite"  # metrics key: False when the step was rejected (see `keep_if_finite`)

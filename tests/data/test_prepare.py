@@ -487,6 +487,8 @@ def test_parquet_and_jsonl_zst_to_training_resume_and_evaluation(tmp_path):
     final = json.loads((run / "final_metrics.json").read_text())
     assert final["step"] == 4
     assert (run / "tokenizer.model").read_bytes() == (out / "tokenizer.model").read_bytes()
-    run_module("gpn_jax.evaluate", f"--workdir={run}", "--eval=ppl", "--ppl_max_batches=2")
-    results = json.loads((run / "eval_results.json").read_text())
+    results_file = tmp_path / "eval.json"  # evaluate never writes into the workdir
+    run_module("gpn_jax.evaluate", f"--workdir={run}", "--eval=ppl", "--ppl_max_batches=2",
+               f"--out={results_file}")  # fmt: skip
+    results = json.loads(results_file.read_text())
     assert results["ppl"]["tokens"] == 2 * 4 * 32 and np.isfinite(results["ppl"]["ppl"])

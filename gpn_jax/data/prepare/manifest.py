@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 
-from gpn_jax.data.files import atomic_write
+from gpn_jax.io.files import atomic_write
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"

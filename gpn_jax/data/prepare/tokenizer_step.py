@@ -6,12 +6,12 @@ import os
 
 import numpy as np
 
-from gpn_jax.data.files import atomic_write
 from gpn_jax.data.prepare.encode import chunk_texts
 from gpn_jax.data.prepare.heldout import heldout_mask
 from gpn_jax.data.prepare.inputs import Position
 from gpn_jax.data.prepare.manifest import TOKENIZER, sha256_file
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from gpn_jax.io.files import atomic_write
 
 
 def tokenizer_settings(opts) -> dict:

@@ -40,11 +40,11 @@ class Setup:
         self.opt = make_optimizer(config.train, self.model.weight_decay_mask)
         self.init = lambda r: ts.init_train_state(self.model, self.opt, r)
         self.abstract = jax.eval_shape(self.init, jax.random.PRNGKey(0))
-        self.sizes = shardlib.model_sizes(self.model.config)
+        self.layout = shardlib.layout_of(self.model)
 
     def on_mesh(self, mesh):
         """(state shardings, jitted train step) for `mesh`, as the training loop builds them."""
-        state_sh = shardlib.tree_shardings(self.abstract, mesh, sizes=self.sizes)
+        state_sh = shardlib.tree_shardings(self.abstract, mesh, self.layout)
         step = ts.make_train_step(spmd.ShardedModel(self.model, mesh), self.opt)
         jitted = jax.jit(
             step,

@@ -10,7 +10,7 @@ import pytest
 
 from gpn_jax.interop import paper_checkpoint
 from gpn_jax.models.gpn import GPN
-from tests.test_gpn_core import random_params, tiny, tokens
+from tests.core.test_gpn_core import random_params, tiny, tokens
 
 # Parameter names the paper's Flax modules declare (read off its sot_m / sot model files).
 PAPER_SOT_M_SHARED = {

@@ -16,9 +16,9 @@ import pytest
 
 from gpn_jax.analysis import ablations, collect, runner, summarize
 from gpn_jax.models.gpn import GPN, GPNConfig
+from tests import REPO_ROOT as ROOT
 from tests.tolerance import assert_rel_close
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, B, T = 64, 4, 16
 
 

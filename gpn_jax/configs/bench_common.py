@@ -15,7 +15,7 @@ the same dtype).
 
 import ml_collections
 
-from experiments.configs import common
+from gpn_jax.configs import common
 
 VOCAB = 8192
 

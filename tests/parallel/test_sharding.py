@@ -15,6 +15,7 @@ from gpn_jax.models import factory
 from gpn_jax.parallel import hlo, spmd
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
+from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
 from tests.tolerance import assert_rel_close, rel_err
@@ -69,9 +70,7 @@ def test_rules_shard_params_and_follow_them_into_the_optimiser_state():
     model = factory.build_model(MODELS["gpn_m"])
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     state = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    specs = shardlib.tree_specs(
-        state, make_mesh((2, 2, 2)), sizes=shardlib.model_sizes(model.config)
-    )
+    specs = shardlib.tree_specs(state, make_mesh((2, 2, 2)), shardlib.layout_of(model))
     p = specs.params
     assert p["layer_0"]["w1"] == p["layer_0"]["w3"] == P("fsdp", "tensor")  # column-parallel
     assert p["layer_0"]["w2"] == P("tensor", "fsdp")  # row-parallel
@@ -90,9 +89,9 @@ def test_specs_drop_axes_that_do_not_divide():
     mesh_shape = {"data": 1, "fsdp": 4, "tensor": 2}
     # 3 heads cannot split over tensor=2, even though 3 * 4 = 12 columns could.
     sizes = {"heads": 3, "ffn": 32, "vocab": 64}
-    assert shardlib.spec_for("layer_0/wq", (16, 12), mesh_shape, sizes=sizes) == P("fsdp")
-    assert shardlib.spec_for("layer_0/w1", (16, 64), mesh_shape, sizes=sizes) == P("fsdp", "tensor")
-    assert shardlib.spec_for("embed", (63, 8), mesh_shape, sizes=sizes) == P(None, "fsdp")
+    assert shardlib.fit_spec(("embed", "heads"), (16, 12), mesh_shape, sizes) == P("fsdp")
+    assert shardlib.fit_spec(("embed", "ffn"), (16, 64), mesh_shape, sizes) == P("fsdp", "tensor")
+    assert shardlib.fit_spec(("vocab", "embed"), (63, 8), mesh_shape, sizes) == P(None, "fsdp")
     # unmatched matrices: fsdp on the first divisible dimension; vectors replicated
     assert shardlib.spec_for("x/unknown", (3, 8), mesh_shape) == P(None, "fsdp")
     assert shardlib.spec_for("x/unknown", (8,), mesh_shape) == P()
@@ -136,7 +135,7 @@ def _sharded(name, shape):
     """Loss and gradients on `shape`, and the optimised HLO of that computation."""
     model, params, tokens, _ = _problem(name)
     mesh = make_mesh(shape)
-    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     sharded = spmd.ShardedModel(model, mesh)
     batch = meshlib.batch_sharding(mesh)
     with jax.set_mesh(mesh):
@@ -201,7 +200,7 @@ def test_eval_token_losses_match_one_device():
     model, params, tokens, _ = _problem("gpn_m")
     ref, _ = jax.jit(model.token_losses)(params, tokens)
     mesh = make_mesh((2, 2, 2))
-    shardings = shardlib.tree_shardings(params, mesh, sizes=shardlib.model_sizes(model.config))
+    shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     sharded = spmd.ShardedModel(model, mesh)
     with jax.set_mesh(mesh):
         ce, _ = jax.jit(sharded.token_losses)(
@@ -228,8 +227,8 @@ def _fsdp_train_step(grad_accum: int):
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     mesh = make_mesh((2, 4, 1))
     abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    state_sh = spmd.state_shardings(abstract, mesh, model)
-    step = spmd.jit_train_step(model, opt, grad_accum, mesh, state_sh)
+    state_sh = setup.state_shardings(abstract, mesh, model)
+    step = setup.jit_train_step(model, opt, grad_accum, mesh, state_sh)
     return model, opt, abstract, step, mesh
 
 
@@ -264,7 +263,7 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch():
         *jax.device_put((state.params, tokens), jax.devices()[0])
     )
     sharded = spmd.ShardedModel(model, mesh, grad_accum=2)
-    params = jax.device_put(state.params, spmd.state_shardings(abstract, mesh, model).params)
+    params = jax.device_put(state.params, setup.state_shardings(abstract, mesh, model).params)
     with jax.set_mesh(mesh):
         loss, grads = loss_and_grad(sharded)(
             params, jax.device_put(tokens, meshlib.batch_sharding(mesh))

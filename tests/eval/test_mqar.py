@@ -91,7 +91,7 @@ def test_trainer_optimises_the_answer_loss(tmp_path):
     wd = str(tmp_path / "run")
     train_and_evaluate(c, wd)
     with open(os.path.join(wd, "metrics.jsonl")) as f:
-        first = json.loads(f.readline())
+        first = next(r for r in map(json.loads, f) if "loss" in r)  # after the run_info record
     model = factory.build_model(c.model)
     state = ts.init_train_state(model, ts_optimizer(c, model), jax.random.PRNGKey(c.seed))
     data = build_data(c.data.source, vocab_size=c.model.vocab_size, seq_len=32, batch_size=8,

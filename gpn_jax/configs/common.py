@@ -1,10 +1,12 @@
 """Shared ml_collections config pieces: the training recipe, the data block, and the `:arg` variants.
 
-Every experiment config is `get_config(arg=None)`; `--config=path.py:cpu` shrinks any of them for
-a CPU run (small widths, short windows, few steps) without touching the model family or recipe.
+Every experiment config (`experiments/configs/*.py`) is `get_config(arg=None)` built on
+`base_config`; `--config=path.py:cpu` shrinks any of them for a CPU run (small widths, short
+windows, few steps) without touching the model family or recipe.
 """
 
 import dataclasses
+import enum
 
 import ml_collections
 
@@ -61,6 +63,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1  # -1: all remaining devices
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    # optional: c.mesh.axis_rules = {logical axis: mesh axis, '' never split} over the defaults
+    # (gpn_jax.parallel.sharding), c.mesh.rules = [[regex over leaf paths, spec], ...]
     return c
 
 
@@ -87,9 +91,9 @@ def model_block(fields) -> ml_collections.ConfigDict:
     dataclass defaults, so each one can be set from the command line
     (`--config.model.scan_impl=fused`); ml_collections only overrides fields that exist."""
     _, cfg = factory.model_config(fields)  # validates family and field names
-    return ml_collections.ConfigDict(
-        dict(family=fields.get("family", "gpn"), **dataclasses.asdict(cfg))
-    )
+    plain = lambda v: v.value if isinstance(v, enum.Enum) else v  # enums as their strings
+    values = {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
+    return ml_collections.ConfigDict(dict(family=fields.get("family", "gpn"), **values))
 
 
 def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:

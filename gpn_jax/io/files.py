@@ -8,7 +8,7 @@ import io
 
 import numpy as np
 
-from gpn_jax.training import paths
+from gpn_jax.io import paths
 
 
 def atomic_write(path: str, data: bytes) -> None:

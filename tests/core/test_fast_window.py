@@ -16,7 +16,7 @@ import pytest
 from gpn_jax.core import fast_window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.models.gpn import GPN, GPNConfig
-from tests.test_gpn_core import random_params
+from tests.core.test_gpn_core import random_params
 from tests.tolerance import assert_rel_close
 
 V, B = 37, 2

@@ -1,7 +1,7 @@
 """Multi-host: two processes on localhost (CPU, jax.distributed with a coordinator on
 127.0.0.1) agree with one process; distributed settings; the launch scripts parse.
 
-Run as a module (`python -m tests.test_multihost --worker ...`) this file is also the worker
+Run as a module (`python -m tests.parallel.test_multihost --worker ...`) this file is also the worker
 of the quick two-process check.
 """
 
@@ -20,7 +20,8 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO_ROOT as ROOT
+
 LAUNCH = os.path.join(ROOT, "launch")
 TIMEOUT_S = 240  # per process; every wait below is bounded
 
@@ -99,7 +100,7 @@ def two_steps() -> dict:
 
     from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
-    from gpn_jax.parallel import spmd
+    from gpn_jax.training import setup
     from gpn_jax.training import train_step as ts
     from gpn_jax.training.optimizer import make_optimizer
 
@@ -112,8 +113,8 @@ def two_steps() -> dict:
     mesh = meshlib.make_mesh(ml_collections.ConfigDict(dict(zip(meshlib.AXES, SHAPE, strict=True))))
     init = lambda r: ts.init_train_state(model, opt, r)
     abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-    state_sh = spmd.state_shardings(abstract, mesh, model)
-    step = spmd.jit_train_step(model, opt, 1, mesh, state_sh)
+    state_sh = setup.state_shardings(abstract, mesh, model)
+    step = setup.jit_train_step(model, opt, 1, mesh, state_sh)
     rows, n, i = 8, jax.process_count(), jax.process_index()
     losses, grad_norms = [], []
     with jax.set_mesh(mesh):
@@ -146,7 +147,7 @@ def _worker(argv) -> None:
 def test_two_processes_agree_with_one(tmp_path):
     port = free_port()
     out = str(tmp_path / "result.json")
-    cmd = [sys.executable, "-m", "tests.test_multihost", "--worker", f"--out={out}"]
+    cmd = [sys.executable, "-m", "tests.parallel.test_multihost", "--worker", f"--out={out}"]
     run_processes(
         [
             (
@@ -351,6 +352,9 @@ def test_distributed_settings_from_env():
         "process_id": 1,
     }
     assert distributed.explicit_settings({}) is None
+    # The launcher's flag values (passed in by gpn_jax.train) win over the environment.
+    given = {"coordinator_address": "10.0.0.1:9", "num_processes": 4, "process_id": 3}
+    assert distributed.explicit_settings(env, given) == given
     with pytest.raises(ValueError, match="needs --num_processes"):
         distributed.explicit_settings({"GPN_COORDINATOR": "127.0.0.1:1"})
     with pytest.raises(ValueError, match="outside 0..1"):

@@ -122,7 +122,7 @@ def test_train_resume_and_read_a_gs_workdir(fake_gcs):
 def test_probe_and_temporary_names_are_unique_per_host_process_and_call(tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpn_jax.training import paths
+    from gpn_jax.io import paths
 
     names = {paths.unique_suffix() for _ in range(100)}
     assert len(names) == 100 and all(n.split("-")[:2] == ["0", str(os.getpid())] for n in names)

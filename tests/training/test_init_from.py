@@ -16,7 +16,7 @@ from gpn_jax.models import factory
 from gpn_jax.training import init_from
 from gpn_jax.training.loop import train_and_evaluate
 from tests.test_train_cli import assert_one_line_error, run_train
-from tests.test_training import final_state, tiny_config
+from tests.training.test_training import final_state, tiny_config
 
 PAPER_STEP = 3  # the paper run's step and data position (grad_accum 1: one micro-batch a step)
 N_TOKENS = 4096  # 128 windows of 32: 96 train (12 steps of 8), 32 held out

@@ -12,8 +12,7 @@ import pytest
 from experiments.configs import gpn_m_tiny
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.metric_writer import parse_writers
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO_ROOT as ROOT
 
 
 def tiny_config(writers):

@@ -1,0 +1,138 @@
+"""`build(config, mesh) -> Run`: the one recipe that turns a config into a runnable training setup.
+
+The trainer (`training.loop`), the ahead-of-time check (`gpn_jax.aot`) and the training
+benchmark (`benchmarks.train`) all build their model, optimiser, abstract train state, state
+shardings and jitted steps here, so what AOT compiles and the bench times is exactly what
+training runs. (Restoring parameters for evaluation needs none of this: `training.restore`
+builds only the model.)
+
+The steps are data-parallel over `data` x `fsdp` with weights gathered once per step
+(`parallel.spmd.ShardedModel`); on a one-device mesh that is the plain step.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gpn_jax import data as datalib
+from gpn_jax.models import factory
+from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.parallel import sharding as shardlib
+from gpn_jax.parallel.spmd import ShardedModel
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a config builds on a mesh (nothing is allocated: the state is abstract).
+
+    Attributes:
+      config: the ml_collections config it was built from.
+      model: the `LanguageModel` (`models.factory.build_model(config.model)` unless given).
+      mesh, rules: the device mesh and its logical-axis -> mesh-axis rules.
+      optimizer, schedule: the optax transformation and its learning-rate schedule.
+      abstract_state: `jax.eval_shape` of the initial `TrainState`.
+      state_shardings: a NamedSharding per leaf of the state.
+      train_step: jitted, donated `train_step(state, batch) -> (state, metrics)`.
+      eval_step: jitted `eval_step(params, batch) -> (CE sum, token count)`.
+    """
+
+    config: Any
+    model: Any
+    mesh: jax.sharding.Mesh
+    rules: shardlib.Rules
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    abstract_state: ts.TrainState
+    state_shardings: ts.TrainState
+    train_step: Any
+    eval_step: Any
+
+    def init_state(self, rng: jax.Array) -> ts.TrainState:
+        """A freshly initialised train state, created in place with its shardings."""
+        init = lambda r: ts.init_train_state(self.model, self.optimizer, r)
+        return jax.jit(init, out_shardings=self.state_shardings)(rng)
+
+    def state_target(self) -> ts.TrainState:
+        """The abstract state carrying its shardings (a restore target, or AOT input)."""
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            self.abstract_state,
+            self.state_shardings,
+        )
+
+    def batch_target(self) -> jax.ShapeDtypeStruct:
+        """The abstract (B, T) int32 batch, sharded over the batch axes."""
+        t = self.config.train
+        return jax.ShapeDtypeStruct(
+            (t.batch_size, t.seq_len), jnp.int32, sharding=meshlib.batch_sharding(self.mesh)
+        )
+
+
+def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
+    """Builds `config`'s run on `mesh` (`model` replaces the config's model if given).
+
+    Raises:
+      ValueError: the batch does not split over the mesh (or the model refuses the mesh).
+    """
+    t = config.train
+    meshlib.check_batch(mesh, t.batch_size, t.grad_accum)
+    model = factory.build_model(config.model) if model is None else model
+    rules = shardlib.rules_from_config(config.get("mesh"))
+    optimizer = make_optimizer(t, model.weight_decay_mask)
+    abstract = jax.eval_shape(
+        lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
+    )
+    shardings = state_shardings(abstract, mesh, model, rules)
+    return Run(
+        config=config,
+        model=model,
+        mesh=mesh,
+        rules=rules,
+        optimizer=optimizer,
+        schedule=learning_rate_schedule(t),
+        abstract_state=abstract,
+        state_shardings=shardings,
+        # the data may restrict the training loss to some positions (recall: the answers)
+        train_step=jit_train_step(
+            ts.with_loss_mask(model, datalib.loss_mask(config)),
+            optimizer,
+            t.grad_accum,
+            mesh,
+            shardings,
+            rules,
+        ),
+        eval_step=jit_eval_step(model, mesh, shardings.params, rules),
+    )
+
+
+def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
+    """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
+
+    Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
+    sharded = ShardedModel(model, mesh, rules, grad_accum)
+    return jax.jit(
+        ts.make_train_step(sharded, optimizer),
+        in_shardings=(state_sharding, meshlib.batch_sharding(mesh)),
+        out_shardings=(state_sharding, meshlib.replicated(mesh)),
+        donate_argnums=0,
+    )
+
+
+def jit_eval_step(model, mesh, param_sharding, rules=None):
+    """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
+    sharded = ShardedModel(model, mesh, rules)
+    return jax.jit(
+        ts.make_eval_step(sharded),
+        in_shardings=(param_sharding, meshlib.batch_sharding(mesh)),
+        out_shardings=meshlib.replicated(mesh),
+    )
+
+
+def state_shardings(abstract_state, mesh, model, rules=None):
+    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
+    return shardlib.tree_shardings(abstract_state, mesh, shardlib.layout_of(model), rules)

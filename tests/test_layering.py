@@ -1,0 +1,185 @@
+"""The package's import arrows all point down (../shared/ARCHITECTURE.md, README "Layout").
+
+Every module of gpn_jax is parsed with `ast` (nothing is imported), top-level and
+function-level imports alike, and each import of a gpn_jax module is checked against the
+layer table below. A failure names the importing module, the imported one and the rule, so
+a new arrow is either fixed or argued for here, in one place.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "gpn_jax"
+
+# Entry points: thin absl launchers (may import anything in gpn_jax; they alone read flags).
+ENTRY_POINTS = {
+    "train",
+    "evaluate",
+    "analyze",
+    "generate",
+    "bench",
+    "summary",
+    "prepare",
+    "bench_prepare",
+    "harness",
+    "export",
+    "aot",
+}
+FOUNDATION = {"io", "errors"}  # paths / atomic writes, error classes: importable from anywhere
+
+# Unit -> the units it may import (besides itself and FOUNDATION). A unit is a subpackage,
+# except interop, whose modules sit at two levels: the paper checkpoint reader is read by the
+# trainer (`training.init_from`); the export format (model_dir, model_card) reads runs back.
+ALLOWED = {
+    "errors": set(),
+    "io": set(),
+    "core": set(),
+    "models": {"core"},
+    "configs": {"models", "core"},
+    "parallel": {"core", "models"},
+    "data": set(),
+    "interop": set(),  # the package docstring only
+    "interop.paper_checkpoint": {"core", "models"},
+    "training": {"core", "models", "data", "parallel", "configs", "interop.paper_checkpoint"},
+    # Readers of a trained run: restore only, never the training loop.
+    "eval": {"core", "models", "data", "training.restore"},
+    "interop.model_dir": {"core", "models", "data", "training.restore", "interop.model_card"},
+    "interop.model_card": {"core", "models", "data"},
+    "analysis": {"core", "models", "data", "eval", "training.restore"},
+    "benchmarks": {"core", "models", "data", "parallel", "configs", "training", "eval"},
+    "cli": set(),
+}
+NO_CORE_IO = {"core": ("flax", "gpn_jax.io", "os", "etils", "ml_collections")}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = ["gpn_jax", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path):
+    """(line, imported module name) of every import in `path`, at any depth."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{up}.{base}" if base else up
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield node.lineno, full if _is_module(full) else base
+
+
+def _is_module(name: str) -> bool:
+    rel = pathlib.Path(*name.split(".")[1:]) if name.startswith("gpn_jax.") else None
+    return rel is not None and ((ROOT / rel).with_suffix(".py").exists() or (ROOT / rel).is_dir())
+
+
+def _unit(module: str) -> str:
+    """gpn_jax.training.loop -> 'training'; gpn_jax.interop.model_dir -> 'interop.model_dir';
+    gpn_jax.train -> 'train' (an entry point)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "gpn_jax"
+    if parts[0] == "interop" and len(parts) > 1:
+        return f"interop.{parts[1]}"
+    return parts[0]
+
+
+def _allowed(src: str, dst: str) -> bool:
+    su, du = _unit(src), _unit(dst)
+    if su in ENTRY_POINTS or su == "gpn_jax" or su == du or du in FOUNDATION:
+        return True
+    if su.startswith("interop") and du == "interop":
+        return False  # the interop package itself: name the module
+    allowed = ALLOWED.get(su)
+    assert allowed is not None, f"{src}: unit {su!r} has no row in the layer table"
+    sub = ".".join(dst.split(".")[1:3])  # e.g. 'training.restore'
+    return du in allowed or sub in allowed
+
+
+MODULES = sorted(ROOT.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    units = {_unit(_module_name(p)) for p in MODULES}
+    unknown = units - set(ALLOWED) - ENTRY_POINTS - {"gpn_jax"}
+    assert not unknown, f"add these units to the layer table: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    src = _module_name(path)
+    bad = []
+    for line, dst in _imports(path):
+        top = dst.split(".")[0]
+        if top == "experiments":
+            bad.append(f"line {line}: imports {dst} (experiments/ is not part of the package)")
+        elif top == "gpn_jax" and dst != "gpn_jax" and not _allowed(src, dst):
+            bad.append(f"line {line}: {_unit(src)} may not import {dst}")
+        for forbidden in NO_CORE_IO.get(_unit(src), ()):
+            if dst == forbidden or dst.startswith(forbidden + "."):
+                bad.append(f"line {line}: core is pure JAX (no Flax, no I/O): imports {dst}")
+    assert not bad, f"{src}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_entry_points_read_flags(path):
+    """`flags.FLAGS` and `DEFINE_*` belong to the entry points (and cli.py, their helper)."""
+    unit = _unit(_module_name(path))
+    if unit in ENTRY_POINTS or unit == "cli":
+        return
+    tree = ast.parse(path.read_text())
+    bad = [
+        f"line {n.lineno}: {n.attr}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and (n.attr == "FLAGS" or n.attr.startswith("DEFINE_"))
+    ]
+    assert not bad, f"{path.relative_to(ROOT)} reads absl flags below the entry points: {bad}"
+
+
+def test_no_import_cycle_between_modules():
+    graph = {}
+    for path in MODULES:
+        src = _module_name(path)
+        graph[src] = {d for _, d in _imports(path) if d.startswith("gpn_jax.") and d != src}
+    # A package's __init__ re-exporting its own submodules is not an arrow back up.
+    for src, dsts in graph.items():
+        graph[src] = {d for d in dsts if not src.startswith(d + ".")}
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_the_cli_loads_no_trainer():
+    """`gpn-summary` / `gpn-aot` import the CLI helpers; they must not load orbax or the loop."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpn_jax.cli, gpn_jax.summary, gpn_jax.aot; "
+        "bad = [m for m in ('orbax.checkpoint', 'gpn_jax.training.loop', 'tqdm') "
+        "if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
