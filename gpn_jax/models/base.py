@@ -14,6 +14,9 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from gpn_jax.models import params as params_lib
+from gpn_jax.models.params import FFN, HEADS, VOCAB
+
 Array = jax.Array
 Params = dict
 Carry = Any
@@ -71,3 +74,25 @@ class LanguageModel(Protocol):
 
     def flops_per_token(self, seq_len: int) -> dict:
         """Analytic {'forward': f, 'train': 3f} matmul FLOPs per token."""
+
+
+class SpecModel:
+    """The parameter methods every family shares, derived from its `param_specs(config)` (the
+    initialiser, shape and logical axes of each parameter, declared once in the family's
+    module). A family sets `param_specs = staticmethod(param_specs)` and may override
+    `check_sharding` where its kernels cannot run with some axes split."""
+
+    param_specs = None
+
+    def init(self, rng: Array) -> Params:
+        return params_lib.init_params(self.param_specs(self.config), rng)
+
+    def param_axes(self) -> dict:
+        return params_lib.flat_axes(self.param_specs(self.config))
+
+    def axis_sizes(self) -> dict:
+        c = self.config
+        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
+
+    def check_sharding(self, split_axes: frozenset) -> None:
+        """Every split of the logical axes is supported."""

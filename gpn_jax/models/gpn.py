@@ -20,8 +20,7 @@ from gpn_jax.core import fast_window, gpn, window
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
-from gpn_jax.models import params as params_lib
-from gpn_jax.models.base import masked_mean
+from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.params import (
     EMBED,
     FFN,
@@ -177,22 +176,15 @@ def _impl(scan_impl: ScanImpl) -> _Impl:
     return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
-class GPN:
+class GPN(SpecModel):
     """GPN / GPN+M language model: pure functions over `params` (see `gpn_jax.models.base`)."""
 
     def __init__(self, config: GPNConfig):
         self.config = config
 
     # ------------------------------------------------------------------ parameters and state
-    def init(self, rng: Array) -> dict:
-        return params_lib.init_params(param_specs(self.config), rng)
-
-    def param_axes(self) -> dict:
-        return params_lib.flat_axes(param_specs(self.config))
-
-    def axis_sizes(self) -> dict:
-        c = self.config
-        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
+    # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
+    param_specs = staticmethod(param_specs)
 
     def check_sharding(self, split_axes: frozenset) -> None:
         """Raises if the model cannot run with these logical axes split over devices."""

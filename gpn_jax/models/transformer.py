@@ -37,11 +37,9 @@ import jax.numpy as jnp
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
-from gpn_jax.models import params as params_lib
-from gpn_jax.models.base import masked_mean
+from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.params import (
     EMBED,
-    FFN,
     HEADS,
     VOCAB,
     lecun,
@@ -162,25 +160,15 @@ def head_logits(cp: dict, h: Array, tie: bool) -> Array:
 
 
 # ----------------------------------------------------------------------------- the model
-class Transformer:
+class Transformer(SpecModel):
     """Transformer++ language model: pure functions over `params` (see `gpn_jax.models.base`)."""
 
     def __init__(self, config: TransformerConfig):
         self.config = config
 
     # ------------------------------------------------------------------ parameters and state
-    def init(self, rng: Array) -> dict:
-        return params_lib.init_params(param_specs(self.config), rng)
-
-    def param_axes(self) -> dict:
-        return params_lib.flat_axes(param_specs(self.config))
-
-    def axis_sizes(self) -> dict:
-        c = self.config
-        return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
-
-    def check_sharding(self, split_axes: frozenset) -> None:
-        """Every split of the logical axes is supported."""
+    # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
+    param_specs = staticmethod(param_specs)
 
     def init_state(self, batch_size: int = 0):
         """No state crosses windows: always None."""
