@@ -24,7 +24,7 @@ reductions. The model is written so that these are Megatron-style: SwiGLU gate a
 separate column-parallel matrices (`core.mlp`) and the memory read applies its norm's
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
 sums are independent and XLA reduces them in one all-reduce per scan step (forward and
-backward; `tests/test_sharding.py` reads it off the optimised HLO). Known cost: with
+backward; `tests/parallel/test_sharding.py` reads it off the optimised HLO). Known cost: with
 `tensor` > 1, XLA all-gathers each tensor-split gradient over `tensor` before the `fsdp`
 reduce-scatter (partial-manual partitioning): once per step, outside every loop.
 

@@ -8,7 +8,7 @@ size of the mesh is passed in by the caller.
 import math
 
 # Minimum allowed value of each integer size field of the model families' configs
-# (gpn, transformer, gdn). tests/test_validate.py checks that every int field of every
+# (gpn, transformer, gdn). tests/training/test_validate.py checks that every int field of every
 # family's config dataclass is listed here, so a new field cannot slip past unchecked.
 MODEL_MINIMUM = {
     "vocab_size": 1,
