@@ -142,24 +142,10 @@ def train_layout(config) -> str:
     )
 
 
-def from_config(
-    config,
-    *,
-    workdir: str | None = None,
-    cache_dir: str | None = None,
-    train_state: dict | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> Data:
-    """The data of a run config (`DataConfig.of(config)`); the keywords as for `build`."""
-    return build(
-        DataConfig.of(config),
-        workdir=workdir,
-        cache_dir=cache_dir,
-        train_state=train_state,
-        process_index=process_index,
-        process_count=process_count,
-    )
+def from_config(config, **keywords) -> Data:
+    """The data of a run config (`DataConfig.of(config)`); the keywords (workdir, cache_dir,
+    train_state, process_index, process_count) as for `build`."""
+    return build(DataConfig.of(config), **keywords)
 
 
 def build(

@@ -28,6 +28,7 @@ from gpn_jax.data.tokenizer import load_tokenizer
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
 from gpn_jax.models import factory
+from gpn_jax.models import params as params_lib
 from gpn_jax.models.accounting import abstract_params
 from gpn_jax.training.restore import RestoredRun
 
@@ -61,14 +62,7 @@ def flatten(params: dict, prefix: str = "") -> dict:
 
 def unflatten(flat: dict) -> dict:
     """The inverse of `flatten`."""
-    out: dict = {}
-    for name, value in flat.items():
-        *outer, leaf = name.split(".")
-        node = out
-        for k in outer:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return out
+    return params_lib.nest(flat, sep=".")
 
 
 def make_record(run: RestoredRun) -> dict:

@@ -85,11 +85,11 @@ def init_params(specs: dict, rng) -> dict:
     return nest(dict(_Declare(flat).init(rng)["params"]))
 
 
-def nest(flat: dict) -> dict:
+def nest(flat: dict, sep: str = "/") -> dict:
     """{'a/b': x} -> {'a': {'b': x}} (linen params are declared flat with '/' in the name)."""
     out: dict = {}
     for key, value in flat.items():
-        *outer, leaf = key.split("/")
+        *outer, leaf = key.split(sep)
         node = out
         for k in outer:
             node = node.setdefault(k, {})
