@@ -201,6 +201,18 @@ def test_bad_config_fails_before_any_work(tmp_path, flags, message):
 
 
 @pytest.mark.slow
+def _limit_between_logs_and_checkpoint(workdir, step) -> int:
+    """A file-size limit (KiB) that every log / metrics file the rerun appends to stays under
+    and that the checkpoint's tree metadata file (`_METADATA`, one file whose size depends only
+    on the parameter tree, unlike OCDBT's data files, whose split varies run to run) exceeds."""
+    logs = [f for f in workdir.rglob("*") if f.is_file() and "checkpoints" not in f.parts]
+    logs = [f for f in logs if "data_cache" not in f.parts]  # cached, never rewritten
+    limit_kib = max(f.stat().st_size for f in logs) // 1024 + 4
+    metadata = workdir / "checkpoints" / str(step) / "state" / "_METADATA"
+    assert metadata.stat().st_size > 1024 * limit_kib, "premise: a checkpoint file over the limit"
+    return limit_kib
+
+
 def test_failed_checkpoint_write_is_one_line(tmp_path):
     """A save that hits EFBIG (as a full disk would) ends the run with one line naming the
     step and path; no half-written step is listed and every listed step restores."""
@@ -208,16 +220,17 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
     flags = ["--config.train.steps=4", "--config.train.checkpoint_every=2"]
     first = run_train(workdir, *flags, "--config.train.eval_every=0")
     assert first.returncode == 0, first.stderr
+    limit_kib = _limit_between_logs_and_checkpoint(workdir, step=4)
     shutil.rmtree(workdir / "checkpoints" / "4")  # rerun resumes at 2 and saves 4 again
 
-    # Writes over 200 KiB fail with EFBIG (SIGXFSZ ignored), as on a full or quota'd disk. Set
-    # by the shell around exec, not preexec_fn: forking the multithreaded JAX test process
+    # Writes over `limit_kib` fail with EFBIG (SIGXFSZ ignored), as on a full or quota'd disk.
+    # Set by the shell around exec, not preexec_fn: forking the multithreaded JAX test process
     # and running Python in the child can deadlock.
     cmd = " ".join(
         shlex.quote(a) for a in train_cmd(workdir, *flags, "--config.train.eval_every=0")
     )
     proc = subprocess.run(
-        ["bash", "-c", f"trap '' XFSZ; ulimit -f 200; exec {cmd}"],
+        ["bash", "-c", f"trap '' XFSZ; ulimit -f {limit_kib}; exec {cmd}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
