@@ -14,3 +14,9 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "gpn_jax_test_xla_cache")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow end-to-end tests first (stable order otherwise): with `-n 2 --dist worksteal` a
+    minute-long test that starts last leaves the other worker idle until it ends."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

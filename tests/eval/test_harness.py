@@ -18,6 +18,7 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny  # noqa: E402
+from gpn_jax import harness  # noqa: E402
 from gpn_jax.data.text_sources import embedded_corpus  # noqa: E402
 from gpn_jax.data.tokenizer import train_tokenizer  # noqa: E402
 from gpn_jax.eval import lambada, sampling  # noqa: E402
@@ -248,20 +249,30 @@ def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
 
 
 @pytest.mark.slow
+def test_bad_model_args_are_one_line_errors_from_the_cli(runs, tasks):
+    proc = cli("--model_args", f"workdir={runs['gpn_m']},colour=3", "--tasks", "gpnt_mc",
+               "--include_path", tasks)  # fmt: skip
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    want = "gpn-harness: error: unknown --model_args key(s) ['colour']"
+    assert last.startswith(want), proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     "model_args, match",
     [
-        ("workdir={wd},colour=3", "unknown --model_args key(s) ['colour']"),
         ("workdir={wd},batch_size=0", "batch_size must be an integer >= 1"),
         ("workdir={empty}", "no checkpoint in"),
     ],
 )
-def test_bad_model_args_are_one_line_errors(model_args, match, runs, tasks, tmp_path):
+def test_bad_model_args_are_one_line_errors(model_args, match, runs, tasks, tmp_path, capsys):
+    """The same path in-process (a subprocess per case costs ~20 s of imports)."""
     args = model_args.format(wd=runs["gpn_m"], empty=tmp_path)
-    proc = cli("--model_args", args, "--tasks", "gpnt_mc", "--include_path", tasks)
-    assert proc.returncode != 0
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpn-harness: error:") and match in last, proc.stderr[-2000:]
+    with pytest.raises(SystemExit) as exit_:
+        harness.run(["--model_args", args, "--tasks", "gpnt_mc", "--include_path", tasks])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpn-harness: error:") and match in err[-1], err[-5:]
 
 
 @pytest.mark.slow
