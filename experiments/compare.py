@@ -1,7 +1,7 @@
 """One command trains and compares GPN+M, GPN, Transformer++ and Gated DeltaNet.
 
     python -m experiments.compare --config=experiments/configs/compare_tiny.py --workdir=/tmp/cmp \
-        [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,hellaswag,\
+        [--seeds=3] [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,hellaswag,\
         winogrande,arc_easy,arc_challenge [--include_path=DIR]]
 
 A compare config (`experiments/configs/compare_*.py`) holds the shared blocks of a training
@@ -11,6 +11,12 @@ the same budget (steps, batch, seq_len, tokens, optimiser recipe) on the same da
 tokenizer (obtained once: `data.tokenizer_path`, else trained into `<workdir>/tokenizer.model`),
 and are evaluated identically (held-out PPL over the same held-out windows; LAMBADA with the
 same file and protocol when `--lambada_path` is given).
+
+`--seeds=N` (or `compare.seeds`) trains each model N times (seeds seed..seed+N-1, in
+`<workdir>/<name>/s<k>`) and the table gives mean ± std (`experiments.compare_seeds`); every run
+also reports train PPL and the held-out / train gap, with a warning above 5 %. With
+`compare.analyze` the GPN / GPN+M runs are analysed (`gpn_jax.analysis`) and the paper's
+qualitative claims are reported under the table (`experiments.compare_claims`).
 
 Each model trains in `<workdir>/<name>` with `gpn_jax.training.loop.train_and_evaluate`; a
 rerun reuses a finished run (its `final_metrics.json`) and resumes an unfinished one. Outputs in
@@ -34,6 +40,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from experiments import compare_claims, compare_seeds
 from experiments import harness_table as paper_table
 from gpn_jax import cli
 from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
@@ -54,6 +61,8 @@ COLUMNS = (
     "State dim",
     "Memory cells / state size",
     "Held-out PPL",
+    "Train PPL",
+    "Held-out / train - 1",
     "LAMBADA acc",
     "LAMBADA PPL",
 )
@@ -77,10 +86,15 @@ def label(config, name: str) -> str:
     return labels.get(name, name)
 
 
-def run_config(config, name: str, tokenizer_path: str = "") -> ml_collections.ConfigDict:
-    """The full training config of model `name`: a copy of the shared blocks + its model block."""
+def run_config(
+    config, name: str, tokenizer_path: str = "", seed: int | None = None
+) -> ml_collections.ConfigDict:
+    """The full training config of model `name`: a copy of the shared blocks + its model block
+    (with `seed` replacing the shared seed when given)."""
     shared = {k: v for k, v in config.to_dict().items() if k not in _SHARED_EXCLUDED}
     c = ml_collections.ConfigDict(shared)
+    if seed is not None:
+        c.seed = seed
     c.model = ml_collections.ConfigDict(config.models[name].to_dict())
     if "max_seq_len" in c.model:  # the Transformer's window is the shared training window
         c.model.max_seq_len = c.train.seq_len
@@ -290,7 +304,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---:|---:|---|---:|---:|---:|"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         cells = "—" if not r["memory_cells"] else f"{r['memory_cells']:,} ({r['state_formula']})"
         lines.append(
@@ -302,7 +316,9 @@ def markdown_table(rows: list[dict]) -> str:
                     str(r["layers"]),
                     f"{r['state_dim']:,}",
                     cells,
-                    _fmt(r["heldout_ppl"], ".2f"),
+                    compare_seeds.pm(r["heldout_ppl"], r.get("heldout_ppl_std")),
+                    compare_seeds.pm(r.get("train_ppl"), r.get("train_ppl_std")),
+                    compare_seeds.pm(r.get("gap"), r.get("gap_std"), "+.1%"),
                     _fmt(r["lambada_acc"], ".3f"),
                     _fmt(r["lambada_ppl"], ".2f"),
                 ]
@@ -323,10 +339,12 @@ def markdown(result: dict) -> str:
         f"Data: {result['data']['source']}; tokenizer {result['data']['tokenizer'] or 'none'}. "
         f"Held-out PPL over the same {result['heldout_tokens']:,} held-out tokens for every "
         f"model (unigram PPL {result['unigram_ppl']:.2f}).",
+        _seeds_line(result),
         "",
         markdown_table(result["rows"]),
         "",
     ]
+    parts += [*result.get("gap_warnings", []), ""] if result.get("gap_warnings") else []
     lam = result["lambada"]
     if lam["path"]:
         parts.append(
@@ -338,17 +356,32 @@ def markdown(result: dict) -> str:
     if "harness" in result:
         parts += ["", "lm-evaluation-harness (the Gated DeltaNet paper's table):", "",
                   paper_table.markdown(result["harness"])]  # fmt: skip
+    if result.get("claims"):
+        parts += ["", compare_claims.markdown(result["claims"])]
     return "\n".join(parts) + "\n"
 
 
+def _seeds_line(result: dict) -> str:
+    n = result.get("seeds", 1)
+    spread = "mean ± sample std over" if n > 1 else "one run,"
+    return (
+        f"Seeds: {spread} {n} seed(s) per model (seed {result['data']['seed']} + k). Train PPL: "
+        "final parameters on as many training tokens as held out; the gap (held-out / train "
+        f"PPL - 1) must stay within ±{compare_seeds.GAP_LIMIT:.0%} "
+        f"({'not met: see the warnings' if result.get('gap_warnings') else 'met'}). LAMBADA "
+        "and harness columns: the first seed's run."
+    )
+
+
 def _check_same_heldout(rows: list[dict]) -> tuple[int, float]:
-    seen = {(r["heldout_tokens"], round(r["unigram_ppl"], 6)) for r in rows}
+    runs = [r for row in rows for r in row.get("runs", [row])]
+    seen = {(r["heldout_tokens"], round(r["unigram_ppl"], 6)) for r in runs}
     if len(seen) != 1:
         raise ValueError(
             "the runs were evaluated on different held-out tokens "
-            f"({[(r['label'], r['heldout_tokens']) for r in rows]}); use a fresh --workdir"
+            f"({[(r['workdir'], r['heldout_tokens']) for r in runs]}); use a fresh --workdir"
         )
-    return rows[0]["heldout_tokens"], rows[0]["unigram_ppl"]
+    return runs[0]["heldout_tokens"], runs[0]["unigram_ppl"]
 
 
 # ------------------------------------------------------------------------------ the job
@@ -356,28 +389,54 @@ BUDGET_KEYS = ("steps", "batch_size", "seq_len", "grad_accum", "learning_rate", 
                "min_lr_ratio", "weight_decay", "b1", "b2", "grad_clip")  # fmt: skip
 
 
-def _model_rows(config, names: list[str], workdir: str) -> list[dict]:
-    return [
-        {"name": n, "label": label(config, n), "workdir": os.path.join(workdir, n)}
-        | model_stats(run_config(config, n).model, config.train.seq_len)
-        for n in names
-    ]
+def _model_rows(config, names: list[str], workdir: str, seeds: int = 1) -> list[dict]:
+    """One row per model; its `runs` are the seeds (`compare_seeds.run_dir`), and its
+    `workdir` the first seed's run (LAMBADA, harness and the loss plot read that one)."""
+    rows = []
+    for n in names:
+        runs = [
+            {"seed": config.seed + k, "workdir": compare_seeds.run_dir(workdir, n, k, seeds)}
+            for k in range(seeds)
+        ]
+        rows.append(
+            {"name": n, "label": label(config, n), "workdir": runs[0]["workdir"], "runs": runs}
+            | model_stats(run_config(config, n).model, config.train.seq_len)
+        )
+    return rows
+
+
+_RUN_KEYS = ("heldout_ppl", "heldout_loss", "unigram_ppl", "heldout_tokens", "tokens_seen", "step")
+
+
+def _train_run(config, row: dict, run: dict, tokenizer: str, is_lead: bool) -> dict | None:
+    """Trains (or reuses) one seed's run and adds its final metrics; a stop dict if stopped."""
+    seed = run["seed"] if len(row["runs"]) > 1 else None  # one seed: the shared seed, as before
+    rc = run_config(config, row["name"], tokenizer, seed)
+    final, seconds = train_one(rc, run["workdir"], is_lead)
+    if "stopped_at" in final:
+        print("Stopped; rerun the same command to resume.")
+        return {"stopped_at": {run["workdir"]: final["stopped_at"]}}
+    run |= {k: final[k] for k in _RUN_KEYS} | {"train_seconds": seconds}
+    _, loss, _, _ = loss_curve(run["workdir"])
+    run["final_train_loss"] = loss[-1] if loss else None
+    if run["heldout_tokens"]:
+        run |= compare_seeds.train_ppl(run["workdir"], run["heldout_tokens"])
+    run["gap"] = compare_seeds.overfit_gap(run["heldout_ppl"], run.get("train_ppl"))
+    return None
 
 
 def _train_rows(config, rows: list[dict], tokenizer: str, is_lead: bool) -> dict | None:
-    """Trains (or reuses) every row's run and adds its final metrics; a stop dict if stopped."""
+    """Trains (or reuses) every row's runs and adds the aggregates; a stop dict if stopped."""
     for i, row in enumerate(rows, 1):
-        print(f"[{i}/{len(rows)}] {row['label']} -> {row['workdir']}")
-        rc = run_config(config, row["name"], tokenizer)
-        final, seconds = train_one(rc, row["workdir"], is_lead)
-        if "stopped_at" in final:
-            print("Stopped; rerun the same command to resume.")
-            return {"stopped_at": {row["name"]: final["stopped_at"]}}
-        keys = ("heldout_ppl", "heldout_loss", "unigram_ppl", "heldout_tokens", "tokens_seen",
-                "step")  # fmt: skip
-        row |= {k: final[k] for k in keys} | {"train_seconds": seconds}
-        _, loss, _, _ = loss_curve(row["workdir"])
-        row["final_train_loss"] = loss[-1] if loss else None
+        for run in row["runs"]:
+            print(f"[{i}/{len(rows)}] {row['label']} seed {run['seed']} -> {run['workdir']}")
+            stopped = _train_run(config, row, run, tokenizer, is_lead)
+            if stopped:
+                return stopped
+        first = row["runs"][0]
+        row |= {k: first[k] for k in _RUN_KEYS} | compare_seeds.aggregate(row)
+        row["train_seconds"] = sum(r["train_seconds"] or 0 for r in row["runs"]) or None
+        row["final_train_loss"] = first["final_train_loss"]
     return None
 
 
@@ -422,15 +481,19 @@ def compare(
     lambada_path: str | None = None,
     tasks: str | None = None,
     include_path: str | None = None,
+    seeds: int | None = None,
 ) -> dict:
     """Trains (or reuses) every model of a compare config and writes the comparison.
 
     `tasks` (lm-eval task names, e.g. 'wikitext,lambada_openai,piqa') adds the GDN paper's
     table from lm-evaluation-harness (`harness_table`), `include_path` a local task folder.
+    `seeds` (default `compare.seeds`, else 1) trains every model that many times
+    (`compare_seeds`); `compare.analyze` adds the paper's claims (`compare_claims`).
     Returns the `comparison.json` dict ({'budget', 'data', 'rows', ...}), or
     {'stopped_at': {name: step}} if SIGTERM stopped a run (rerun to resume).
     """
     workdir = prepare_workdir(workdir)
+    seeds = compare_seeds.seed_count(config, seeds)
     names = model_names(config)
     check_shared(config)
     lambada_path = lambada_path or config.compare.get("lambada_path") or None
@@ -439,7 +502,7 @@ def compare(
     if tasks:
         paper_table.require_lm_eval()
     is_lead = jax.process_index() == 0
-    rows = _model_rows(config, names, workdir)
+    rows = _model_rows(config, names, workdir, seeds)
     print_param_counts(rows)
     tokenizer = shared_tokenizer(config, workdir)
     stopped = _train_rows(config, rows, tokenizer, is_lead)
@@ -448,8 +511,13 @@ def compare(
     lambada = _lambada_rows(config, rows, lambada_path)
     heldout_tokens, unigram = _check_same_heldout(rows)
     budget = _budget(config.train)
+    if config.compare.get("analyze", False):
+        compare_claims.analyze_rows(rows, workdir, config.compare.get("analysis_batches", 0))
     result = {
         "columns": list(COLUMNS),
+        "seeds": seeds,
+        "gap_warnings": compare_seeds.gap_warnings(rows),
+        "claims": compare_claims.claims(rows),
         "budget": budget,
         "data": {"source": config.data.source, "tokenizer": tokenizer, "seed": config.seed},
         "heldout_tokens": heldout_tokens,
@@ -492,6 +560,13 @@ _INCLUDE = flags.DEFINE_string(
     "lm-eval --include_path: a folder of local task YAMLs.",
     allow_override=True,
 )
+_SEEDS = flags.DEFINE_integer(
+    "seeds",
+    None,
+    "Runs per model, seeds seed..seed+N-1 in <workdir>/<model>/s<k> (default: compare.seeds, "
+    "else 1); the table reports mean ± std.",
+    allow_override=True,
+)
 _LAMBADA = flags.DEFINE_string(
     "lambada_path",
     None,
@@ -505,7 +580,9 @@ def _body():
     distributed.initialize()
     config = cli.config_or_exit(_CONFIG, "gpn-compare")
     start = time.perf_counter()
-    result = compare(config, _WORKDIR.value, _LAMBADA.value, _TASKS.value, _INCLUDE.value)
+    result = compare(
+        config, _WORKDIR.value, _LAMBADA.value, _TASKS.value, _INCLUDE.value, _SEEDS.value
+    )
     if "rows" in result:
         print(f"Total wall time {time.perf_counter() - start:,.0f} s")
     return result

@@ -1,0 +1,69 @@
+"""A CPU-scale Table 1 that can rank models: four ~3M-parameter models on 11 MB of English.
+
+    python -m experiments.fetch_corpus --output=/tmp/pydocs
+    python -m gpn_jax.prepare --input=/tmp/pydocs/pydocs.jsonl --output=/tmp/pydocs_bin \
+        --vocab_size=4096 --heldout_fraction=0.05
+    python -m experiments.compare --config=experiments/configs/compare_small.py:/tmp/pydocs_bin \
+        --workdir=/tmp/cmp_small --seeds=3
+
+The config argument is the prepared directory (default /tmp/pydocs_bin); the data is its `bin:`
+shards (the Python documentation's sources from Debian's python3.11-doc, SentencePiece vocab
+4096, 5 % of the documents held out by `prepare`).
+
+Models (parameters from `experiments.compare.model_stats`, within 1.5 % of each other):
+GPN+M 2,977,224 / GPN 2,972,000 / Transformer++ 3,000,384 / Gated DeltaNet 3,014,174.
+
+Budget: STEPS steps of 16 x 256 tokens per model and seed, the paper's AdamW / cosine recipe
+at a CPU learning rate. The prepared corpus has TRAIN_TOKENS training tokens, so every run
+reads less than one epoch (no window is seen twice in expectation), which is what keeps train
+and held-out PPL together; `compare` checks that (train PPL within 5 % of held-out PPL).
+
+Time, an ESTIMATE, not a measurement of the run: see TIMING below.
+"""
+
+import ml_collections
+
+from experiments.configs import compare_common
+
+VOCAB = 4096
+TRAIN_TOKENS = 3_209_339  # `prepare` on python3.11-doc 3.11.2-6+deb12u8, vocab 4096, 5 % held out
+SEQ_LEN = 256
+BATCH = 16
+STEPS = 300
+DEFAULT_DATA = "/tmp/pydocs_bin"
+
+
+def models() -> dict:
+    """The four model blocks; sizes chosen so the parameter counts match (module doc)."""
+    shared = dict(vocab_size=VOCAB, loss_chunk=64)
+    gpn_m = dict(family="gpn", d_model=416, d_emb=192, d_ffn=832, n_heads=4, d_key=48,
+                 d_value=96)  # fmt: skip
+    gpn = dict(family="gpn", d_model=496, d_emb=192, d_ffn=1008, memory=False)
+    transformer = dict(family="transformer", d_model=192, n_layers=5, n_heads=6, d_ffn=512,
+                       max_seq_len=SEQ_LEN)  # fmt: skip
+    gdn = dict(family="gdn", d_model=192, n_layers=5, n_heads=3, d_key=32, d_value=64,
+               d_ffn=512, chunk_size=32)  # fmt: skip
+    blocks = dict(gpn_m=gpn_m, gpn=gpn, transformer=transformer, gdn=gdn)
+    return {k: v | shared for k, v in blocks.items()}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = compare_common.compare_config(models())
+    c.data.source = "bin:" + (arg or DEFAULT_DATA)
+    c.train.update(
+        dict(
+            batch_size=BATCH,
+            seq_len=SEQ_LEN,
+            steps=STEPS,
+            warmup_steps=STEPS // 10,
+            learning_rate=3e-3,
+            log_every=10,
+            eval_every=STEPS // 3,
+            eval_batches=4,
+            checkpoint_every=STEPS // 3,
+            final_eval_batches=0,
+        )
+    )
+    c.compare.seeds = 3  # runs per model (seeds seed, seed+1, ...); --seeds overrides
+    c.compare.analyze = True  # the paper's qualitative claims on the GPN / GPN+M runs
+    return c

@@ -1,0 +1,150 @@
+"""Fetches compare_small's English corpus from Debian's package archive and writes it as jsonl.
+
+    python -m experiments.fetch_corpus --output=/tmp/pydocs
+    python -m gpn_jax.prepare --input=/tmp/pydocs/pydocs.jsonl --output=/tmp/pydocs_bin \
+        --vocab_size=4096 --heldout_fraction=0.05
+
+The corpus is the Python documentation's reStructuredText sources that Debian's
+`python3.11-doc` package ships (`usr/share/doc/python3.11/html/_sources/**/*.rst.txt`): 497
+documents, about 11 MB of English technical prose (reference text, tutorials, HOWTOs, the
+"What's new" essays), with the reST markup left as it is. A fresh machine that reaches Debian's
+archive gets it with `apt-get download` (no root needed, no install); it is not the embedded
+corpus. Other registry corpora were looked for and not found: Debian ships no Project Gutenberg
+books, and `debian-reference-en` is smaller.
+
+Output: `<output>/pydocs.jsonl`, one `{"text", "path"}` object per document in sorted path
+order (so the same .deb always gives the same bytes), and `<output>/source.json` (package,
+version, .deb name and sha256, documents, bytes). Bad input or a failed download prints one
+line and exits with status 1.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+from absl import flags
+
+from gpn_jax import cli
+
+PACKAGE = "python3.11-doc"
+CORPUS_FILE, SOURCE_FILE = "pydocs.jsonl", "source.json"
+SOURCES_GLOB = "usr/share/doc/python3*/html/_sources"
+SUFFIX = ".rst.txt"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise ValueError(f"{name} not found: this command needs a Debian-based machine (apt/dpkg)")
+    return path
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def download_deb(package: str, dest: str) -> str:
+    """`apt-get download <package>` into `dest`; the .deb's path (one-line ValueError if not)."""
+    proc = subprocess.run(
+        [_tool("apt-get"), "download", package], cwd=dest, capture_output=True, text=True
+    )
+    debs = sorted(glob.glob(os.path.join(dest, "*.deb")))
+    if proc.returncode != 0 or not debs:
+        raise ValueError(
+            f"apt-get download {package} failed ({_last_line(proc.stderr)}); "
+            "run 'apt-get update' first if the package is unknown"
+        )
+    return debs[0]
+
+
+def extract_deb(deb: str, dest: str) -> None:
+    """Unpacks the .deb's files into `dest` (`dpkg-deb -x`, no install)."""
+    proc = subprocess.run([_tool("dpkg-deb"), "-x", deb, dest], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ValueError(f"dpkg-deb -x {os.path.basename(deb)} failed: {_last_line(proc.stderr)}")
+
+
+def sources_dir(root: str) -> str:
+    """The `_sources` folder of an extracted python3.X-doc tree (exactly one)."""
+    # python3.X-doc also links its docs folder from another name: count real folders only
+    found = sorted({os.path.realpath(p) for p in glob.glob(os.path.join(root, SOURCES_GLOB))})
+    if len(found) != 1:
+        raise ValueError(f"expected one {SOURCES_GLOB} folder under {root}, found {len(found)}")
+    return found[0]
+
+
+def documents(root: str) -> list[dict]:
+    """Every non-empty `*.rst.txt` under the extracted tree's `_sources`, in sorted path order."""
+    base = sources_dir(root)
+    paths = sorted(glob.glob(os.path.join(base, "**", "*" + SUFFIX), recursive=True))
+    docs = []
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+        if text.strip():
+            docs.append({"text": text, "path": os.path.relpath(p, base)})
+    if not docs:
+        raise ValueError(f"no {SUFFIX} documents under {base}")
+    return docs
+
+
+def convert(root: str, output: str, source: dict | None = None) -> dict:
+    """Writes an extracted tree's documents to `<output>/pydocs.jsonl` (+ `source.json`)."""
+    docs = documents(root)
+    os.makedirs(output, exist_ok=True)
+    path = os.path.join(output, CORPUS_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    info = dict(source or {}) | {
+        "corpus": path,
+        "documents": len(docs),
+        "text_bytes": sum(len(d["text"].encode("utf-8")) for d in docs),
+    }
+    with open(os.path.join(output, SOURCE_FILE), "w") as f:
+        json.dump(info, f, indent=2)
+    return info
+
+
+def _deb_info(deb: str, package: str) -> dict:
+    version = subprocess.run(
+        [_tool("dpkg-deb"), "-f", deb, "Version"], capture_output=True, text=True
+    ).stdout.strip()
+    with open(deb, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    return {"package": package, "version": version, "deb": os.path.basename(deb), "sha256": sha}
+
+
+def fetch(output: str, package: str = PACKAGE) -> dict:
+    """Downloads and unpacks `package` in a temporary folder, then `convert`s it to `output`."""
+    with tempfile.TemporaryDirectory(prefix="fetch_corpus-") as tmp:
+        deb = download_deb(package, tmp)
+        root = os.path.join(tmp, "x")
+        extract_deb(deb, root)
+        return convert(root, output, _deb_info(deb, package))
+
+
+_OUTPUT = flags.DEFINE_string("output", None, "Output folder for pydocs.jsonl and source.json.")
+_PACKAGE = flags.DEFINE_string("package", PACKAGE, "Debian package holding the doc sources.")
+flags.mark_flags_as_required(["output"])
+
+
+def _body():
+    info = fetch(_OUTPUT.value, _PACKAGE.value)
+    print(
+        f"Wrote {info['documents']} documents ({info['text_bytes']:,} bytes) of "
+        f"{info['package']} {info['version']} to {info['corpus']}"
+    )
+    return info
+
+
+main, run = cli.absl_entry(_body, "fetch-corpus")
+
+
+if __name__ == "__main__":
+    run()
