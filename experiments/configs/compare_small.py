@@ -13,12 +13,24 @@ shards (the Python documentation's sources from Debian's python3.11-doc, Sentenc
 Models (parameters from `experiments.compare.model_stats`, within 1.5 % of each other):
 GPN+M 2,977,224 / GPN 2,972,000 / Transformer++ 3,000,384 / Gated DeltaNet 3,014,174.
 
-Budget: STEPS steps of 16 x 256 tokens per model and seed, the paper's AdamW / cosine recipe
-at a CPU learning rate. The prepared corpus has TRAIN_TOKENS training tokens, so every run
-reads less than one epoch (no window is seen twice in expectation), which is what keeps train
-and held-out PPL together; `compare` checks that (train PPL within 5 % of held-out PPL).
+Budget: STEPS = 270 steps of 16 x 256 tokens = 1,105,920 tokens per model and seed, the paper's AdamW /
+cosine recipe at a CPU learning rate. The prepared corpus has 3,209,339 training tokens (783
+steps per epoch; 109,350 held out), so every run reads about 0.35 epoch and no window twice,
+which is what keeps train and held-out PPL together; `compare` checks that (train PPL within
+5 % of held-out PPL, a warning otherwise).
 
-Time, an ESTIMATE, not a measurement of the run: see TIMING below.
+Time: an ESTIMATE, not a measurement; the whole run (4 models x 3 seeds, with the train-PPL
+evaluations and the GPN / GPN+M analyses) is planned for ~90 minutes on 2 idle cores.
+* Timed on 2026-11-30 with 8 steps per model in one process, on 2 CPU cores SHARED with other
+  jobs (load average ~10): 814 / 879 / 739 / 800 tokens/s (GPN+M / GPN / Transformer++ /
+  GDN), steps 5-8, i.e. after compilation. The four cost about the same per token here.
+* Idle estimate, from the measured idle compare_tiny (4 x 614,400 tokens in 5 min 12 s, ~7.9k
+  tokens/s with compilation and evaluation) scaled by training FLOPs per token (18.2-20.1M
+  here vs 6.8-7.6M there, x 2.65): ~3.0k tokens/s; the shared-machine rate above times the
+  load share (~5x) gives ~4k tokens/s, so 3.0k is the cautious figure.
+* 12 runs x 1.1M tokens / 3.0k tokens/s ~ 74 min of training, plus ~10-15 min for compilation,
+  held-out and train-PPL evaluations and six analyses (ANALYSIS_BATCHES held-out batches each).
+If the machine is slower, lower `train.steps` (all models alike) rather than the seeds.
 """
 
 import ml_collections
@@ -29,7 +41,8 @@ VOCAB = 4096
 TRAIN_TOKENS = 3_209_339  # `prepare` on python3.11-doc 3.11.2-6+deb12u8, vocab 4096, 5 % held out
 SEQ_LEN = 256
 BATCH = 16
-STEPS = 300
+STEPS = 270
+ANALYSIS_BATCHES = 8  # held-out batches (of 16 x 256) per GPN / GPN+M analysis
 DEFAULT_DATA = "/tmp/pydocs_bin"
 
 
@@ -66,4 +79,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.compare.seeds = 3  # runs per model (seeds seed, seed+1, ...); --seeds overrides
     c.compare.analyze = True  # the paper's qualitative claims on the GPN / GPN+M runs
+    c.compare.analysis_batches = ANALYSIS_BATCHES
     return c
