@@ -394,9 +394,10 @@ def _model_rows(config, names: list[str], workdir: str, seeds: int = 1) -> list[
     `workdir` the first seed's run (LAMBADA, harness and the loss plot read that one)."""
     rows = []
     for n in names:
+        dirs = [compare_seeds.run_dir(workdir, n, k, seeds) for k in range(seeds)]
         runs = [
-            {"seed": config.seed + k, "workdir": compare_seeds.run_dir(workdir, n, k, seeds)}
-            for k in range(seeds)
+            {"seed": config.seed + k, "workdir": d, "run": os.path.relpath(d, workdir)}
+            for k, d in enumerate(dirs)
         ]
         rows.append(
             {"name": n, "label": label(config, n), "workdir": runs[0]["workdir"], "runs": runs}
@@ -415,7 +416,7 @@ def _train_run(config, row: dict, run: dict, tokenizer: str, is_lead: bool) -> d
     final, seconds = train_one(rc, run["workdir"], is_lead)
     if "stopped_at" in final:
         print("Stopped; rerun the same command to resume.")
-        return {"stopped_at": {run["workdir"]: final["stopped_at"]}}
+        return {"stopped_at": {run["run"]: final["stopped_at"]}}
     run |= {k: final[k] for k in _RUN_KEYS} | {"train_seconds": seconds}
     _, loss, _, _ = loss_curve(run["workdir"])
     run["final_train_loss"] = loss[-1] if loss else None
@@ -490,7 +491,7 @@ def compare(
     `seeds` (default `compare.seeds`, else 1) trains every model that many times
     (`compare_seeds`); `compare.analyze` adds the paper's claims (`compare_claims`).
     Returns the `comparison.json` dict ({'budget', 'data', 'rows', ...}), or
-    {'stopped_at': {name: step}} if SIGTERM stopped a run (rerun to resume).
+    {'stopped_at': {name or name/s<k>: step}} if SIGTERM stopped a run (rerun to resume).
     """
     workdir = prepare_workdir(workdir)
     seeds = compare_seeds.seed_count(config, seeds)

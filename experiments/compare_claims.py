@@ -80,8 +80,10 @@ def ppl_claim(rows: list[dict]) -> dict | None:
     per_seed = [
         a["heldout_ppl"] < b["heldout_ppl"] for a, b in zip(m["runs"], g["runs"], strict=True)
     ]
+    spread = max(m.get("heldout_ppl_std") or 0.0, g.get("heldout_ppl_std") or 0.0)
     return {
         "holds": m["heldout_ppl"] < g["heldout_ppl"],
+        "within_spread": abs(m["heldout_ppl"] - g["heldout_ppl"]) < spread,
         "gpn_m": [m["heldout_ppl"], m.get("heldout_ppl_std")],
         "gpn": [g["heldout_ppl"], g.get("heldout_ppl_std")],
         "seeds_won": sum(per_seed),
@@ -134,7 +136,8 @@ def markdown(c: dict) -> str:
         lines.append(
             f"- GPN+M below GPN in held-out PPL: **{_yes(p['holds'])}** — GPN+M "
             f"{pm(*p['gpn_m'])} vs GPN {pm(*p['gpn'])} (GPN+M lower in {p['seeds_won']} of "
-            f"{p['seeds']} seeds)."
+            f"{p['seeds']} seeds"
+            + ("; the difference is smaller than a seed std)." if p["within_spread"] else ").")
         )
     pools = c["head_pools"]
     if pools:

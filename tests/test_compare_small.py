@@ -163,8 +163,14 @@ def claim_rows():
 
 def test_claims_on_known_numbers():
     c = compare_claims.claims(claim_rows())
-    assert c["gpn_m_below_gpn"] == {"holds": True, "gpn_m": [20.0, 1.0], "gpn": [20.5, 0.5],
-                                    "seeds_won": 1, "seeds": 2}  # fmt: skip
+    assert c["gpn_m_below_gpn"] == {
+        "holds": True,
+        "gpn_m": [20.0, 1.0],
+        "gpn": [20.5, 0.5],
+        "seeds_won": 1,
+        "seeds": 2,
+        "within_spread": True,
+    }  # fmt: skip  (0.5 apart, std 1.0)
     assert c["head_pools"]["holds"] is True
     assert [p["n_fast"] for p in c["head_pools"]["per_seed"]] == [1, 2]
     abl = c["mean_direction_ablation"]
@@ -175,6 +181,7 @@ def test_claims_on_known_numbers():
     assert (
         "- GPN+M below GPN in held-out PPL: **yes** — GPN+M 20.00 ± 1.00 vs GPN 20.50 ± 0.50" in md
     )
+    assert "(GPN+M lower in 1 of 2 seeds; the difference is smaller than a seed std)." in md
     assert "seed 0: 1 fast / 3 slow, 1/e lags 1.0, censored, censored, censored" in md
     assert "- GPN: projecting out s̄ hurts more than a random direction: **no**" in md
 
