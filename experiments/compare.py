@@ -1,8 +1,8 @@
 """One command trains and compares GPN+M, GPN, Transformer++ and Gated DeltaNet.
 
     python -m experiments.compare --config=experiments/configs/compare_tiny.py --workdir=/tmp/cmp \
-        [--seeds=3] [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,hellaswag,\
-        winogrande,arc_easy,arc_challenge [--include_path=DIR]]
+        [--seeds=3] [--lambada_path=lambada_test.jsonl] [--tasks=wikitext,lambada_openai,piqa,\
+        hellaswag,winogrande,arc_easy,arc_challenge [--include_path=DIR]]
 
 A compare config (`experiments/configs/compare_*.py`) holds the shared blocks of a training
 config (`seed`, `data`, `train`, `mesh`), a dict `models` of model blocks and a `compare` block.

@@ -9,8 +9,9 @@ Train PPL at the end: the final parameters scored exactly like held-out PPL (`wi
 window from the zero state) on as many training tokens as the held-out split has, in windows
 drawn uniformly from the whole training split (a fixed shuffle, TRAIN_EVAL_SEED, so every model
 and seed scores the same windows; the first windows in file order would be one corner of the
-corpus). Under one epoch only part of those windows were trained on. The gap is held-out PPL / train PPL - 1; a model is flagged
-when |gap| > 5 % (the no-overfit condition of a ranking table).
+corpus). Under one epoch only part of those windows were trained on. The gap is held-out PPL /
+train PPL - 1; a model is flagged when |gap| > 5 % (the no-overfit condition of a ranking
+table).
 """
 
 import json

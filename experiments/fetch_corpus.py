@@ -10,8 +10,8 @@ documents, about 11 MB of English technical prose (reference text, tutorials, HO
 "What's new" essays), with the reST markup left as it is. A fresh machine that reaches Debian's
 archive gets it with `apt-get download` (no root needed, no install). It is not the embedded
 corpus, which is CPython's `pydoc_data` topics: a 0.5 MB extract of the same documentation (same
-domain, 1/24 of the size). Other registry corpora were looked for and not found: Debian ships no Project Gutenberg
-books, and `debian-reference-en` is smaller.
+domain, 1/24 of the size). A better registry corpus was looked for briefly and not found:
+`apt-cache search gutenberg` lists no books, and `debian-reference-en` installs 3.8 MB in all.
 
 Output: `<output>/pydocs.jsonl`, one `{"text", "path"}` object per document in sorted path
 order (so the same .deb always gives the same bytes), and `<output>/source.json` (package,

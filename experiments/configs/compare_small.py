@@ -13,9 +13,10 @@ shards (the Python documentation's sources from Debian's python3.11-doc, Sentenc
 Models (parameters from `experiments.compare.model_stats`, within 1.5 % of each other):
 GPN+M 2,977,224 / GPN 2,972,000 / Transformer++ 3,000,384 / Gated DeltaNet 3,014,174.
 
-Budget: STEPS = 270 steps of 16 x 256 tokens = 1,105,920 tokens per model and seed, the paper's AdamW /
-cosine recipe at a CPU learning rate. The prepared corpus has 3,209,339 training tokens (783
-steps per epoch; 109,350 held out), so every run reads about 0.35 epoch and no window twice,
+Budget: STEPS = 270 steps of 16 x 256 tokens = 1,105,920 tokens per model and seed, the
+paper's AdamW / cosine recipe at a CPU learning rate (3e-3, as compare_tiny). The prepared corpus
+has 3,209,339 training tokens (783 steps per epoch; 109,350 held out, 24 documents), so every
+run reads about 0.35 epoch and no window twice,
 which is what keeps train and held-out PPL together; `compare` checks that (train PPL within
 5 % of held-out PPL, a warning otherwise).
 
