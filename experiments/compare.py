@@ -63,6 +63,7 @@ COLUMNS = (
     "Held-out PPL",
     "Train PPL",
     "Held-out / train - 1",
+    "Same, unigram",
     "LAMBADA acc",
     "LAMBADA PPL",
 )
@@ -304,7 +305,10 @@ def _fmt(v, spec: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         cells = "—" if not r["memory_cells"] else f"{r['memory_cells']:,} ({r['state_formula']})"
         lines.append(
@@ -319,6 +323,7 @@ def markdown_table(rows: list[dict]) -> str:
                     compare_seeds.pm(r["heldout_ppl"], r.get("heldout_ppl_std")),
                     compare_seeds.pm(r.get("train_ppl"), r.get("train_ppl_std")),
                     compare_seeds.pm(r.get("gap"), r.get("gap_std"), "+.1%"),
+                    compare_seeds.pm(r.get("unigram_gap"), r.get("unigram_gap_std"), "+.1%"),
                     _fmt(r["lambada_acc"], ".3f"),
                     _fmt(r["lambada_ppl"], ".2f"),
                 ]
@@ -368,8 +373,10 @@ def _seeds_line(result: dict) -> str:
         f"Seeds: {spread} {n} seed(s) per model (seed {result['data']['seed']} + k). Train PPL: "
         "final parameters on as many training tokens as held out; the gap (held-out / train "
         f"PPL - 1) must stay within ±{compare_seeds.GAP_LIMIT:.0%} "
-        f"({'not met: see the warnings' if result.get('gap_warnings') else 'met'}). LAMBADA "
-        "and harness columns: the first seed's run."
+        f"({'not met: see the warnings' if result.get('gap_warnings') else 'met'}); 'Same, "
+        "unigram' is that ratio for the training split's unigram model on the same tokens (the "
+        "part of the gap due to which documents are held out). LAMBADA and harness columns: the "
+        "first seed's run."
     )
 
 
@@ -423,6 +430,7 @@ def _train_run(config, row: dict, run: dict, tokenizer: str, is_lead: bool) -> d
     if run["heldout_tokens"]:
         run |= compare_seeds.train_ppl(run["workdir"], run["heldout_tokens"])
     run["gap"] = compare_seeds.overfit_gap(run["heldout_ppl"], run.get("train_ppl"))
+    run["unigram_gap"] = compare_seeds.overfit_gap(run["unigram_ppl"], run.get("train_unigram_ppl"))
     return None
 
 

@@ -247,6 +247,8 @@ def test_two_model_two_seed_compare_reports_mean_std_gap_and_claims(tmp_path):
         assert (r["heldout_ppl"], r["heldout_ppl_std"]) == compare_seeds.mean_std(per_seed)
         for x in r["runs"]:
             assert x["gap"] == x["heldout_ppl"] / x["train_ppl"] - 1
+            assert x["unigram_gap"] == x["unigram_ppl"] / x["train_unigram_ppl"] - 1
+            assert x["train_eval_tokens"] == x["heldout_tokens"]  # 45 batches of 8 x 32
             saved = json.loads((workdir / "analysis" / r["name"] / f"s{x['seed']}" /
                                 "metrics.json").read_text())  # fmt: skip
             assert x["analysis"] == compare_claims.run_summary(saved)
@@ -258,4 +260,7 @@ def test_two_model_two_seed_compare_reports_mean_std_gap_and_claims(tmp_path):
     assert [p["n_fast"] + p["n_slow"] for p in pools] == [2, 2]  # micro GPN+M has 2 heads
     md = (workdir / "comparison.md").read_text()
     assert compare_claims.markdown(claims) in md
-    assert "Held-out / train - 1" in md and "mean ± sample std over 2 seed(s)" in md
+    assert (
+        "| Held-out / train - 1 | Same, unigram |" in md
+        and "mean ± sample std over 2 seed(s)" in md
+    )
