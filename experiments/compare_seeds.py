@@ -70,7 +70,7 @@ def train_ppl(run_path: str, heldout_tokens: int) -> dict:
     if os.path.exists(cache):
         with open(cache) as f:
             saved = json.load(f)
-        if saved.get("step") == int(run.step):
+        if saved.get("step") == int(run.step) and "train_unigram_ppl" in saved:
             return saved
     data = run.data()
     t = run.config.train
