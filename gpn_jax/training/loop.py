@@ -220,6 +220,8 @@ class _Run:
         )
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
+        if self.config.train.get("carry_state", False):  # resets need the data's separator
+            self.train_step = run.stateful_train_step(self.data.eos_id)
         t = self.config.train
         # heldout_fraction=0 keeps no held-out set: train, skip every evaluation.
         self.has_heldout = len(self.data.heldout) >= t.batch_size * t.seq_len
