@@ -76,7 +76,7 @@ def test_reset_everywhere_is_the_per_token_zero_state_model(name):
     params, x = params_of(model), tokens(T=6)
     ce, _ = losses(model, params, x, resets=jnp.ones(x.shape, bool))
     alone = [losses(model, params, x[:, t : t + 1])[0] for t in range(x.shape[1])]
-    # measured 0 (same ops on the same zero state); margin for fused vs XLA reassociation
+    # measured (2-core AVX2) 0 for GPN, <= 3e-8 for GDN; bound 1e-6 (~30x)
     assert_rel_close(ce, jnp.concatenate(alone, axis=1), 1e-6, name)
 
 
@@ -88,9 +88,9 @@ def test_documents_with_resets_equal_documents_run_separately(name):
     row = jnp.asarray(np.concatenate(docs)[None], jnp.int32)
     ce, carry = losses(model, params, row, resets=document_starts(row, EOS))
     alone = [losses(model, params, jnp.asarray(d[None], jnp.int32)) for d in docs]
-    # measured <= 3e-7 (GDN chunked: chunk boundaries fall elsewhere); margin ~30x
-    assert_rel_close(ce, jnp.concatenate([a[0] for a in alone], axis=1), 1e-5, name)
-    assert_rel_close(carry, alone[-1][1], 1e-5, f"{name} final carry")
+    # measured (2-core AVX2) <= 2e-8 (GDN; GPN 0); bound 1e-6 (~50x)
+    assert_rel_close(ce, jnp.concatenate([a[0] for a in alone], axis=1), 1e-6, name)
+    assert_rel_close(carry, alone[-1][1], 1e-6, f"{name} final carry")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -105,7 +105,7 @@ def test_split_window_with_carry_equals_whole_window(name):
     whole, carry = losses(model, params, x, resets=r)
     a, ca = losses(model, params, x[:, :6], resets=r[:, :6])
     b, cb = losses(model, params, x[:, 6:], ca, r[:, 6:])
-    # measured <= 2e-7; margin ~50x
+    # measured (2-core AVX2) losses <= 6e-8, carry <= 1.6e-7; bound 1e-5 (>= 60x)
     assert_rel_close(jnp.concatenate([a, b], axis=1), whole, 1e-5, name)
     assert_rel_close(cb, carry, 1e-5, f"{name} carry")
 
@@ -124,8 +124,8 @@ def test_split_window_with_carry_equals_whole_window(name):
         return (first + second) / 2
 
     gw, gt = jit(jax.grad(whole_loss))(params), jit(jax.grad(truncated_loss))(params)
-    # measured <= 4e-7 per leaf; margin ~25x
-    assert_rel_close(gt, gw, 1e-5, f"{name} gradients")
+    # measured (2-core AVX2) <= 4e-7 per leaf for GPN, <= 4e-6 for GDN; bound 1e-4 (25x)
+    assert_rel_close(gt, gw, 1e-4, f"{name} gradients")
 
 
 FUSED_CASES = {

@@ -4,6 +4,7 @@ the checkpoint, is sharded like the batch, and a resumed run is bit-identical.""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments.configs import gdn_tiny
 from gpn_jax.data import pipeline
@@ -42,6 +43,7 @@ def test_carry_state_selects_the_streams_layout():
     assert pipeline.DataConfig.of(tiny_config()).train_layout == "shuffled"
 
 
+@pytest.mark.slow
 def test_resumed_stateful_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     train_and_evaluate(stateful_config(steps=4), straight)
@@ -63,6 +65,7 @@ def batch(B=8, T=12, seed=0):
     return jnp.asarray(x, jnp.int32)
 
 
+@pytest.mark.slow
 def test_sharded_stateful_step_equals_the_plain_step_and_shards_the_carry():
     """Data-parallel over data 4 x fsdp 2 with 2 micro-batches each == one plain step (loss,
     carry, parameters), the carry of each row reset at its documents, its rows split like the
