@@ -83,12 +83,13 @@ def test_sharded_stateful_step_equals_the_plain_step_and_shards_the_carry():
     plain = jax.jit(ts.make_train_step(run.model, run.optimizer, eos_id=EOS))
     fresh = jax.device_get(run.init_state(jax.random.PRNGKey(0)))
     plain_state, plain_metrics = plain(fresh, x)
-    # measured: loss bit-equal, carry <= 2e-7, params (after one Adam step) <= 1e-7; margin 50x
+    # measured (2-core AVX2): loss 8e-8, carry 9e-7, params after the step 0 (one step from
+    # zero Adam moments); bounds >= 30x, params' at the loss's
     assert_rel_close(sharded_metrics["loss"], plain_metrics["loss"], 1e-5, "loss")
-    assert_rel_close(sharded_state.carry, plain_state.carry, 1e-5, "carry")
+    assert_rel_close(sharded_state.carry, plain_state.carry, 3e-5, "carry")
     assert_rel_close(sharded_state.params, plain_state.params, 1e-5, "params")
 
     _, (expected, _) = run.model.loss(fresh.params, x, fresh.carry, resets=document_starts(x, EOS))
     expected = reset_after_eos(run.model, expected, x, EOS)
-    assert_rel_close(plain_state.carry, expected, 1e-6, "carry of the step")
+    assert_rel_close(plain_state.carry, expected, 1e-6, "carry of the step")  # measured 0
     np.testing.assert_array_equal(plain_state.carry.last_token[1], config.model.bos_id)
