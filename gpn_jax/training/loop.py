@@ -315,6 +315,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         window, window_start = [], time.perf_counter()
 
     while step < t.steps and not stop.requested:
+        _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
         run.state, metrics = run.train_step(run.state, batch)
         step += 1
@@ -339,6 +340,19 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         settle(pending)
     bar.close()
     return step
+
+
+def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:
+    """Stateful training: when the streams start over (a new epoch), each row's next window
+    is the start of its stream, not the continuation of the last one, so the carry restarts
+    (a function of the data position alone, so a resumed run does the same)."""
+    if run.state.carry is None or not step or run.data.train.get_state()["index"]:
+        return
+    rows = run.config.train.batch_size
+    fresh = jax.jit(
+        lambda: run.model.init_state(rows), out_shardings=run.setup.state_shardings.carry
+    )
+    run.state = run.state._replace(carry=fresh())
 
 
 def train_and_evaluate(config, workdir: str) -> dict:

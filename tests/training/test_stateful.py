@@ -93,3 +93,26 @@ def test_sharded_stateful_step_equals_the_plain_step_and_shards_the_carry():
     expected = reset_after_eos(run.model, expected, x, EOS)
     assert_rel_close(plain_state.carry, expected, 1e-6, "carry of the step")  # measured 0
     np.testing.assert_array_equal(plain_state.carry.last_token[1], config.model.bos_id)
+
+
+def test_carry_restarts_when_the_streams_start_over():
+    """At a new epoch each row's next window is its stream's start: the carry is reset there
+    (and only there, and not before the first step)."""
+    from types import SimpleNamespace
+
+    from gpn_jax.training import loop
+
+    config = stateful_config()
+    run = setup.build(config, meshlib.make_mesh(config.mesh))
+    ones = jax.tree.map(jnp.ones_like, run.init_state(jax.random.PRNGKey(0)).carry)
+    for index, step, reset in ((0, 5, True), (3, 5, False), (0, 0, False)):
+        fake = SimpleNamespace(
+            state=ts.TrainState(0, None, None, None, ones),
+            data=SimpleNamespace(train=SimpleNamespace(get_state=lambda i=index: {"index": i})),
+            config=config,
+            model=run.model,
+            setup=run,
+        )
+        loop._reset_carry_at_epoch_start(fake, step)
+        assert float(jnp.abs(fake.state.carry.s).max()) == (0.0 if reset else 1.0)
+        assert fake.state.carry.M.sharding == run.state_shardings.carry.M
