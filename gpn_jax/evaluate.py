@@ -38,6 +38,9 @@ _BUCKETS = flags.DEFINE_string("stream_buckets", "0,2k,8k,32k", "Stream position
 _WINDOW = flags.DEFINE_integer("stream_window", 0, "Tokens per streamed window (0: train seq_len).")
 _STREAMS = flags.DEFINE_integer("stream_streams", 1, "Parallel streams cut from the stream tokens.")
 _STREAM_PATH = flags.DEFINE_string("stream_path", None, "Text file to stream (default: held-out).")
+_STREAM_DOCS = flags.DEFINE_bool(
+    "stream_documents", False, "Stream: reset at document starts; bucket by position in document."
+)
 _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examples (default all).")
 
 
@@ -76,6 +79,7 @@ def _run_evals(run, evals) -> dict:
         stream_window=_WINDOW.value,
         stream_streams=_STREAMS.value,
         stream_path=_STREAM_PATH.value,
+        stream_documents=_STREAM_DOCS.value,
         recall_examples=_RECALL_N.value,
     )
 

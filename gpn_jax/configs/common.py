@@ -28,6 +28,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.heldout_fraction = 0.05  # share of documents held out (never read by training)
     c.data.bin_dtype = "uint32"  # token dtype of bin: shards
     c.data.text_field = "text"  # field of jsonl / tfds records holding the text
+    # training window order: '' (automatic: 'streams' with train.carry_state, else shuffled),
+    # 'shuffled', 'sequential' or 'streams' (gpn_jax.data.windows)
+    c.data.train_layout = ""
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 128  # sequences per optimiser step (global, over all hosts)
@@ -54,6 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
     # 'paper:<checkpoint.pkl>': start from the paper trainer's checkpoint (fresh workdir only;
     # see gpn_jax.training.init_from). '': from scratch.
     c.train.init_from = ""
+    # Stateful training (truncated BPTT across windows): each batch row reads its own
+    # contiguous stream ('streams' layout), the final carry of a step is the next step's
+    # initial carry (no gradient through it), reset at every document start. GPN/GPN+M/GDN.
+    c.train.carry_state = False
 
     c.logging = ml_collections.ConfigDict()
     c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb

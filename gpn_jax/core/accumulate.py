@@ -31,3 +31,24 @@ def accumulated_value_and_grad(loss_fn, params, batch_BxT: jax.Array, grad_accum
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     total, _ = jax.lax.scan(body, zero, micro_batches(batch_BxT, grad_accum))
     return jax.tree.map(lambda x: x / grad_accum, total)
+
+
+def accumulated_value_grad_and_aux(loss_fn, params, batch, grad_accum: int = 1):
+    """(loss, grads, aux) of `loss_fn(params, batch) -> (scalar loss, aux)` where `batch` is a
+    pytree of (B, ...) arrays and `aux` has a leading batch axis (stateful training: the final
+    carry of every row). Averaged over `grad_accum` equal micro-batches as above; `aux` is the
+    micro-batches' aux put back in row order."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if grad_accum == 1:
+        (loss, aux), grads = grad_fn(params, batch)
+        return loss, grads, aux
+
+    def body(acc, micro):
+        (loss, aux), grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, acc, (loss, grads)), aux
+
+    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    micro = jax.tree.map(lambda x: micro_batches(x, grad_accum), batch)
+    total, aux = jax.lax.scan(body, zero, micro)
+    loss, grads = jax.tree.map(lambda x: x / grad_accum, total)
+    return loss, grads, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), aux)

@@ -249,53 +249,71 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
     return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg)
 
 
-def _scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str):
-    """Steps over a run of tokens. keep: 'out' -> (p, g); 'res' -> (p, g, Res); 'resM' -> + M before each step."""
+def _reset(dm: Dims, fw: dict, carry, keep_B):
+    """The incoming carry, reset to the initial state where `keep_B` is 0 (a document start):
+    s = 0, M = 0, and the key pre-activation of s_prev = 0, which is W0's key bias."""
+    if keep_B is None:
+        return carry
+    s, zk, M = carry
+    k = keep_B[:, None]
+    if dm.memory:
+        zk = zk * k + (1 - k) * fw["b0"][: dm.hk]
+        M = M * k[..., None, None]
+    return s * k, zk, M
 
-    def body(c, xg):
-        new, out, res = _step(dm, fw, c, xg)
+
+def _scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
+    """Steps over a run of tokens. keep: 'out' -> (p, g); 'res' -> (p, g, Res); 'resM' -> + M
+    before each step (before its reset). `keep_SxB`: per-step resets (`_reset`) or None."""
+
+    def body(c, x):
+        xg, kp = x if keep_SxB is not None else (x, None)
+        new, out, res = _step(dm, fw, _reset(dm, fw, c, kp), xg)
         if keep == "out":
             return new, out
         if keep == "res":
             return new, (out, res)
         return new, (out, res, c[2])
 
-    return jax.lax.scan(body, carry, xg_SxBxD, unroll=dm.unroll)
+    xs = xg_SxBxD if keep_SxB is None else (xg_SxBxD, keep_SxB)
+    return jax.lax.scan(body, carry, xs, unroll=dm.unroll)
 
 
-def _segments(x: Array, S: int) -> Array:
-    return x.reshape(x.shape[0] // S, S, *x.shape[1:])
+def _segments(x: Array | None, S: int) -> Array | None:
+    return None if x is None else x.reshape(x.shape[0] // S, S, *x.shape[1:])
 
 
 def _unsegment(x: Array) -> Array:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _window_primal(dm: Dims, fw, s0, zk0, M0, xg):
-    (sT, _, MT), (P, G) = _scan_steps(dm, fw, (s0, zk0, M0), xg, "out")
+def _window_primal(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
+    (sT, _, MT), (P, G) = _scan_steps(dm, fw, (s0, zk0, M0), xg, "out", keep)
     return sT, MT, P, G
 
 
-def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg):
+def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
     S = dm.segment
 
-    def seg(carry, xg_seg):
+    def seg(carry, xs):
+        xg_seg, keep_seg = xs
         if dm.remat:
-            new, (out) = _scan_steps(dm, fw, carry, xg_seg, "out")
+            new, (out) = _scan_steps(dm, fw, carry, xg_seg, "out", keep_seg)
             return new, (carry, out, None)
-        new, (out, res) = _scan_steps(dm, fw, carry, xg_seg, "res")
+        new, (out, res) = _scan_steps(dm, fw, carry, xg_seg, "res", keep_seg)
         return new, (carry, out, res)
 
-    (sT, zkT, MT), (starts, (P, G), res) = jax.lax.scan(seg, (s0, zk0, M0), _segments(xg, S))
+    xs = (_segments(xg, S), _segments(keep, S))
+    (sT, zkT, MT), (starts, (P, G), res) = jax.lax.scan(seg, (s0, zk0, M0), xs)
     P, G = _unsegment(P), None if G is None else _unsegment(G)
-    return (sT, MT, P, G), (fw, xg, starts, res, MT)
+    return (sT, MT, P, G), (fw, xg, starts, res, MT, keep)
 
 
 # ----------------------------------------------------------------------------- backward
 def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'."""
     ds, dzk, dM, Mn, da = bc
-    res, Mprev, dp_out, dg_out = xs
+    res, Mprev, dp_out, dg_out, keep = xs  # Mprev: before this step's reset (`_reset`)
     # ground: s' = sigmoid(zg) * p + xg
     sg = jax.nn.sigmoid(res.zg)
     dzg = ds * res.p * sg * (1 - sg)
@@ -326,7 +344,8 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     # write: M' = write(key of s_prev, [v | beta | a] of s, M)
     if dm.memory:
         zw = res.Z0[..., dm.hk : dm.write_cols]
-        _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], Mprev)
+        M_in = Mprev if keep is None else Mprev * keep[:, None, None, None]
+        _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], M_in)
         dzk_prev, dzw, da_t, dMprev = wr((dM, dg_out))
         dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
         da = da + da_t
@@ -335,17 +354,26 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     xs_, rms_s = jax.vjp(rms, res.s)
     ds_prev = dc + rms_s(mm(dZ0, fwT["W0"]))[0]
     emit |= {"X0": xs_, "dZ0": dZ0, "X2": X2s, "dY": dYs, "Xl": Xls, "dZl": dZls}
+    if keep is not None:  # through `_reset`: the reset part of the key is W0's key bias
+        k = keep[:, None]
+        if dm.memory:
+            emit["dbk"] = (1 - k) * dzk_prev
+            dzk_prev, dMprev = dzk_prev * k, dMprev * k[..., None, None]
+        ds_prev = ds_prev * k
     return (ds_prev, dzk_prev, dMprev, Mprev, da), emit
 
 
-def _recompute_memory(dm: Dims, fw, M0, res: Res):
-    """M before each step of a segment, from its starting memory and the stored write inputs."""
+def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
+    """M before each step (and its reset) of a segment, from its starting memory and the
+    stored write inputs."""
 
-    def body(M, r):
+    def body(M, x):
+        r, kp = x
         zw = r.Z0[..., dm.hk : dm.write_cols]
-        return _write(dm, r.zk, zw, fw["a"], M)[0], M
+        M_in = M if kp is None else M * kp[:, None, None, None]
+        return _write(dm, r.zk, zw, fw["a"], M_in)[0], M
 
-    return jax.lax.scan(body, M0, res, unroll=dm.unroll)[1]
+    return jax.lax.scan(body, M0, (res, keep_SxB), unroll=dm.unroll)[1]
 
 
 def _zeros_like_tree(t):
@@ -353,7 +381,7 @@ def _zeros_like_tree(t):
 
 
 def _window_bwd(dm: Dims, saved, cts):
-    fw, xg, starts, res_all, MT = saved
+    fw, xg, starts, res_all, MT, keep = saved
     dsT, dMT, dP, dG = cts
     S = dm.segment
     B = xg.shape[1]
@@ -365,23 +393,25 @@ def _window_bwd(dm: Dims, saved, cts):
 
     def seg(carry, xs):
         ds, dzk, dM, Mn, da, gw = carry
-        start, res, dp_seg, dg_seg, xg_seg = xs
+        start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         if dm.remat:
-            _, (_, res, Ms) = _scan_steps(dm, fw, start, xg_seg, "resM")
+            _, (_, res, Ms) = _scan_steps(dm, fw, start, xg_seg, "resM", keep_seg)
         elif dm.memory:
-            Ms = _recompute_memory(dm, fw, start[2], res)
+            Ms = _recompute_memory(dm, fw, start[2], res, keep_seg)
         else:
             Ms = None
         (ds, dzk, dM, Mn, da), e = jax.lax.scan(
             partial(_bstep, dm, fw, fwT),
             (ds, dzk, dM, Mn, da),
-            (res, Ms, dp_seg, dg_seg),
+            (res, Ms, dp_seg, dg_seg, keep_seg),
             reverse=True,
             unroll=dm.unroll,
         )
         gw = dict(gw)
         gw["W0"] = gw["W0"] + _wgrad(e["X0"], e["dZ0"], fw["W0"])
         gw["b0"] = gw["b0"] + e["dZ0"].sum((0, 1))
+        if "dbk" in e:
+            gw["b0"] = gw["b0"].at[: dm.hk].add(e["dbk"].sum((0, 1)))
         gw["Wg"] = gw["Wg"] + _wgrad(e["Xg"], e["dZg"], fw["Wg"])
         gw["bg"] = gw["bg"] + e["dZg"].sum((0, 1))
         gw["W2o"] = [
@@ -403,7 +433,7 @@ def _window_bwd(dm: Dims, saved, cts):
         jnp.zeros_like(fw["a"]),
         gW,
     )
-    xs = (starts, res_all, dP, dG, _segments(xg, S))
+    xs = (starts, res_all, dP, dG, _segments(xg, S), _segments(keep, S))
     (ds0, dzk0, dM0, _, da, gw), dxg = jax.lax.scan(seg, init, xs, reverse=True)
     dfw = {k: jax.tree.map(lambda g, w: g.astype(w.dtype), gw[k], fw[k]) for k in gw}
     dfw["a"] = da
@@ -413,17 +443,19 @@ def _window_bwd(dm: Dims, saved, cts):
 # ----------------------------------------------------------------------------- entry point
 def _make_window(dm: Dims):
     @jax.custom_vjp
-    def window(fw, s0, zk0, M0, xg):
-        return _window_primal(dm, fw, s0, zk0, M0, xg)
+    def window(fw, s0, zk0, M0, xg, keep=None):
+        return _window_primal(dm, fw, s0, zk0, M0, xg, keep)
 
-    def fwd(fw, s0, zk0, M0, xg):
-        return _window_fwd(dm, fw, s0, zk0, M0, xg)
+    def fwd(fw, s0, zk0, M0, xg, keep=None):
+        return _window_fwd(dm, fw, s0, zk0, M0, xg, keep)
 
     def bwd(saved, cts):
         dsT, dMT, dP, dG = cts
         if dm.memory:
             dMT = jnp.zeros_like(saved[4]) if dMT is None else dMT
-        return _window_bwd(dm, saved, (dsT, dMT, dP, dG))
+        keep = saved[5]
+        grads = _window_bwd(dm, saved, (dsT, dMT, dP, dG))
+        return (*grads, None if keep is None else jnp.zeros_like(keep))
 
     window.defvjp(fwd, bwd)
     return window
@@ -469,13 +501,15 @@ def scan_window_fused(
     xg_TxBxD: Array,
     remat_segment: int = 0,
     unroll: int | None = None,
+    keep_TxB: Array | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
-    """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...))."""
+    """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
+    `keep_TxB` (0 at a document start) resets the incoming carry of those steps."""
     T = xg_TxBxD.shape[0]
     dm = dims_of(cp, T, remat_segment, unroll)
     fw = fuse_params(cp)
     zk0 = key_projection(cp, carry.s_prev) if dm.memory else None
-    sT, MT, P, G = _make_window(dm)(fw, carry.s, zk0, carry.M, xg_TxBxD)
+    sT, MT, P, G = _make_window(dm)(fw, carry.s, zk0, carry.M, xg_TxBxD, keep_TxB)
     if not dm.memory:
         return GPNCarry(sT, None, None), StepOutput(P, None)
     # s_prev of the final carry is the state entering the last step: re-ground it from P.
@@ -483,6 +517,8 @@ def scan_window_fused(
         s_last = gpn.ground(cp["ground"], P[T - 2], xg_TxBxD[T - 2])
     else:
         s_last = carry.s
+    if keep_TxB is not None:  # the last step's incoming carry was reset there
+        s_last = s_last * keep_TxB[T - 1][:, None]
     return GPNCarry(sT, s_last, MT), StepOutput(P, G)
 
 

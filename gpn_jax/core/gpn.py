@@ -67,6 +67,15 @@ def init_carry(batch: int, d: int, memory_shape: tuple[int, int, int] | None) ->
     return GPNCarry(s, s, jnp.zeros((batch, *memory_shape), jnp.float32))
 
 
+def reset_carry(carry: GPNCarry, keep_B: Array) -> GPNCarry:
+    """The carry where `keep_B` (B,) is 1, the initial (all-zero) carry where it is 0.
+
+    Stateful training resets the state at every document start inside a window: a
+    multiplication, so it costs one elementwise product per step and stays differentiable."""
+    scale = lambda x: None if x is None else x * keep_B.reshape(-1, *([1] * (x.ndim - 1)))
+    return GPNCarry(*(scale(x) for x in carry))
+
+
 def has_memory(params: Params) -> bool:
     return "write" in params
 

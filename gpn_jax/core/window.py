@@ -27,18 +27,28 @@ def scan_window(
     xg_TxBxD: Array,
     remat_segment: int = 0,
     iv: Intervention = Intervention(),
+    keep_TxB: Array | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
     """Runs `gpn.step` over T positions. Returns (final carry, StepOutput stacked to (T, B, ...)).
 
     With `remat_segment` = S > 0 the window is cut into T/S segments; each segment's
     activations are recomputed in the backward pass, so only segment-boundary carries are kept.
+    `keep_TxB` (float, 0 at a document start) resets the incoming carry of those steps to the
+    initial state (`gpn.reset_carry`); None: no resets.
     """
-    body = lambda c, xg: gpn.step(params, c, xg, iv)
+    if keep_TxB is None:
+        body = lambda c, xg: gpn.step(params, c, xg, iv)
+        xs = xg_TxBxD
+    else:
+        body = lambda c, x: gpn.step(params, gpn.reset_carry(c, x[1]), x[0], iv)
+        xs = (xg_TxBxD, keep_TxB)
     T = xg_TxBxD.shape[0]
     if not remat_segment or remat_segment >= T:
-        return jax.lax.scan(body, carry, xg_TxBxD)
+        return jax.lax.scan(body, carry, xs)
     check_remat_segment(T, remat_segment)
-    segments = xg_TxBxD.reshape(T // remat_segment, remat_segment, *xg_TxBxD.shape[1:])
+    segments = jax.tree.map(
+        lambda x: x.reshape(T // remat_segment, remat_segment, *x.shape[1:]), xs
+    )
 
     @jax.checkpoint
     def segment(c, xg_seg):

@@ -133,9 +133,15 @@ class DataConfig:
 
 
 def train_layout(config) -> str:
-    """The training window order: in order for `bin:` data continued from another trainer's
-    checkpoint (`train.init_from`, see `training.init_from`), as that trainer reads it;
+    """The training window order: `data.train_layout` if set; else 'streams' for stateful
+    training (`train.carry_state`), in order for `bin:` data continued from another trainer's
+    checkpoint (`train.init_from`, see `training.init_from`), as that trainer reads it, and
     shuffled otherwise. Fixed by the config, so a resume agrees with it."""
+    explicit = config.data.get("train_layout", "")
+    if explicit:
+        return explicit
+    if config.train.get("carry_state", False):  # stateful training: one stream per batch row
+        return "streams"
     continued = bool(config.train.get("init_from", ""))
     return (
         "sequential" if continued and parse_spec(config.data.source).kind == "bin" else "shuffled"

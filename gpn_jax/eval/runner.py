@@ -74,9 +74,11 @@ def _stream(ctx: _Context) -> dict:
     else:
         tokens, source = ctx.data.heldout, "held-out split"
     window = o["stream_window"] or ctx.run.config.train.seq_len
+    eos = ctx.tokenizer.eos_id if o["stream_documents"] else None
     result = stream.stream_eval(
-        ctx.run.model, ctx.run.params, tokens, window, o["stream_buckets"], o["stream_streams"]
-    )
+        ctx.run.model, ctx.run.params, tokens, window, o["stream_buckets"], o["stream_streams"],
+        eos_id=eos,
+    )  # fmt: skip
     return result | {"source": source}
 
 
@@ -102,6 +104,7 @@ def run_evals(
     stream_window: int = 0,
     stream_streams: int = 1,
     stream_path: str | None = None,
+    stream_documents: bool = False,
     recall_examples: int | None = None,
     cache_dir: str | None = None,
 ) -> dict:
@@ -116,6 +119,8 @@ def run_evals(
       stream_buckets, stream_window, stream_streams: position bucket edges, tokens fed per
         call (0: the training seq_len) and parallel streams for 'stream'.
       stream_path: a text file to stream (default: the run's held-out token stream).
+      stream_documents: reset the state at every document start (as stateful training does)
+        and bucket by the position within the document (`eval.stream`).
       recall_examples: held-out recall examples (default: all the task holds out).
       cache_dir: token caches (default: a temporary directory; the workdir is only read).
 

@@ -6,6 +6,11 @@ This is what a recurrent model (GPN, GPN+M, Gated DeltaNet) can do and a fixed-w
 Transformer cannot: a model whose `init_state` is None carries nothing, so each window
 restarts and its numbers are the fixed-window ones for the same tokens. Recurrent models
 also report that restarted ("reset") number, the baseline the carry is measured against.
+
+With `eos_id` (documents mode, `--stream_documents`) the state is reset at every document
+start, as stateful training does (`models.base.document_starts`), and the buckets are of the
+position *within its document* (the stream's first token counts as a document start), so a
+bucket beyond the window holds tokens that only a state carried across windows can use.
 """
 
 import functools
@@ -14,6 +19,8 @@ import re
 
 import jax
 import numpy as np
+
+from gpn_jax.models.base import document_starts, reset_after_eos
 
 DEFAULT_BUCKETS = "0,2k,8k,32k"
 _SIZE = re.compile(r"^(\d+)([kKmM]?)$")
@@ -48,11 +55,14 @@ def carries_state(model) -> bool:
     return model.init_state(1) is not None
 
 
-def stream_token_losses(model, params, streams_SxN: np.ndarray, window: int, carry: bool = True):
+def stream_token_losses(
+    model, params, streams_SxN: np.ndarray, window: int, carry: bool = True, eos_id=None
+):
     """CE (S, N) float64 of every stream position, fed `window` tokens at a time.
 
     carry=True passes the state from window to window (starting fresh); carry=False restarts
-    every window. N must be a multiple of `window`.
+    every window. N must be a multiple of `window`. `eos_id`: reset the state of a carrying
+    model at every document start (inside and between windows).
     """
     S, N = streams_SxN.shape
     if N % window:
@@ -60,10 +70,13 @@ def stream_token_losses(model, params, streams_SxN: np.ndarray, window: int, car
     step = _jitted_token_losses(model)
     state = model.init_state(S) if carry else None
     out = []
+    resetting = eos_id is not None and carries_state(model)
     for lo in range(0, N, window):
-        ce, new_state = step(params, np.asarray(streams_SxN[:, lo : lo + window], np.int32), state)
+        x = np.asarray(streams_SxN[:, lo : lo + window], np.int32)
+        kw = {"resets": document_starts(x, eos_id)} if resetting else {}
+        ce, new_state = step(params, x, state, **kw)
         if carry:
-            state = new_state
+            state = reset_after_eos(model, new_state, x, eos_id) if resetting else new_state
         out.append(np.asarray(ce, np.float64))
     return np.concatenate(out, axis=1)
 
@@ -73,14 +86,31 @@ def _jitted_token_losses(model):
     return jax.jit(model.token_losses)
 
 
-def bucket_stats(ce_SxN: np.ndarray, edges: list[int]) -> dict:
-    """{'<lo>-<hi>': {'loss', 'ppl', 'tokens'}} over stream positions [lo, hi) that exist."""
-    N = ce_SxN.shape[1]
+def document_positions(streams_SxN: np.ndarray, eos_id: int) -> np.ndarray:
+    """(S, N) position of each token within its document (0 at a stream's start and after
+    every `eos_id`)."""
+    S, N = streams_SxN.shape
+    n = np.broadcast_to(np.arange(N), (S, N))
+    starts = np.zeros((S, N), bool)
+    starts[:, 0] = True
+    starts[:, 1:] = streams_SxN[:, :-1] == eos_id
+    last_start = np.maximum.accumulate(np.where(starts, n, 0), axis=1)
+    return n - last_start
+
+
+def bucket_stats(ce_SxN: np.ndarray, edges: list[int], positions_SxN=None) -> dict:
+    """{'<lo>-<hi>': {'loss', 'ppl', 'tokens'}} over positions [lo, hi) that exist: stream
+    positions, or `positions_SxN` (e.g. within the document) if given."""
+    if positions_SxN is None:
+        positions_SxN = np.broadcast_to(np.arange(ce_SxN.shape[1]), ce_SxN.shape)
+    N = int(positions_SxN.max()) + 1
     out = {}
     for lo, hi in zip(edges, edges[1:], strict=False):
         if lo >= N:
             break
-        part = ce_SxN[:, lo : min(hi, N)]
+        part = ce_SxN[(positions_SxN >= lo) & (positions_SxN < hi)]
+        if not part.size:
+            continue
         loss = float(part.mean())
         out[f"{_fmt(lo)}-{_fmt(min(hi, N))}"] = {
             "loss": loss,
@@ -98,6 +128,7 @@ def stream_eval(
     buckets: str | list[int] = DEFAULT_BUCKETS,
     num_streams: int = 1,
     compare_reset: bool = True,
+    eos_id: int | None = None,
 ) -> dict:
     """Streaming PPL by position bucket.
 
@@ -107,6 +138,8 @@ def stream_eval(
       window: tokens fed per call (the training window is the natural choice).
       buckets: position bucket edges ('0,2k,8k,32k' or a list).
       compare_reset: for a carrying model, also score every window restarted.
+      eos_id: documents mode (see the module doc): resets at document starts, buckets of the
+        position within the document.
 
     Returns:
       {'mode': 'carried' | 'fixed_window', 'window', 'streams', 'stream_tokens', 'buckets',
@@ -125,18 +158,20 @@ def stream_eval(
         )
     streams = tokens[: num_streams * N].reshape(num_streams, N).astype(np.int32)
     carried = carries_state(model)
-    ce = stream_token_losses(model, params, streams, window, carry=carried)
+    ce = stream_token_losses(model, params, streams, window, carry=carried, eos_id=eos_id)
+    pos = None if eos_id is None else document_positions(streams, eos_id)
     result = {
         "mode": "carried" if carried else "fixed_window",
         "window": window,
         "streams": num_streams,
         "stream_tokens": N,
-        "buckets": bucket_stats(ce, edges),
+        "positions": "stream" if eos_id is None else "within document (reset at each start)",
+        "buckets": bucket_stats(ce, edges, pos),
         "overall": _overall(ce),
     }
     if carried and compare_reset:
-        reset = stream_token_losses(model, params, streams, window, carry=False)
-        result["reset"] = {"buckets": bucket_stats(reset, edges), "overall": _overall(reset)}
+        reset = stream_token_losses(model, params, streams, window, carry=False, eos_id=eos_id)
+        result["reset"] = {"buckets": bucket_stats(reset, edges, pos), "overall": _overall(reset)}
     return result
 
 

@@ -30,6 +30,28 @@ def masked_mean(ce_BxT: Array, mask) -> Array:
     return jnp.sum(ce_BxT * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+def document_starts(tokens_BxT: Array, eos_id: int) -> Array:
+    """(B, T) bool: True where the previous token of the window is the document separator, so
+    that position starts a document and its incoming carry is reset (stateful training).
+
+    Position 0 is never marked: whether the previous window ended with EOS is handled by
+    `reset_after_eos` on that window's final carry, which is the same reset."""
+    prev_is_eos = tokens_BxT[:, :-1] == eos_id
+    return jnp.pad(prev_is_eos, ((0, 0), (1, 0)))
+
+
+def reset_after_eos(model, carry: Carry, tokens_BxT: Array, eos_id: int) -> Carry:
+    """The final carry of a window, reset to the initial state in the rows whose last token is
+    the document separator, so the next window's first position starts a document."""
+    ended = tokens_BxT[:, -1] == eos_id  # (B,)
+    fresh = model.init_state(tokens_BxT.shape[0])
+
+    def pick(c, f):
+        return jnp.where(ended.reshape(-1, *([1] * (c.ndim - 1))), f.astype(c.dtype), c)
+
+    return jax.tree.map(pick, carry, fresh)
+
+
 class LanguageModel(Protocol):
     config: Any
 

@@ -180,29 +180,49 @@ def weight_decay_mask(params) -> dict:
 
 
 # ----------------------------------------------------------------------------- pure blocks
-def short_conv(x_BxTxC: Array, state_BxWxC: Array, w_WxC: Array) -> tuple[Array, Array]:
-    """Depthwise causal convolution over [state, x], float32. Returns (y (B, T, C), new state)."""
+def short_conv(
+    x_BxTxC: Array, state_BxWxC: Array, w_WxC: Array, resets_BxT: Array | None = None
+) -> tuple[Array, Array]:
+    """Depthwise causal convolution over [state, x], float32. Returns (y (B, T, C), new state).
+
+    With `resets_BxT` (document starts) a tap never reads across a reset: inputs of an
+    earlier document count as the zeros of a fresh state (segment ids by cumulative resets)."""
     T, W = x_BxTxC.shape[1], w_WxC.shape[0]
     xx = jnp.concatenate([state_BxWxC.astype(jnp.float32), x_BxTxC.astype(jnp.float32)], axis=1)
     w = w_WxC.astype(jnp.float32)
-    y = sum(w[i] * xx[:, i : i + T] for i in range(W))
-    return y, xx[:, T:]
+    if resets_BxT is None:
+        y = sum(w[i] * xx[:, i : i + T] for i in range(W))
+        return y, xx[:, T:]
+    seg = jnp.cumsum(resets_BxT.astype(jnp.int32), axis=1)  # (B, T); the state is segment 0
+    seg_xx = jnp.pad(seg, ((0, 0), (W - 1, 0)))[..., None]  # (B, W - 1 + T, 1)
+    same = lambda lo, n, ref: (seg_xx[:, lo : lo + n] == ref).astype(jnp.float32)
+    y = sum(w[i] * xx[:, i : i + T] * same(i, T, seg[..., None]) for i in range(W))
+    return y, xx[:, T:] * same(T, W - 1, seg[:, -1:, None])
 
 
-def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int):
-    """The Gated DeltaNet mixer over a window. Returns (update (B, T, d), conv state, S)."""
+# log-decay at a document start: exp(RESET_LOG_DECAY) underflows to exactly 0, so the state
+# entering that step is dropped, in the chunked form as in the recurrent one (the chunked
+# form forms segment sums directly and masks before exp, so no inf or nan arises).
+RESET_LOG_DECAY = -1e30
+
+
+def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int, resets=None):
+    """The Gated DeltaNet mixer over a window. Returns (update (B, T, d), conv state, S).
+    `resets` (B, T) bool: the conv and delta states entering those positions are dropped."""
     B, T, _ = x_BxTxD.shape
     H, K, U = cfg.n_heads, cfg.d_key, cfg.d_value
     n = rms_norm(x_BxTxD, lp["attn_norm"])
     pre = jnp.concatenate([mm(n, lp["wq"]), mm(n, lp["wk"]), mm(n, lp["wv"])], axis=-1)
     w = jnp.concatenate([lp["conv_q"], lp["conv_k"], lp["conv_v"]], axis=-1)
-    y, conv_state = short_conv(pre, conv_state, w)
+    y, conv_state = short_conv(pre, conv_state, w, resets)
     y = jax.nn.silu(y)
     q = l2n(y[..., : cfg.d_qk].reshape(B, T, H, K))
     k = l2n(y[..., cfg.d_qk : 2 * cfg.d_qk].reshape(B, T, H, K))
     v = y[..., 2 * cfg.d_qk :].reshape(B, T, H, U)
     beta = jax.nn.sigmoid(mm(n, lp["wb"]))  # (B, T, H)
     g = -jnp.exp(lp["A_log"]) * jax.nn.softplus(mm(n, lp["wa"]) + lp["dt_bias"])
+    if resets is not None:
+        g = jnp.where(resets[..., None], RESET_LOG_DECAY, g)
     if chunk:
         o, S = gated_delta.chunked(q, k, v, beta, g, initial_state=S, chunk_size=chunk)
     else:
@@ -212,9 +232,9 @@ def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int):
     return mm(o, lp["wo"]), conv_state, S
 
 
-def block(lp, x, conv_state, S, cfg: GDNConfig, chunk: int):
+def block(lp, x, conv_state, S, cfg: GDNConfig, chunk: int, resets=None):
     """One pre-norm block: mixer and MLP with residuals. Returns (x, conv state, S)."""
-    upd, conv_state, S = token_mixer(lp, x, conv_state, S, cfg, chunk)
+    upd, conv_state, S = token_mixer(lp, x, conv_state, S, cfg, chunk, resets)
     x = x + upd
     return x + swiglu(lp, rms_norm(x, lp["mlp_norm"])), conv_state, S
 
@@ -260,34 +280,40 @@ class GatedDeltaNet(SpecModel):
         return cast_matrices(params, self.config.compute_dtype)
 
     # ------------------------------------------------------------------ windows
-    def _run(self, cp, inputs_BxT, conv, S, chunk: int):
+    def _run(self, cp, inputs_BxT, conv, S, chunk: int, resets=None):
         """Reads `inputs`; returns final-normed hidden states (B, T, d) and the new layer states."""
         c = self.config
         x = jnp.take(cp["embed"], inputs_BxT, axis=0).astype(jnp.float32)
-        fn = lambda lp, x, cs, s: block(lp, x, cs, s, c, chunk)
+        fn = lambda lp, x, cs, s, r: block(lp, x, cs, s, c, chunk, r)
         if c.remat:
             fn = jax.checkpoint(fn)
         new_conv, new_S = [], []
         for i in range(c.n_layers):
-            x, cs, s = fn(cp[f"layer_{i}"], x, conv[i], S[i])
+            x, cs, s = fn(cp[f"layer_{i}"], x, conv[i], S[i], resets)
             new_conv.append(cs)
             new_S.append(s)
         return rms_norm(x, cp["final_norm"]), tuple(new_conv), tuple(new_S)
 
-    def hidden(self, params, tokens_BxT: Array, carry: GDNCarry | None = None):
-        """Final-normed hidden states (B, T, d) float32, the new carry and the compute params."""
+    def hidden(self, params, tokens_BxT: Array, carry: GDNCarry | None = None, resets=None):
+        """Final-normed hidden states (B, T, d) float32, the new carry and the compute params.
+
+        `resets` (B, T) bool (document starts): those positions read BOS from the initial
+        state, as a fresh sequence does; None: no resets."""
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
         cp = self._compute_params(params)
         first = carry.last_token.astype(tokens_BxT.dtype)[:, None]
         inputs = jnp.concatenate([first, tokens_BxT[:, :-1]], axis=1)
-        h, conv, S = self._run(cp, inputs, carry.conv, carry.S, self.config.chunk_size)
+        if resets is not None:
+            inputs = jnp.where(resets, jnp.asarray(self.config.bos_id, inputs.dtype), inputs)
+        c = self.config
+        h, conv, S = self._run(cp, inputs, carry.conv, carry.S, c.chunk_size, resets)
         new = GDNCarry(conv, S, tokens_BxT[:, -1].astype(jnp.int32))
         return h, new, cp
 
-    def loss(self, params, tokens_BxT, carry=None, mask=None):
+    def loss(self, params, tokens_BxT, carry=None, mask=None, resets=None):
         """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
-        True. Returns (loss, (carry, metrics))."""
-        h, carry, cp = self.hidden(params, tokens_BxT, carry)
+        True. Returns (loss, (carry, metrics)). `resets`: as for `hidden`."""
+        h, carry, cp = self.hidden(params, tokens_BxT, carry, resets)
         c = self.config
         if mask is not None:
             ce = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=True)
@@ -298,9 +324,9 @@ class GatedDeltaNet(SpecModel):
         state_rms = jnp.sqrt(jnp.mean(jnp.stack([jnp.mean(jnp.square(s)) for s in carry.S])))
         return loss, (carry, {"loss": loss, "state_rms": state_rms})
 
-    def token_losses(self, params, tokens_BxT, carry=None):
+    def token_losses(self, params, tokens_BxT, carry=None, resets=None):
         """Per-position CE (B, T) and the new carry."""
-        h, carry, cp = self.hidden(params, tokens_BxT, carry)
+        h, carry, cp = self.hidden(params, tokens_BxT, carry, resets)
         c = self.config
         ce = cross_entropy(cp, h, tokens_BxT, c.loss_chunk, c.tie_embeddings, per_token=True)
         return ce.T, carry

@@ -154,7 +154,7 @@ def weight_decay_mask(params) -> dict:
 class _Impl(NamedTuple):
     """What `scan_impl` selects: the window scan and the summed cross-entropy."""
 
-    scan: Callable  # (cp, carry, xg_TxBxD, remat_segment, iv) -> (carry, StepOutput)
+    scan: Callable  # (cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB) -> (carry, StepOutput)
     ce_sum: Callable  # (cp, p_TxBxD, targets_TxB, chunk) -> CE sum
 
 
@@ -162,11 +162,11 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
-def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv):
+def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None):
     """The fused window; an intervention falls back to the autodiff scan (fast_window has none)."""
     if any(x is not None for x in iv):
-        return window.scan_window(cp, carry, xg_TxBxD, remat_segment, iv)
-    return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment)
+        return window.scan_window(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB)
+    return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB)
 
 
 def _impl(scan_impl: ScanImpl) -> _Impl:
@@ -209,19 +209,28 @@ class GPN(SpecModel):
     def _compute_params(self, params):
         return cast_matrices(params, self.config.compute_dtype)
 
-    def predicted_states(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
-        """Scan the window. Returns (StepOutput with (T, B, ...) leaves, final carry, compute params)."""
+    def predicted_states(
+        self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), resets=None
+    ):
+        """Scan the window. Returns (StepOutput with (T, B, ...) leaves, final carry, compute params).
+
+        `resets` (B, T) bool: the carry entering those positions is reset to the initial state
+        (document starts, `models.base.document_starts`); None: no resets."""
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         scan = _impl(self.config.scan_impl).scan
-        carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv)
+        keep = None if resets is None else 1.0 - jnp.asarray(resets, jnp.float32).T
+        carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv, keep)
         return out, carry, cp
 
-    def loss(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), mask=None):
+    def loss(
+        self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), mask=None,
+        resets=None,
+    ):  # fmt: skip
         """Mean CE over all B*T positions, or over those where `mask` (broadcast to (B, T)) is
-        True. Returns (loss, (carry, metrics))."""
-        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+        True. Returns (loss, (carry, metrics)). `resets`: as for `predicted_states`."""
+        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv, resets)
         if mask is not None:
             decode = lambda p: gpn.decode(cp, p)
             ce_TxB = loss_lib.per_token_cross_entropy(
@@ -236,8 +245,10 @@ class GPN(SpecModel):
         metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
         return loss, (carry, metrics)
 
-    def token_losses(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
-        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv)
+    def token_losses(
+        self, params, tokens_BxT, carry=None, iv: Intervention = Intervention(), resets=None
+    ):
+        out, carry, cp = self.predicted_states(params, tokens_BxT, carry, iv, resets)
         decode = lambda p: gpn.decode(cp, p)
         ce_TxB = loss_lib.per_token_cross_entropy(
             decode, out.p, tokens_BxT.T, self.config.loss_chunk

@@ -39,7 +39,7 @@ is one gathered (unsharded) float32 gradient accumulator per device, 4 bytes per
 import jax
 from jax import P
 
-from gpn_jax.core.accumulate import accumulated_value_and_grad
+from gpn_jax.core.accumulate import accumulated_value_and_grad, accumulated_value_grad_and_aux
 from gpn_jax.parallel import sharding as shlib
 from gpn_jax.parallel.mesh import BATCH_AXES
 
@@ -110,7 +110,7 @@ class ShardedModel:
     def _local_loss(self, params, tokens):
         return self.model.loss(params, tokens)[0]
 
-    def _shard_map(self, body, boundary, out_specs):
+    def _shard_map(self, body, boundary, out_specs, in_specs=None):
         """`body(params, tokens)` manual over the batch axes; `tensor` stays automatic."""
         # check_vma=False: the models' scans start from batch-invariant zero carries that
         # become batch-varying, which the vma type check rejects. Nothing here is
@@ -119,7 +119,7 @@ class ShardedModel:
         return jax.shard_map(
             body,
             mesh=self.mesh,
-            in_specs=(boundary, P(BATCH_AXES)),
+            in_specs=(boundary, P(BATCH_AXES)) if in_specs is None else in_specs,
             out_specs=out_specs,
             axis_names=MANUAL,
             check_vma=False,
@@ -165,6 +165,30 @@ class ShardedModel:
         self._check_batch(tokens_BxT, self.grad_accum)
         value = self._loss(params, tokens_BxT)
         return value, (None, {"loss": value})
+
+    def stateful_value_and_grad(self, params, tokens_BxT, carry, resets_BxT=None):
+        """(loss, grads, final carry) of stateful training (`training.train_step`): each device
+        runs its rows from their carry (rows of every carry leaf and of `resets` split like
+        the batch), gradients reduced as `loss`'s, the final carry left batch-sharded."""
+        self._check_batch(tokens_BxT, self.grad_accum)
+        boundary, dims = self._specs(params)
+        rows = lambda tree: jax.tree.map(lambda _: P(BATCH_AXES), tree)
+
+        def local(p, micro):
+            tokens, c, r = micro
+            loss, (new, _) = self.model.loss(p, tokens, c, resets=r)
+            return loss, new
+
+        def body(p, x, c, r):
+            full = self._gather(p, dims)
+            loss, grads, new = accumulated_value_grad_and_aux(
+                local, full, (x, c, r), self.grad_accum
+            )
+            return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims), new
+
+        in_specs = (boundary, P(BATCH_AXES), rows(carry), rows(resets_BxT))
+        mapped = self._shard_map(body, boundary, (P(), boundary, rows(carry)), in_specs)
+        return mapped(params, tokens_BxT, carry, resets_BxT)
 
     def token_losses(self, params, tokens_BxT, carry=None):
         """Per-position CE (B, T), batch-sharded; the carry is not returned (None)."""

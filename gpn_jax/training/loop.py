@@ -220,6 +220,8 @@ class _Run:
         )
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
+        if self.config.train.get("carry_state", False):  # resets need the data's separator
+            self.train_step = run.stateful_train_step(self.data.eos_id)
         t = self.config.train
         # heldout_fraction=0 keeps no held-out set: train, skip every evaluation.
         self.has_heldout = len(self.data.heldout) >= t.batch_size * t.seq_len
@@ -313,6 +315,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         window, window_start = [], time.perf_counter()
 
     while step < t.steps and not stop.requested:
+        _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
         run.state, metrics = run.train_step(run.state, batch)
         step += 1
@@ -337,6 +340,19 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         settle(pending)
     bar.close()
     return step
+
+
+def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:
+    """Stateful training: when the streams start over (a new epoch), each row's next window
+    is the start of its stream, not the continuation of the last one, so the carry restarts
+    (a function of the data position alone, so a resumed run does the same)."""
+    if run.state.carry is None or not step or run.data.train.get_state()["index"]:
+        return
+    rows = run.config.train.batch_size
+    fresh = jax.jit(
+        lambda: run.model.init_state(rows), out_shardings=run.setup.state_shardings.carry
+    )
+    run.state = run.state._replace(carry=fresh())
 
 
 def train_and_evaluate(config, workdir: str) -> dict:

@@ -54,8 +54,18 @@ class Run:
 
     def init_state(self, rng: jax.Array) -> ts.TrainState:
         """A freshly initialised train state, created in place with its shardings."""
-        init = lambda r: ts.init_train_state(self.model, self.optimizer, r)
+        rows = carry_rows(self.config)
+        init = lambda r: ts.init_train_state(self.model, self.optimizer, r, rows)
         return jax.jit(init, out_shardings=self.state_shardings)(rng)
+
+    def stateful_train_step(self, eos_id: int | None):
+        """The train step of stateful training that resets the carry at the documents of
+        `eos_id` (known once the data is built; `train_step` resets nowhere)."""
+        t = self.config.train
+        model = ts.with_loss_mask(self.model, datalib.loss_mask(self.config))
+        return jit_train_step(
+            model, self.optimizer, t.grad_accum, self.mesh, self.state_shardings, self.rules, eos_id
+        )
 
     def state_target(self) -> ts.TrainState:
         """The abstract state carrying its shardings (a restore target, or AOT input)."""
@@ -85,7 +95,8 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
     rules = shardlib.rules_from_config(config.get("mesh"))
     optimizer = make_optimizer(t, model.weight_decay_mask)
     abstract = jax.eval_shape(
-        lambda r: ts.init_train_state(model, optimizer, r), jax.random.PRNGKey(0)
+        lambda r: ts.init_train_state(model, optimizer, r, carry_rows(config)),
+        jax.random.PRNGKey(0),
     )
     shardings = state_shardings(abstract, mesh, model, rules)
     return Run(
@@ -110,13 +121,21 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
     )
 
 
-def jit_train_step(model, optimizer, grad_accum: int, mesh, state_sharding, rules=None):
+def carry_rows(config) -> int:
+    """Streams whose carry the train state holds: one per batch row with `train.carry_state`
+    (stateful training), else 0 (no carry)."""
+    return config.train.batch_size if config.train.get("carry_state", False) else 0
+
+
+def jit_train_step(
+    model, optimizer, grad_accum: int, mesh, state_sharding, rules=None, eos_id=None
+):
     """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
 
     Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
     sharded = ShardedModel(model, mesh, rules, grad_accum)
     return jax.jit(
-        ts.make_train_step(sharded, optimizer),
+        ts.make_train_step(sharded, optimizer, eos_id=eos_id),
         in_shardings=(state_sharding, meshlib.batch_sharding(mesh)),
         out_shardings=(state_sharding, meshlib.replicated(mesh)),
         donate_argnums=0,
@@ -134,5 +153,12 @@ def jit_eval_step(model, mesh, param_sharding, rules=None):
 
 
 def state_shardings(abstract_state, mesh, model, rules=None):
-    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`."""
-    return shardlib.tree_shardings(abstract_state, mesh, shardlib.layout_of(model), rules)
+    """NamedShardings of a train state (params + optimiser state) for `model` on `mesh`; a
+    carry (stateful training) is sharded like the batch: its rows over the batch axes."""
+    carry = getattr(abstract_state, "carry", None)
+    if carry is not None:
+        abstract_state = abstract_state._replace(carry=None)
+    out = shardlib.tree_shardings(abstract_state, mesh, shardlib.layout_of(model), rules)
+    if carry is None:
+        return out
+    return out._replace(carry=jax.tree.map(lambda _: meshlib.batch_sharding(mesh), carry))

@@ -107,6 +107,33 @@ def _check_keep_best(t) -> None:
         )
 
 
+def check_stateful(config, data_parallel: int = 1) -> None:
+    """Stateful training (`train.carry_state`) needs a model with a carry, the 'streams' window
+    layout, and its streams (one per batch row) split evenly over micro-batches and devices."""
+    t = config.train
+    if not t.get("carry_state", False):
+        return
+    family = config.model.get("family", "gpn")
+    if family == "transformer":
+        raise ValueError(
+            "config.train.carry_state=true needs a recurrent model (family gpn or gdn); the "
+            "transformer carries no state across windows"
+        )
+    layout = config.data.get("train_layout", "")
+    if layout and layout != "streams":
+        raise ValueError(
+            "config.train.carry_state=true reads one contiguous stream per batch row: "
+            f"config.data.train_layout must be 'streams' (or '' for automatic), got {layout!r}"
+        )
+    split = t.grad_accum * data_parallel
+    if t.batch_size % split:
+        raise ValueError(
+            f"config.train.carry_state=true: the {t.batch_size} streams (one per batch row, "
+            f"config.train.batch_size) must split evenly over grad_accum x data-parallel "
+            f"devices = {t.grad_accum} x {data_parallel}"
+        )
+
+
 def check_data(data_cfg) -> None:
     f = data_cfg.heldout_fraction
     if not 0 <= f < 1:
@@ -116,5 +143,6 @@ def check_data(data_cfg) -> None:
 def check_config(config, data_parallel: int = 1) -> None:
     """All of the above; raises a one-line ValueError on the first bad field."""
     check_model(config.model)
+    check_stateful(config, data_parallel)
     check_train(config.train, data_parallel)
     check_data(config.data)

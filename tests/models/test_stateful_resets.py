@@ -1,0 +1,177 @@
+"""Per-token document resets inside the scan (stateful training, issue #15), for GPN, GPN+M
+(autodiff and fused windows) and Gated DeltaNet (chunked and recurrent delta rule).
+
+Bounds are norm-relative (`tests.tolerance`): each says the error measured on the 2-core AVX2
+machine and the margin taken.
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpn_jax.core import fast_window
+from gpn_jax.models.base import document_starts, reset_after_eos
+from gpn_jax.models.gdn import GatedDeltaNet, GDNConfig
+from gpn_jax.models.gpn import GPN, GPNConfig
+from tests.core import test_fast_window as fw_tests
+from tests.core.test_gpn_core import random_params
+from tests.tolerance import assert_rel_close
+
+# These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
+jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+
+V, EOS = 32, 3
+
+
+def gpn(memory=True, scan_impl="autodiff"):
+    mem = dict(n_heads=2, d_key=4, d_value=4) if memory else dict(memory=False)
+    return GPN(
+        GPNConfig(
+            vocab_size=V, d_model=16, d_emb=8, d_ffn=16, n_layers=2, loss_chunk=4,
+            scan_impl=scan_impl, **mem,
+        )
+    )  # fmt: skip
+
+
+def gdn(chunk_size=4):
+    return GatedDeltaNet(
+        GDNConfig(
+            vocab_size=V, d_model=16, n_layers=1, n_heads=2, d_key=4, d_value=4, d_ffn=16,
+            chunk_size=chunk_size, loss_chunk=4,
+        )
+    )  # fmt: skip
+
+
+MODELS = {
+    "gpn_m": lambda: gpn(),
+    "gpn_m_fused": lambda: gpn(scan_impl="fused"),
+    "gpn": lambda: gpn(memory=False),
+    "gpn_fused": lambda: gpn(memory=False, scan_impl="fused"),
+    "gdn_chunked": lambda: gdn(4),
+    "gdn_recurrent": lambda: gdn(0),
+}
+
+
+def params_of(model, seed=0):
+    """Every parameter randomised (zero gates and output projections at init hide bugs)."""
+    return random_params(model, seed)
+
+
+def losses(model, params, x, carry=None, resets=None):
+    return jit(model.token_losses)(params, x, carry, resets=resets)
+
+
+def tokens(B=2, T=12, seed=0):
+    """Random tokens that avoid EOS (each test places its own separators)."""
+    t = np.random.default_rng(seed).integers(EOS + 1, V, (B, T))
+    return jnp.asarray(t, jnp.int32)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reset_everywhere_is_the_per_token_zero_state_model(name):
+    model = MODELS[name]()
+    params, x = params_of(model), tokens(T=6)
+    ce, _ = losses(model, params, x, resets=jnp.ones(x.shape, bool))
+    alone = [losses(model, params, x[:, t : t + 1])[0] for t in range(x.shape[1])]
+    # measured (2-core AVX2) 0 for GPN, <= 3e-8 for GDN; bound 1e-6 (~30x)
+    assert_rel_close(ce, jnp.concatenate(alone, axis=1), 1e-6, name)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_documents_with_resets_equal_documents_run_separately(name):
+    model = MODELS[name]()
+    params = params_of(model)
+    docs = [np.array([5, 9, 7, EOS]), np.array([11, 6, 8, 20, 4, EOS]), np.array([13, 17])]
+    row = jnp.asarray(np.concatenate(docs)[None], jnp.int32)
+    ce, carry = losses(model, params, row, resets=document_starts(row, EOS))
+    alone = [losses(model, params, jnp.asarray(d[None], jnp.int32)) for d in docs]
+    # measured (2-core AVX2) <= 2e-8 (GDN; GPN 0); bound 1e-6 (~50x)
+    assert_rel_close(ce, jnp.concatenate([a[0] for a in alone], axis=1), 1e-6, name)
+    assert_rel_close(carry, alone[-1][1], 1e-6, f"{name} final carry")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_split_window_with_carry_equals_whole_window(name):
+    """Forward: two halves with the carry passed == the whole window (resets inside both).
+    Gradients: with a reset at the split the truncated-BPTT gradient (carry stopped) is exact."""
+    model = MODELS[name]()
+    params, x = params_of(model), np.array(tokens(T=12))
+    x[0, 2], x[1, 8] = EOS, EOS  # documents start inside each half
+    x = jnp.asarray(x)
+    r = document_starts(x, EOS)
+    whole, carry = losses(model, params, x, resets=r)
+    a, ca = losses(model, params, x[:, :6], resets=r[:, :6])
+    b, cb = losses(model, params, x[:, 6:], ca, r[:, 6:])
+    # measured (2-core AVX2) losses <= 6e-8, carry <= 1.6e-7; bound 1e-5 (>= 60x)
+    assert_rel_close(jnp.concatenate([a, b], axis=1), whole, 1e-5, name)
+    assert_rel_close(cb, carry, 1e-5, f"{name} carry")
+
+    y = np.array(x)
+    y[:, 5] = EOS  # every row's second half starts a document
+    y = jnp.asarray(y)
+    ry = document_starts(y, EOS)
+
+    def whole_loss(p):
+        return model.loss(p, y, resets=ry)[0]
+
+    def truncated_loss(p):
+        first, (c, _) = model.loss(p, y[:, :6], resets=ry[:, :6])
+        c = reset_after_eos(model, jax.lax.stop_gradient(c), y[:, :6], EOS)
+        second, _ = model.loss(p, y[:, 6:], carry=c, resets=ry[:, 6:])
+        return (first + second) / 2
+
+    gw, gt = jit(jax.grad(whole_loss))(params), jit(jax.grad(truncated_loss))(params)
+    # measured (2-core AVX2) <= 4e-7 per leaf for GPN, <= 4e-6 for GDN; bound 1e-4 (25x)
+    assert_rel_close(gt, gw, 1e-4, f"{name} gradients")
+
+
+FUSED_CASES = {
+    "L1": dict(n_layers=1),
+    "L2-remat4": dict(n_layers=2, remat_segment=4),
+    "L2-nomem": dict(n_layers=2, **fw_tests.NO_MEM),
+}
+
+
+@pytest.mark.parametrize("name", FUSED_CASES)
+def test_fused_equals_autodiff_with_resets(name, monkeypatch):
+    """Resets inside segments and on a segment's first step (memory checkpoints every 4
+    steps), from a random carried state; cotangents also enter through the final carry."""
+    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    auto, fused = fw_tests.pair(**FUSED_CASES[name])
+    params, x = random_params(auto), np.array(fw_tests.tokens(16)) % (V - EOS - 1) + EOS + 1
+    x[0, [3, 7]], x[1, 15] = EOS, EOS  # resets at 4 (a segment start), 8 and nowhere
+    x = jnp.asarray(x)
+    r = document_starts(x, EOS)
+    carry = fw_tests.random_carry(auto)
+
+    def run(model):
+        def f(p, c):
+            loss, (out, _) = model.loss(p, x, c, resets=r)
+            return loss + 0.1 * sum(jnp.sum(jnp.sin(v)) for v in jax.tree.leaves(out)), out
+
+        return jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
+
+    (va, oa), ga = run(auto)
+    (vf, of), gf = run(fused)
+    # measured (2-core AVX2): loss 1e-7, carry <= 3e-7, gradients <= 1.5e-6 per leaf; ~20-30x
+    assert_rel_close(vf, va, 3e-6, "loss")
+    assert_rel_close(of, oa, 1e-5, "final carry")
+    assert_rel_close(gf, ga, 3e-5, "gradients (params, incoming carry)")
+
+
+def test_reset_after_eos_restores_the_initial_state_in_those_rows_only():
+    model = gdn()
+    x = jnp.asarray([[5, 6, EOS], [5, EOS, 6]], jnp.int32)
+    carry = model.token_losses(params_of(model), x)[1]
+    out = reset_after_eos(model, carry, x, EOS)
+    fresh = model.init_state(2)
+    leaves = (jax.tree.leaves(t) for t in (out, carry, fresh))
+    for o, c, f in zip(*leaves, strict=True):
+        np.testing.assert_array_equal(o[0], f[0])
+        np.testing.assert_array_equal(o[1], c[1])
+    np.testing.assert_array_equal(
+        document_starts(x, EOS), [[False, False, False], [False, False, True]]
+    )
