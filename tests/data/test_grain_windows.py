@@ -142,3 +142,19 @@ def test_a_checkpoint_from_before_grain_still_resumes(tmp_path):
     resumed.set_state(data_state)
     for step in (6, 7):  # epoch 1, index 1 of 5 steps per epoch
         assert window_ids(next(resumed)) == reference_ids("shuffled", step, seed=2)
+
+
+def test_a_checkpoint_of_another_host_count_resumes_from_host_0s_position(tmp_path):
+    """Every host saves the same global step; resuming on one host reads host 0's file."""
+    first = WindowIterator(TOKENS, B, T, seed=1, process_index=0, process_count=2)
+    next(first), next(first)
+    state = {"step": np.zeros((), np.int32)}
+    with Checkpointer(tmp_path / "run", async_save=False) as ckpt:
+        ckpt.save(2, state, first.get_state(), {"model": {}}, {"step": 2})
+    data = tmp_path / "run/checkpoints/2/data"
+    (data / "process_0-of-1.json").rename(data / "process_0-of-2.json")  # as 2 hosts wrote it
+    with Checkpointer(tmp_path / "run") as ckpt:
+        _, _, data_state, _, _ = ckpt.restore(state)
+    one_host = WindowIterator(TOKENS, B, T)
+    one_host.set_state(data_state)
+    assert window_ids(next(one_host)) == reference_ids("shuffled", 2, seed=1)
