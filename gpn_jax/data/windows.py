@@ -28,8 +28,9 @@ trainer saves through Grain's orbax handler (`training.checkpointing`).
 two; `gpn_jax.benchmarks.prepare` times the pipeline against it). That hand-written loop was
 the iterator before Grain; Grain is not slower, so it is no longer iterated in training:
 `python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2`, 2026-11-30, 2-core shared
-CPU at load average 9-12, 128 x 2048 batches from the 500 MB shards: Grain 224 / 262
-batches/s (shuffled / streams), hand-written 252 / 251 (equal within the noise).
+CPU (load average 2-4.4), 128 x 2048 batches from the 500 MB shards: Grain 783 / 767
+batches/s (shuffled / streams), hand-written 783 / 771; an earlier run at load 9-12 gave
+Grain 224 / 262, hand-written 252 / 251. Equal within the noise.
 """
 
 import grain
