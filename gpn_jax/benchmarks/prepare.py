@@ -11,7 +11,8 @@ tokens/s (whole command, and as `prepare` itself reports it, which leaves out in
 and worker start-up), and the peak RSS of the prepare process alone and summed with its
 workers (sampled every 50 ms: the kernel's own maximum, from wait4, would also count the
 benchmark process that forked it). Then the data loader alone: batches/s of the training
-iterator over the last run's `bin:` shards at `--batch_size` x `--seq_len`, per layout.
+window pipeline (Grain) over the last run's `bin:` shards at `--batch_size` x `--seq_len`,
+per layout, next to the hand-written numpy loop it replaced.
 Wall-clock figures: on a shared machine other jobs lower them (`load_average` is printed).
 """
 
@@ -123,7 +124,11 @@ def run_prepare(corpus: str, tokenizer: str, output: str, workers: int) -> dict:
 
 
 def loader_rates(output: str, vocab_size: int, batch: int, seq: int, n: int) -> list[dict]:
-    """Batches/s of the training window iterator alone on the prepared `bin:` shards."""
+    """Batches/s of the training window pipeline alone on the prepared `bin:` shards, per
+    layout: the Grain pipeline the trainer uses (`data.train`) and, in the same run, the
+    hand-written loop it replaced (`WindowIterator.batch_at`: the same windows read in
+    numpy, no prefetch). Each is timed twice, alternating, and the faster pass kept (the
+    machine may be shared)."""
     from gpn_jax.data.pipeline import build_data
 
     rows = []
@@ -132,13 +137,27 @@ def loader_rates(output: str, vocab_size: int, batch: int, seq: int, n: int) -> 
             f"bin:{output}", vocab_size=vocab_size, seq_len=seq, batch_size=batch,
             heldout_fraction=0.0, train_layout=layout,
         )  # fmt: skip
-        next(data.train)  # first touch of the mapping
-        start = time.perf_counter()
-        for _ in range(n):
-            next(data.train)
-        rate = n / (time.perf_counter() - start)
-        rows.append({"layout": layout, "batch": [batch, seq], "batches_per_s": round(rate, 1)})
+        rows.append({"layout": layout, "batch": [batch, seq], **_compare(data.train, n)})
     return rows
+
+
+def _compare(it, n: int) -> dict:
+    """Batches/s of `it` (Grain) and of its `batch_at` loop (hand-written), best of two."""
+    steps = iter(range(10**9))
+    it.batch_at(next(steps)), next(it)  # first touch of the mapping
+    grain_rate = hand_rate = 0.0
+    for _ in range(2):
+        hand_rate = max(hand_rate, _rate(lambda: it.batch_at(next(steps)), n))
+        grain_rate = max(grain_rate, _rate(lambda: next(it), n))
+    return {"grain_batches_per_s": round(grain_rate, 1),
+            "hand_written_batches_per_s": round(hand_rate, 1)}  # fmt: skip
+
+
+def _rate(read, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        read()
+    return n / (time.perf_counter() - start)
 
 
 def run(sizes_mb, workers, workdir, out, vocab_size, batch_size, seq_len, loader_batches, keep):

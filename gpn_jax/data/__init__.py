@@ -1,4 +1,4 @@
-"""Data pipeline: text / tfds / pre-tokenised sources -> tokenizer -> resumable windows."""
+"""Data pipeline: text / tfds / pre-tokenised sources -> tokenizer -> resumable windows (Grain)."""
 
 from gpn_jax.data.bin_source import ShardedTokens, open_bin
 from gpn_jax.data.pipeline import Data, DataConfig, build, build_data, from_config, loss_mask
@@ -8,7 +8,7 @@ from gpn_jax.data.stream import tokenize_documents, unigram_counts
 from gpn_jax.data.text_sources import embedded_corpus, iter_jsonl_file, iter_path_documents
 from gpn_jax.data.tfds_source import iter_tfds_documents
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
-from gpn_jax.data.windows import WindowIterator
+from gpn_jax.data.windows import WindowIterator, WindowSource
 
 __all__ = [
     "Data",
@@ -17,6 +17,7 @@ __all__ = [
     "SourceSpec",
     "Tokenizer",
     "WindowIterator",
+    "WindowSource",
     "build",
     "build_data",
     "check_vocab",

@@ -35,7 +35,7 @@ class Data:
 
     Attributes:
       tokenizer: the SentencePiece tokenizer (None for `bin:` data given without one).
-      train: the endless training `WindowIterator` (this host's rows).
+      train: the endless training `WindowIterator` (a Grain pipeline; this host's rows).
       train_tokens: the flat training token array (np.ndarray or memory-mapped view).
       heldout: the flat held-out token array (never read by `train`).
       unigram_counts: int64 (vocab_size,) counts of every id in `train_tokens`.

@@ -176,7 +176,10 @@ def recall_parts(params: str, vocab_size: int, seq_len: int, batch_size: int = 1
 class FreshRecallIterator:
     """Endless training batches of new examples (`examples=0`): batch `step` is a pure
     function of (spec seed, iterator seed, step), so a resumed run sees the same data.
-    Same interface as `WindowIterator` (next / get_state / set_state / host rows)."""
+    Same interface as `WindowIterator` (next / get_state / set_state / host rows), but its
+    own generator rather than a Grain pipeline: the examples are synthesised per step, there
+    is nothing to read (a fixed example set, `examples>0`, goes through Grain like any text).
+    Its state is checkpointed through Grain's orbax handler all the same."""
 
     def __init__(self, spec: RecallSpec, batch_size, seq_len, seed=0, process_index=0,
                  process_count=1):  # fmt: skip

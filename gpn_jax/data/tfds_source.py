@@ -1,7 +1,10 @@
 """Documents from a tensorflow-datasets dataset, read without TensorFlow.
 
-Uses `tfds.data_source` (random access over array_record files), so the dataset must
-already be prepared in `data_dir` with `file_format='array_record'`.
+Uses `tfds.data_source`'s reading path (`tfds.builder(...).as_data_source(split)`, random
+access over array_record files, no TensorFlow: it is not installed here, and the tests build
+and read a dataset offline) without its download step, so the dataset must already be
+prepared in `data_dir` with `file_format='array_record'`; the steps are taken one by one so
+each failure is a one-line error naming its fix.
 """
 
 from collections.abc import Iterator

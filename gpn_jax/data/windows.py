@@ -1,4 +1,4 @@
-"""A deterministic, resumable iterator of (B, T) int32 token windows.
+"""A deterministic, resumable Grain pipeline of (B, T) int32 token windows.
 
 The token array is cut into consecutive non-overlapping windows of `seq_len` tokens
 (the tail that does not fill a window is unused). A global batch of `batch_size` windows
@@ -10,18 +10,115 @@ is chosen per step according to `layout`:
                 k of every stretch (so a carried recurrent state follows the text).
 
 An epoch is `num_windows // batch_size` steps. Each host yields only its rows
-[p*B/P, (p+1)*B/P) of every global batch. The position is `get_state()`, a small
-JSON-serialisable dict.
+[p*B/P, (p+1)*B/P) of every global batch, and reads only those windows.
+
+The pipeline is Grain's: `WindowSource` is a random-access data source of the windows (over
+a flat np array or memory-mapped `bin:` shards); a `grain.MapDataset` of step numbers
+(`range(steps_per_epoch)`, repeated for training) is mapped to this host's rows of that
+step's global batch, read from the source as one gather; `to_iter_dataset()` iterates it,
+prefetching in a background thread. Grain's own `shuffle`/`batch`/`DataLoader` sharding are
+not used on purpose: they order and shard windows differently (a contiguous range of records
+per host, grain's own permutation), while every host here must read its rows of the SAME
+global batch, in the order this project has always used, so that checkpoints written before
+Grain resume bit-identically. The position is Grain's iterator state (`next_index`, the step)
+plus the seed and the geometry: `get_state()`, a small JSON-serialisable dict that the
+trainer saves through Grain's orbax handler (`training.checkpointing`).
+
+`window_ids` / `batch_at` are the plain-numpy reference of the same order (tests compare the
+two; `gpn_jax.benchmarks.prepare` times the pipeline against it). That hand-written loop was
+the iterator before Grain; Grain is not slower, so it is no longer iterated in training:
+`python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2`, 2026-11-30, 2-core shared
+CPU (load average 2-4.4), 128 x 2048 batches from the 500 MB shards: Grain 783 / 767
+batches/s (shuffled / streams), hand-written 783 / 771; an earlier run at load 9-12 gave
+Grain 224 / 262, hand-written 252 / 251. Equal within the noise.
 """
 
+import grain
 import numpy as np
 
 LAYOUTS = ("shuffled", "sequential", "streams")
 _GEOMETRY = ("layout", "num_windows", "batch_size", "seq_len")
+# One prefetch thread, two batches ahead: the next batch is read while the device runs the
+# current step; more threads only contend for the GIL (and a 128 x 2048 batch is 1 MiB).
+TRAIN_READ = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
+# Held-out passes are short and often cut off after a few batches: read in the caller.
+EVAL_READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+class WindowSource:
+    """The windows of a flat token array as a Grain random-access data source: record i is
+    tokens[i*T : (i+1)*T] as int32. `tokens` is an np.ndarray or any contiguous-sliceable
+    array (e.g. memory-mapped `bin_source.ShardedTokens`); only the windows read are touched."""
+
+    def __init__(self, tokens, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self) -> int:
+        return len(self.tokens) // self.seq_len
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.read(np.array([index]))[0]
+
+    def _getitems(self, indices) -> list:
+        """Grain's batched read (`MapDataset.source(...)` uses it when present)."""
+        return list(self.read(np.asarray(indices)))
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """Windows `ids` stacked (len(ids), T) int32."""
+        return gather_windows(self.tokens, np.asarray(ids, np.int64) * self.seq_len, self.seq_len)
+
+    def __repr__(self) -> str:
+        return f"WindowSource({len(self)} windows of {self.seq_len} tokens)"
+
+
+class WindowOrder:
+    """Which windows make up global batch `step` (see the module doc); the permutation of
+    the current epoch is cached (a `bin:` corpus has millions of windows)."""
+
+    def __init__(self, layout: str, num_windows: int, batch_size: int, seed: int):
+        self.layout, self.num_windows, self.batch_size = layout, num_windows, batch_size
+        self.seed, self.steps_per_epoch = seed, num_windows // batch_size
+        self._perm = (None, None)
+
+    def ids(self, step: int) -> np.ndarray:
+        """Global window indices (batch_size,) of batch `step`."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        rows = np.arange(self.batch_size, dtype=np.int64)
+        if self.layout == "streams":
+            return rows * self.steps_per_epoch + index
+        slots = index * self.batch_size + rows
+        return self._permutation(epoch)[slots] if self.layout == "shuffled" else slots
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        key, perm = self._perm  # one read: prefetch threads may replace it meanwhile
+        if key != (self.seed, epoch):
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+            self._perm = ((self.seed, epoch), perm)
+        return perm
+
+
+class _HostBatch(grain.transforms.MapWithIndex):
+    """Grain map: step number -> this host's rows of that step's global batch."""
+
+    def __init__(self, source: WindowSource, order: WindowOrder, rows: slice):
+        self.source, self.order, self.rows = source, order, rows
+
+    def map_with_index(self, index: int, element):
+        del element  # the step itself; the index is the same step across repeated epochs
+        return self.source.read(self.order.ids(index)[self.rows])
+
+
+def host_dataset(source, order, rows: slice, repeat: bool) -> grain.MapDataset:
+    """The Grain `MapDataset` of this host's batches: element k is batch (step) k."""
+    steps = grain.MapDataset.range(order.steps_per_epoch)
+    if repeat:
+        steps = steps.repeat()  # endless; the index keeps counting, so epochs reshuffle
+    return steps.map_with_index(_HostBatch(source, order, rows))
 
 
 class WindowIterator:
-    """Yields np.int32 (batch_size / process_count, seq_len) batches; see the module doc."""
+    """Yields np.int32 (batch_size / process_count, seq_len) batches from the Grain
+    pipeline above; see the module doc."""
 
     def __init__(
         self,
@@ -36,40 +133,60 @@ class WindowIterator:
         process_count: int = 1,
         start_step: int = 0,
         name: str = "train",
+        read_options: grain.ReadOptions | None = None,
     ):
         _check_args(batch_size, seq_len, layout, process_index, process_count)
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
-        self.seed, self.layout, self.repeat = seed, layout, repeat
+        self.layout, self.repeat = layout, repeat
         self.process_index, self.process_count = process_index, process_count
-        self.num_windows = len(tokens) // seq_len
+        self.source = WindowSource(tokens, seq_len)
+        self.num_windows = len(self.source)
         _check_size(name, len(tokens), batch_size, seq_len)
         self.steps_per_epoch = self.num_windows // batch_size
-        self.step = start_step
-        self._perm = (None, None)
+        self.read_options = read_options or (TRAIN_READ if repeat else EVAL_READ)
+        self._start(seed, start_step)
+
+    def _start(self, seed: int, step: int) -> None:
+        """(Re)builds the Grain iterator for `seed`, positioned at `step`."""
+        if hasattr(self, "_it"):
+            self._it.close()  # its prefetch thread
+        self.seed = seed
+        self.order = WindowOrder(self.layout, self.num_windows, self.batch_size, seed)
+        ds = host_dataset(self.source, self.order, self.host_rows(), self.repeat)
+        self._it = iter(ds.to_iter_dataset(self.read_options))
+        if step:
+            self._it.set_state({"next_index": step})
+
+    @property
+    def step(self) -> int:
+        """The step of the next batch (Grain's `next_index`)."""
+        return int(self._it.get_state()["next_index"])
 
     def __iter__(self) -> "WindowIterator":
         return self
 
     def __next__(self) -> np.ndarray:
-        if not self.repeat and self.step >= self.steps_per_epoch:
-            raise StopIteration
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
+        return next(self._it)
 
     def get_state(self) -> dict:
-        """The position of the next batch: epoch, index within it, seed, and the geometry."""
-        epoch, index = divmod(self.step, self.steps_per_epoch)
-        return {"epoch": epoch, "index": index, "seed": self.seed, **self._geometry()}
+        """Grain's iterator state (`next_index`: the next step), the seed and the geometry."""
+        return {**self._it.get_state(), "seed": self.seed, **self._geometry()}
 
     def set_state(self, state: dict) -> None:
-        """Moves to a position from `get_state()` (adopting its seed)."""
+        """Moves to a position from `get_state()` (adopting its seed). The position of a
+        checkpoint written before Grain (`epoch`, `index`) is read too."""
         mine = self._geometry()
         bad = [f"{k} {state.get(k)!r} != {mine[k]!r}" for k in _GEOMETRY if state.get(k) != mine[k]]
         if bad:
             raise ValueError(f"saved data state does not fit this data: {', '.join(bad)}")
-        self.seed = int(state["seed"])
-        self.step = int(state["epoch"]) * self.steps_per_epoch + int(state["index"])
+        if "next_index" in state:
+            step = int(state["next_index"])
+        else:  # the hand-written iterator's state (checkpoints from before Grain)
+            step = int(state["epoch"]) * self.steps_per_epoch + int(state["index"])
+        if int(state["seed"]) != self.seed:
+            self._start(int(state["seed"]), step)
+        else:
+            self._it.set_state({"next_index": step})
 
     def _geometry(self) -> dict:
         return {
@@ -79,30 +196,19 @@ class WindowIterator:
             "seq_len": self.seq_len,
         }
 
-    def window_ids(self, step: int) -> np.ndarray:
-        """Global window indices (batch_size,) of batch `step`."""
-        epoch, index = divmod(step, self.steps_per_epoch)
-        rows = np.arange(self.batch_size, dtype=np.int64)
-        if self.layout == "streams":
-            return rows * self.steps_per_epoch + index
-        slots = index * self.batch_size + rows
-        return self._permutation(epoch)[slots] if self.layout == "shuffled" else slots
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if self._perm[0] != (self.seed, epoch):
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perm = ((self.seed, epoch), rng.permutation(self.num_windows))
-        return self._perm[1]
-
     def host_rows(self) -> slice:
         """This host's rows of a global batch."""
         per_host = self.batch_size // self.process_count
         return slice(self.process_index * per_host, (self.process_index + 1) * per_host)
 
+    def window_ids(self, step: int) -> np.ndarray:
+        """Global window indices (batch_size,) of batch `step` (the reference order)."""
+        return self.order.ids(step)
+
     def batch_at(self, step: int) -> np.ndarray:
-        """This host's rows of batch `step` (does not move the iterator)."""
-        starts = self.window_ids(step)[self.host_rows()] * self.seq_len
-        return gather_windows(self.tokens, starts, self.seq_len)
+        """This host's rows of batch `step`, read directly in numpy, without Grain and
+        without moving the iterator: the reference the pipeline is tested against."""
+        return self.source.read(self.window_ids(step)[self.host_rows()])
 
 
 def gather_windows(tokens, starts: np.ndarray, seq_len: int) -> np.ndarray:

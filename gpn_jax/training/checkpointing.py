@@ -3,7 +3,8 @@
 Each step directory `<workdir>/checkpoints/<step>/` holds four orbax items:
 
 * ``state``  - pytree of arrays (params, opt state, step, rng), StandardSave.
-* ``data``   - JSON data-iterator position.
+* ``data``   - the data-iterator position, through Grain's orbax handler
+               (`grain.checkpoint.CheckpointHandler`): one `process_<i>-of-<n>.json` per host.
 * ``config`` - JSON run config.
 * ``meta``   - JSON extras (tokens_seen, metrics, ...).
 
@@ -26,6 +27,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -98,7 +100,27 @@ def _quiet_closed_loop_callbacks() -> None:
     sys.unraisablehook = hook
 
 
-_JSON_ITEMS = ("data", "config", "meta")
+_JSON_ITEMS = ("config", "meta")
+
+
+class _DataState(grain.DatasetIterator):
+    """A data-iterator position as Grain's orbax handler saves and restores it (the
+    `DatasetIterator` protocol: `get_state` / `set_state` of a JSON dict). A copy frozen at
+    save time: the trainer's iterator moves on while an async save is being written. Any
+    iterator's state fits (the Grain window pipeline's, or `recall:`'s own generator's)."""
+
+    def __init__(self, state: dict | None = None):
+        super().__init__()
+        self.state = state
+
+    def __next__(self):
+        raise StopIteration
+
+    def get_state(self) -> dict:
+        return self.state
+
+    def set_state(self, state: dict) -> None:
+        self.state = state
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:
@@ -244,7 +266,10 @@ class Checkpointer:
             create=not read_only,
             read_only=read_only,
         )
-        handlers = {"state": ocp.StandardCheckpointHandler()}
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "data": grain.checkpoint.CheckpointHandler(),
+        }
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
         self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
 
@@ -274,7 +299,7 @@ class Checkpointer:
         """
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(_json_safe(data_state)),
+            data=grain.checkpoint.CheckpointSave(_DataState(_json_safe(data_state))),
             config=ocp.args.JsonSave(_json_safe(config_dict)),
             meta=ocp.args.JsonSave(_json_safe(meta)),
         )
@@ -316,16 +341,33 @@ class Checkpointer:
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(_abstract_leaf, target)
-        json_args = {k: ocp.args.JsonRestore() for k in _JSON_ITEMS}
+        json_args = {k: ocp.args.JsonRestore() for k in _JSON_ITEMS} | self._data_args(step)
         if params_only:
             out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
             state = self._restore_params(step, abstract)
-            return step, state, out["data"], out["config"], out["meta"]
+            return step, state, self._data_state(step, out), out["config"], out["meta"]
         # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
-        # structure (JSON metadata), JsonRestore reads JSON; orbax unpickles nothing here.
+        # structure (JSON metadata), JsonRestore and Grain's handler read JSON; orbax
+        # unpickles nothing here.
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
         out = self._mngr.restore(step, args=args)
-        return step, out["state"], out["data"], out["config"], out["meta"]
+        return step, out["state"], self._data_state(step, out), out["config"], out["meta"]
+
+    def _data_args(self, step: int) -> dict:
+        """Restore args of the `data` item if Grain's handler wrote this host's file."""
+        if (self._step_path(step) / "data" / _grain_file(jax.process_index())).exists():
+            return {"data": grain.checkpoint.CheckpointRestore(_DataState())}
+        return {}
+
+    def _data_state(self, step: int, out) -> dict:
+        """The restored data position; else another host's (the run had another host count:
+        every host's position is the same global step) or, for a checkpoint written before
+        Grain, orbax's JSON item."""
+        if "data" in out:
+            return out["data"].get_state()
+        folder = self._step_path(step) / "data"
+        files = sorted(folder.glob("process_0-of-*.json")) or [folder / _JSON_FILE]
+        return json.loads(files[0].read_text())
 
     def _restore_params(self, step: int, abstract_params: Any) -> Any:
         """The `params` subtree of `step`'s state item, read alone.
@@ -523,8 +565,16 @@ _REQUIRED_PARTS = (
     "commit_success.txt",
     "state/_METADATA",
     "state/manifest.ocdbt",
+    "data",
     *(f"{item}/{_JSON_FILE}" for item in _JSON_ITEMS),
 )
+
+
+def _grain_file(process_index: int) -> str:
+    """The file Grain's handler keeps a host's iterator state in."""
+    return f"process_{process_index}-of-{jax.process_count()}.json"
+
+
 # tensorstore status codes of a read that found damaged or missing data. Others
 # (PERMISSION_DENIED, UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN, ...) are
 # not evidence about the checkpoint and stop the run instead.

@@ -161,4 +161,4 @@ def seek_data(train, data_position: int, config) -> None:
             f"({train.steps_per_epoch} steps of {config.train.batch_size} windows); "
             "lower data.heldout_fraction"
         )
-    train.set_state(dict(train.get_state(), epoch=0, index=index))
+    train.set_state(dict(train.get_state(), next_index=index))  # step `index` of epoch 0

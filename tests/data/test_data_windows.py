@@ -58,7 +58,7 @@ def test_resume_from_state_matches_uninterrupted(layout):
     first = WindowIterator(TOKENS, B, T, seed=7, layout=layout)
     take(first, 6)
     state = json.loads(json.dumps(first.get_state()))
-    assert state["epoch"] == 1 and state["index"] == 1 and state["seed"] == 7
+    assert state["next_index"] == 6 and state["seed"] == 7  # Grain's position: the step
     resumed = WindowIterator(TOKENS, B, T, seed=0, layout=layout)  # the state carries the seed
     resumed.set_state(state)
     for x, y in zip(take(resumed, 7), full[6:], strict=True):

@@ -107,7 +107,7 @@ def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
     assert [r["step"] for r in rows] == [PAPER_STEP + 1]  # the step counter continues
     step, state, data_state, _ = final_state(str(tmp_path / "run"), config)
     assert step == int(state.step) == PAPER_STEP + 1
-    assert (data_state["layout"], data_state["index"]) == ("sequential", PAPER_STEP + 1)
+    assert (data_state["layout"], data_state["next_index"]) == ("sequential", PAPER_STEP + 1)
     # Same state, same batch, same ops; the run's gradient is all-reduced over 8 devices.
     # Measured (AVX2, 8 forced CPU devices), as max over leaves of |a - b| / |b|: loss 0,
     # params after the update 6.9e-8, the update itself 1.9e-6 (Adam's normalisation on a
@@ -140,7 +140,7 @@ def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, cap
     s2, b, data_b, _ = final_state(resumed, continued_config(pkl, data))
     assert s1 == s2 == end
     chex.assert_trees_all_equal(a, b)
-    assert data_a == data_b and data_a["index"] == end
+    assert data_a == data_b and data_a["next_index"] == end
 
 
 def test_a_checkpoint_of_another_model_names_the_parameter(tmp_path):
