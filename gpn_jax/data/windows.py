@@ -162,6 +162,11 @@ class WindowIterator:
         """The step of the next batch (Grain's `next_index`)."""
         return int(self._it.get_state()["next_index"])
 
+    @property
+    def at_epoch_start(self) -> bool:
+        """Whether the next batch is the first of an epoch (streams: every row's start)."""
+        return self.step % self.steps_per_epoch == 0
+
     def __iter__(self) -> "WindowIterator":
         return self
 

@@ -346,7 +346,7 @@ def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:
     """Stateful training: when the streams start over (a new epoch), each row's next window
     is the start of its stream, not the continuation of the last one, so the carry restarts
     (a function of the data position alone, so a resumed run does the same)."""
-    if run.state.carry is None or not step or run.data.train.get_state()["index"]:
+    if run.state.carry is None or not step or not run.data.train.at_epoch_start:
         return
     rows = run.config.train.batch_size
     fresh = jax.jit(

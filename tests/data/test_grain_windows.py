@@ -158,3 +158,12 @@ def test_a_checkpoint_of_another_host_count_resumes_from_host_0s_position(tmp_pa
     one_host = WindowIterator(TOKENS, B, T)
     one_host.set_state(data_state)
     assert window_ids(next(one_host)) == reference_ids("shuffled", 2, seed=1)
+
+
+def test_at_epoch_start_is_true_exactly_at_every_epochs_first_batch():
+    it = WindowIterator(np.arange(8 * 3 + 1), 4, 3, layout="streams")  # 8 windows: 2 steps
+    starts = []
+    for _ in range(5):
+        starts.append(it.at_epoch_start)
+        next(it)
+    assert it.steps_per_epoch == 2 and starts == [True, False, True, False, True]

@@ -105,10 +105,10 @@ def test_carry_restarts_when_the_streams_start_over():
     config = stateful_config()
     run = setup.build(config, meshlib.make_mesh(config.mesh))
     ones = jax.tree.map(jnp.ones_like, run.init_state(jax.random.PRNGKey(0)).carry)
-    for index, step, reset in ((0, 5, True), (3, 5, False), (0, 0, False)):
+    for start, step, reset in ((True, 5, True), (False, 5, False), (True, 0, False)):
         fake = SimpleNamespace(
             state=ts.TrainState(0, None, None, None, ones),
-            data=SimpleNamespace(train=SimpleNamespace(get_state=lambda i=index: {"index": i})),
+            data=SimpleNamespace(train=SimpleNamespace(at_epoch_start=start)),
             config=config,
             model=run.model,
             setup=run,
