@@ -279,3 +279,49 @@ class GPN(SpecModel):
             per_layer += d * (hk + hu) + hu * d + h * c.d_key * c.d_value  # read
         macs += c.n_layers * per_layer
         return {"forward": 2 * macs, "train": 6 * macs}
+
+    def bytes_per_token(self, batch_size: int, seq_len: int) -> dict:
+        """Analytic memory traffic of one training step per token (bytes moved between the
+        chip and its main memory / HBM, the roofline's denominator), on the `scan_impl` schedule.
+
+        Assumes nothing stays in cache between two uses, so it is an upper estimate on a CPU
+        whose caches hold a small model. Terms (w = compute dtype bytes, m = `memory_dtype` bytes,
+        activations and cotangents float32):
+          weights      the recurrent matrices are read every time step by the forward and by the
+                       backward loop (3 x with remat: the forward reruns), shared by the B
+                       sequences: passes * n_rec * w / B; decode + embedding read twice per
+                       loss chunk of C positions and their float32 gradient read + written;
+          weight_grads float32 accumulators of n_rec read + written once per fused segment of
+                       S steps (`fast_window`), once per step under autodiff;
+          activations  the per-step residuals (fused widths) written once and read once, plus
+                       the predicted state, its cotangent, xg and its cotangent;
+          memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
+                       reads M'; the backward recomputes M' (read + write), reads M and each
+                       layer's M' (5 + 2L passes in memory_dtype), its float32 cotangent read +
+                       written;
+          logits       (V,) float32 per position: logits written, read; their gradient written,
+                       read by two matmuls.
+        """
+        c = self.config
+        d, e, f, v, L = c.d_model, c.d_emb, c.d_ffn, c.vocab_size, c.n_layers
+        hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
+        w = jnp.dtype(c.compute_dtype).itemsize
+        m = jnp.dtype(getattr(c, "memory_dtype", "float32")).itemsize
+        B, T = batch_size, seq_len
+        write_cols = hk + hu + 2 * h if c.memory else 0
+        layer_cols = 2 * f + d + (hk + hu if c.memory else 0)
+        n_rec = d * (write_cols + L * layer_cols) + L * (f + hu) * d + d * d
+        S = c.remat_segment or fast_window.default_segment(T)
+        C = loss_lib.chunk_size(T, c.loss_chunk)
+        passes = 3 if c.remat_segment else 2
+        per_step_grads = c.scan_impl is ScanImpl.AUTODIFF
+        res_width = d + hk + write_cols + layer_cols + (L - 1) * (d + layer_cols) + 2 * d
+        out = {
+            "weights": passes * n_rec * w / B + (2 * w + 8) * (v * e + d * e) / (C * B),
+            "weight_grads": 8 * n_rec / (B if per_step_grads else S * B),
+            "activations": 4 * (2 * res_width + 8 * d),
+            "memory": h * c.d_key * c.d_value * (m * (5 + 2 * L) + 8) if c.memory else 0,
+            "logits": 5 * 4 * v,
+        }
+        out["train"] = sum(out.values())
+        return out
