@@ -63,6 +63,9 @@ class GPNConfig:
     memory: bool = True  # False: GPN (no matrix memory)
     decoder_bias: bool = False
     compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
+    # storage dtype of the matrix memory between tokens ("float32" | "bfloat16"); its updates
+    # and reads compute in float32. bfloat16 halves the memory's per-token traffic (accelerators)
+    memory_dtype: str = "float32"
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
     scan_impl: ScanImpl = ScanImpl.AUTODIFF  # "autodiff" | "fused" (`ScanImpl`; same math)
@@ -73,6 +76,10 @@ class GPNConfig:
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+        if self.memory_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"memory_dtype must be 'float32' or 'bfloat16', got {self.memory_dtype!r}"
+            )
         if self.scan_impl not in tuple(ScanImpl):
             raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
         object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
@@ -200,7 +207,7 @@ class GPN(SpecModel):
     def init_state(self, batch_size: int) -> GPNCarry:
         c = self.config
         mem = (c.n_heads, c.d_key, c.d_value) if c.memory else None
-        return gpn.init_carry(batch_size, c.d_model, mem)
+        return gpn.init_carry(batch_size, c.d_model, mem, c.memory_dtype)
 
     def weight_decay_mask(self, params) -> dict:
         return weight_decay_mask(params)
@@ -212,6 +219,8 @@ class GPN(SpecModel):
     def predicted_states(self, params, tokens_BxT, carry=None, iv: Intervention = Intervention()):
         """Scan the window. Returns (StepOutput with (T, B, ...) leaves, final carry, compute params)."""
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
+        if carry.M is not None:  # stored in memory_dtype whatever the caller's carry holds
+            carry = carry._replace(M=carry.M.astype(self.config.memory_dtype))
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         scan = _impl(self.config.scan_impl).scan
@@ -306,7 +315,7 @@ class GPN(SpecModel):
         d, e, f, v, L = c.d_model, c.d_emb, c.d_ffn, c.vocab_size, c.n_layers
         hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
         w = jnp.dtype(c.compute_dtype).itemsize
-        m = jnp.dtype(getattr(c, "memory_dtype", "float32")).itemsize
+        m = jnp.dtype(c.memory_dtype).itemsize
         B, T = batch_size, seq_len
         write_cols = hk + hu + 2 * h if c.memory else 0
         layer_cols = 2 * f + d + (hk + hu if c.memory else 0)

@@ -42,5 +42,8 @@ def test_bytes_per_token_switches():
     remat = GPN(dataclasses.replace(TINY, remat_segment=4))
     got = accounting.bytes_per_token(remat, 2, 8)
     assert got["weights"] == 3 * 164 * 4 / 2 + 80 and got["weight_grads"] == 8 * 164 / (4 * 2)
+    # bfloat16 memory storage: 2-byte passes, the float32 cotangent unchanged: saves 6 x 2 x 7 B
+    bf16_mem = GPN(dataclasses.replace(TINY, memory_dtype="bfloat16"))
+    assert accounting.bytes_per_token(bf16_mem, 2, 8)["memory"] == 6 * (2 * 7 + 8) == 216 - 84
     no_mem = dataclasses.replace(TINY, memory=False, n_heads=0, d_key=0, d_value=0)
     assert accounting.bytes_per_token(GPN(no_mem), 2, 8)["memory"] == 0

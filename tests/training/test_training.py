@@ -165,6 +165,7 @@ MATH_FREE = {
     "model.scan_impl": "fused",
     "model.remat_segment": 16,
     "model.compute_dtype": "bfloat16",
+    "model.memory_dtype": "bfloat16",
     "train.log_every": 2,
     "train.eval_every": 2,
     "train.eval_batches": 1,
