@@ -27,8 +27,8 @@ The memory is stored in its carry's dtype (`GPNConfig.memory_dtype`: bfloat16 ha
 per-step traffic), each write computed in float32; the backward keeps the memory's cotangent
 in float32 and passes it unchanged through the storage rounding.
 
-Interventions (`gpn.Intervention`) are not supported here; `gpn_jax.models.gpn` falls back
-to the autodiff path when one is given.
+Interventions (`gpn.Intervention`) are not supported here: `gpn_jax.models.gpn` refuses
+them with an error naming the reference `autodiff` scan (which the ablations use).
 
 Measured (`python -m gpn_jax.bench --config=experiments/configs/bench_small.py`, GPN+M 1L
 d=512, B=16, T=512, float32, 2-core AMD EPYC, matmul peak measured in the run 213 GFLOP/s):

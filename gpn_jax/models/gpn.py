@@ -40,9 +40,11 @@ Array = jax.Array
 class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
-    AUTODIFF: `lax.scan` over `gpn.step`, differentiated by JAX (`core.window`), any
-    intervention; FUSED: `core.fast_window` (fused projections, custom VJP with weight
-    gradients out of the loop, cross-entropy gradients in the forward pass)."""
+    FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
+    gradients out of the loop, cross-entropy gradients in the forward pass); no interventions
+    and no tensor parallelism (both refused with an error naming AUTODIFF). AUTODIFF: the
+    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
+    intervention, any mesh; the tests compare FUSED against it."""
 
     AUTODIFF = "autodiff"
     FUSED = "fused"
@@ -68,7 +70,7 @@ class GPNConfig:
     memory_dtype: str = "float32"
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
-    scan_impl: ScanImpl = ScanImpl.AUTODIFF  # "autodiff" | "fused" (`ScanImpl`; same math)
+    scan_impl: ScanImpl = ScanImpl.FUSED  # "fused" | "autodiff" (`ScanImpl`; same math)
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -170,9 +172,12 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
 
 
 def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv):
-    """The fused window; an intervention falls back to the autodiff scan (fast_window has none)."""
+    """The fused window; it has no interventions and says so rather than switching scans."""
     if any(x is not None for x in iv):
-        return window.scan_window(cp, carry, xg_TxBxD, remat_segment, iv)
+        raise ValueError(
+            "scan_impl='fused' does not run interventions; use the reference scan "
+            "(model.autodiff(), or scan_impl='autodiff' in the config)"
+        )
     return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment)
 
 
@@ -203,6 +208,10 @@ class GPN(SpecModel):
                 f"{sorted(split_axes & {HEADS, FFN, VOCAB})} split over the mesh); use "
                 "--config.model.scan_impl=autodiff"
             )
+
+    def autodiff(self) -> "GPN":
+        """The same model on the reference `autodiff` scan (what interventions need)."""
+        return GPN(dataclasses.replace(self.config, scan_impl=ScanImpl.AUTODIFF))
 
     def init_state(self, batch_size: int) -> GPNCarry:
         c = self.config
