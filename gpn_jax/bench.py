@@ -13,12 +13,13 @@ Suites (the config's `suites`, or `--suites`):
 
 Roofline: the header names the CPU's vector extensions (/proc/cpuinfo) and the memory
 bandwidth measured in the same run (a jitted JAX `x <- -x`, buffer donated, over a 256 MiB
-float32 array: STREAM "scale", read + write, best of 5, at the start and at the end); each training record carries
-the model's analytic bytes per token (`model.bytes_per_token`: weights, weight gradients,
-activations, the GPN+M memory matrix, logits), and the report prints the roofline bound per
-token (max of FLOPs / peak and bytes / bandwidth) and the achieved fraction of it, plus the
-bound on each accelerator of `--device_spec=h100,h200,v5e,v5p` from its data sheet
-(`benchmarks/roofline.py`; no accelerator is measured by that flag).
+float32 array: STREAM "scale", read + write, best of 5, at the start and at the end); each
+training record carries the model's analytic bytes per token (`model.bytes_per_token`:
+weights, weight gradients, activations, the GPN+M memory matrix, logits), and the report
+prints the roofline bound per token (max of FLOPs / peak and bytes / bandwidth) and the
+achieved fraction of it, plus the bound on each accelerator of
+`--device_spec=h100,h200,v5e,v5p` from its data sheet (`benchmarks/roofline.py`; no
+accelerator is measured by that flag).
 
 MFU = achieved FLOP/s / the matmul peak measured in this run on this machine: a large jitted
 square matmul in the compute dtype (float32 on CPU, bfloat16 on GPU / TPU), timed at the start,
