@@ -1,7 +1,8 @@
 """Benchmarks: training tokens/s and MFU side by side, scaling in T and B, generation latency.
 
     python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=/tmp/gpn_bench \
-        --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate]
+        --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate] \
+        [--device_spec=h100,h200,v5e,v5p]
 
 Suites (the config's `suites`, or `--suites`):
   train     each model of `config.train.models` at the same batch and window: median step time
@@ -9,6 +10,16 @@ Suites (the config's `suites`, or `--suites`):
             achieved FLOP/s from the analytic `model.flops_per_token`, MFU, peak memory;
   scaling   `config.scaling.model` vs T and vs B, remat off and on (segment ~ sqrt(T)); PNG plot;
   generate  per-token decoding latency and tokens/s after 1k / 8k / 32k tokens of context.
+
+Roofline: the header names the CPU's vector extensions (/proc/cpuinfo) and the memory
+bandwidth measured in the same run (a jitted JAX `x <- -x`, buffer donated, over a 256 MiB
+float32 array: STREAM "scale", read + write, best of 5, at the start and at the end); each
+training record carries the model's analytic bytes per token (`model.bytes_per_token`:
+weights, weight gradients, activations, the GPN+M memory matrix, logits), and the report
+prints the roofline bound per token (max of FLOPs / peak and bytes / bandwidth) and the
+achieved fraction of it, plus the bound on each accelerator of
+`--device_spec=h100,h200,v5e,v5p` from its data sheet (`benchmarks/roofline.py`; no
+accelerator is measured by that flag).
 
 MFU = achieved FLOP/s / the matmul peak measured in this run on this machine: a large jitted
 square matmul in the compute dtype (float32 on CPU, bfloat16 on GPU / TPU), timed at the start,
@@ -58,6 +69,12 @@ _ISOLATE = flags.DEFINE_bool(
     "isolate",
     True,
     "Run each record in its own process (per-record peak RSS); off: all in this one.",
+)
+_DEVICE_SPEC = flags.DEFINE_string(
+    "device_spec",
+    "",
+    "Comma-separated accelerators (h100,h200,v5e,v5p) whose data-sheet roofline is printed "
+    "next to this machine's.",
 )
 flags.mark_flags_as_required(["config"])
 
@@ -268,26 +285,33 @@ def _scaling_lines(ok: list[dict], workdir: str, name: str) -> list[str]:
     return lines
 
 
-def _summary(config, records, suites, workdir, machine, dtype, peaks) -> str:
-    """The printed / saved report: header, one table per suite, scaling slopes, checks."""
+def _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs=()) -> str:
+    """The printed / saved report: header, one table per suite, roofline, scaling slopes, checks."""
     import jax
 
-    from gpn_jax.benchmarks import report
+    from gpn_jax.benchmarks import common, report, roofline
 
     peak = max(peaks)
     sections = [
         f"{config.name}: {machine}, {dtype}, jax {jax.__version__}, python {pyplatform.python_version()}",
+        f"CPU vector extensions: {common.cpu_vector_extensions()}",
         f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
         f"(samples {', '.join(f'{p / 1e9:.0f}' for p in peaks)}); load average at end {_load()}",
+        f"memory bandwidth measured in this run (`common.memory_bandwidth`: jitted JAX x <- -x "
+        f"over a large float32 array, read + write): {max(bws) / 1e9:.1f} GB/s (samples {', '.join(f'{b / 1e9:.1f}' for b in bws)})",
     ]
     ok = [r for r in records if not r.get("error")]
     for title, table in (
         ("Training step", report.train_table(ok)),
         ("Scaling", report.scaling_table(ok)),
         ("Generation", report.generate_table(ok)),
+        ("Roofline (per token)", roofline.table(ok, peak, max(bws), specs)),
     ):
         if table:
             sections += ["", f"## {title}", "", table]
+    byte_lines = roofline.byte_lines(ok)
+    if byte_lines:
+        sections += [""] + byte_lines
     if "scaling" in suites and ok:
         sections += _scaling_lines(ok, workdir, config.name)
     checks = report.generate_checks(ok)
@@ -297,10 +321,17 @@ def _summary(config, records, suites, workdir, machine, dtype, peaks) -> str:
 
 
 def run(
-    config, workdir: str, out: str, suites: list[str], profile: bool, isolate: bool
+    config,
+    workdir: str,
+    out: str,
+    suites: list[str],
+    profile: bool,
+    isolate: bool,
+    device_spec: str = "",
 ) -> list[dict]:
-    from gpn_jax.benchmarks import common
+    from gpn_jax.benchmarks import common, roofline
 
+    specs_hw = roofline.parse_device_specs(device_spec)
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
         raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
@@ -313,12 +344,21 @@ def run(
         f"load average {_load()}",
         flush=True,
     )
+    print(f"CPU vector extensions: {common.cpu_vector_extensions()}", flush=True)
     peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
-    print(f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s", flush=True)
+    bws = [common.memory_bandwidth()]
+    print(
+        f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s; "
+        f"memory bandwidth: {bws[0] / 1e9:.1f} GB/s",
+        flush=True,
+    )
     records = _run_all(specs, isolate, peaks)
     peaks.append(common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
+    bws.append(common.memory_bandwidth())
     _complete(records, max(peaks), machine, common.platform())
-    text = _summary(config, records, suites, workdir, machine, dtype, peaks)
+    for r in records:
+        r["memory_bandwidth"] = max(bws)
+    text = _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs_hw)
     print("\n" + text, flush=True)
 
     out = out or os.path.join(workdir, f"{config.name}.json")
@@ -341,7 +381,15 @@ def _load() -> str:
 def _body():
     config = cli.config_or_exit(_CONFIG, PROG)
     suites = _names(_SUITES.value or config.suites)
-    return run(config, _WORKDIR.value, _OUT.value, suites, _PROFILE.value, _ISOLATE.value)
+    return run(
+        config,
+        _WORKDIR.value,
+        _OUT.value,
+        suites,
+        _PROFILE.value,
+        _ISOLATE.value,
+        _DEVICE_SPEC.value,
+    )
 
 
 main, entry = cli.absl_entry(_body, PROG, quiet=False)

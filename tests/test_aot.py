@@ -73,7 +73,7 @@ def test_cli_forces_cpu_devices_and_prints_memory():
             "gpn-aot: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, have 4",
         ),
         (
-            ["--mesh=1,2,2", "--config.model.scan_impl=fused"],
+            ["--mesh=1,2,2"],  # the default scan_impl is fused
             "gpn-aot: error: scan_impl='fused' does not support tensor parallelism",
         ),
         (

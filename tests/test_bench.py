@@ -9,7 +9,7 @@ import pytest
 
 from experiments.configs import bench_tiny
 from gpn_jax import bench
-from gpn_jax.benchmarks import report
+from gpn_jax.benchmarks import common, report, roofline
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
 
@@ -59,7 +59,9 @@ def test_all_suites_in_process(tmp_path):
         if not r.get("skipped"):
             assert r["latency_s"] > 0 and r["tokens_per_s"] > 0
 
+    assert train[0]["bytes_per_token"]["memory"] > 0 and train[0]["memory_bandwidth"] > 0
     text = (tmp_path / "bench_tiny.md").read_text()
+    assert "CPU vector extensions: " in text and "| gpn_m | " in text.split("## Roofline")[1]
     assert "| GPN+M (fused) |" in text and "## Generation" in text and "not run: KV cache" in text
     assert any(files for _, _, files in os.walk(tmp_path / "profile" / "gpn_m"))
 
@@ -71,6 +73,7 @@ def test_one_record_in_its_own_process(tmp_path):
     result = bench.run_spec(spec, isolate=True)
     (record,) = result["records"]
     assert record["model"] == "gpn" and record["tokens_per_s"] > 0
+    assert record["bytes_per_token"]["memory"] == 0 < record["bytes_per_token_bf16"]["train"]
     assert record["peak_mem_bytes"] >= record["baseline_rss_bytes"] > 0
     assert result["peak_flops"][0] > 0
 
@@ -132,3 +135,69 @@ def test_cli_unknown_suite_is_one_line(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("gpn-bench: error: unknown suite")
+
+
+def test_cpu_vector_extensions_from_cpuinfo():
+    x86 = (
+        "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    )
+    assert (
+        common.cpu_vector_extensions(x86)
+        == "sse4_2 avx avx2 fma avx512f avx512_bf16 amx_tile amx_bf16"
+    )
+    arm = "processor\t: 0\nFeatures\t: fp asimd asimdhp sve bf16 i8mm\n"
+    assert common.cpu_vector_extensions(arm) == "asimd asimdhp sve bf16 i8mm"
+    assert common.cpu_vector_extensions("model name : x\n").startswith("unknown (")
+    assert common.cpu_vector_extensions()  # this machine: some line, never an exception
+
+
+def test_roofline_bound_and_device_specs():
+    # 1e9 FLOPs at 1e12 FLOP/s = 1 ms; 1e6 bytes at 1e10 B/s = 0.1 ms: compute-bound, 1000 tokens/s
+    assert roofline.bound(1e9, 1e6, 1e12, 1e10) == (1000.0, "compute")
+    assert roofline.bound(1e6, 1e9, 1e12, 1e10) == (10.0, "memory")
+    specs = roofline.parse_device_specs("h100, V5E")
+    assert [s.name for s in specs] == ["H100 SXM", "TPU v5e"]
+    assert specs[1].peak_flops == 197e12 and specs[1].bandwidth == 819e9
+    assert roofline.parse_device_specs("") == []
+    with pytest.raises(ValueError, match=r"unknown --device_spec \['a100'\]; choose from"):
+        roofline.parse_device_specs("h200,a100")
+
+
+def test_roofline_table_from_a_record():
+    byt = {"weights": 3e6, "memory": 1e6, "train": 4e6}
+    rec = dict(
+        suite="train",
+        model="gpn_m",
+        flops_per_token=8e6,
+        tokens_per_s=250.0,
+        bytes_per_token=byt,
+        bytes_per_token_bf16={"train": 2e6},
+        memory_bf16_saves=5e5,
+    )
+    # this machine: 8e6 / 4e9 = 2 ms vs 4e6 / 1e9 = 4 ms -> memory-bound, 250 tokens/s, all of it
+    text = roofline.table([rec], 4e9, 1e9, roofline.parse_device_specs("v5e"))
+    assert "| gpn_m | 8.0M | 3.81 MiB | 2.0 | this machine | 250 | memory | 1.00 |" in text
+    # v5e: 8e6 / 197e12 s vs 2e6 / 819e9 s -> memory-bound at 409,500 tokens/s
+    assert "| TPU v5e (data sheet, bf16) | 409,500 | memory | unmeasured |" in text
+    (line,) = roofline.byte_lines([rec])
+    assert line.endswith("memory_dtype=bfloat16 saves 488.3 KiB/token (12 %)")
+
+
+def test_cli_unknown_device_spec_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpn_jax.bench",
+            "--config=experiments/configs/bench_tiny.py",
+            f"--workdir={tmp_path}",
+            "--device_spec=h100,b200",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "gpn-bench: error: unknown --device_spec ['b200']; choose from ['h100', 'h200', 'v5e', 'v5p']"
+    )

@@ -56,6 +56,8 @@ def test_summary_command_json():
             "gpn_jax.summary",
             "--config=experiments/configs/gpn_m_1l_130m.py",
             "--json",
+            "--batch_size=16",
+            "--device_spec=h100,v5e",
         ],
         capture_output=True,
         text=True,
@@ -64,3 +66,7 @@ def test_summary_command_json():
     s = json.loads(out)
     assert s["params"]["total"] == 129_151_902
     assert s["flops_per_token"]["train"] == 3 * s["flops_per_token"]["forward"]
+    assert s["batch_size"] == 16 and s["bytes_per_token"]["memory"] > 0
+    # 15 x 128 x 256 cells x (7 float32 passes + the float32 cotangent read + written)
+    assert s["bytes_per_token"]["memory"] == 491_520 * (4 * 7 + 8)
+    assert sorted(s["roofline"]) == ["H100 SXM", "TPU v5e"]

@@ -3,7 +3,8 @@
 Every ablation is a `gpn_jax.core.gpn.Intervention`, evaluated with one jitted loss whose
 intervention always has all three fields set: the identity is `direction = 0` (subtracts an
 exact 0), `head_mask = 1` and `read_scale = 1` (multiply by an exact 1), so the unablated row
-is bit-identical to the plain model and all rows share one compilation.
+is bit-identical to the plain model and all rows share one compilation. Interventions run on
+the reference `autodiff` scan (`GPN.autodiff`): the default fused window refuses them.
 
 Rows:
   base          the model unchanged
@@ -87,6 +88,8 @@ def ablation_ppl(
     micro_batch > 0 evaluates each batch that many windows at a time (bounds device memory).
     Returns {'rows': {name: {loss, ppl, label, delta_loss, ppl_ratio}}, 'tokens': n}.
     """
+    # interventions run on the reference scan (`GPN.autodiff`; the fused window refuses them)
+    model = model.autodiff() if hasattr(model, "autodiff") else model
     loss_fn = jax.jit(lambda p, x, iv: model.loss(p, x, iv=iv)[0])
     totals = dict.fromkeys(ivs, 0.0)
     tokens = 0

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import platform as pyplatform
 import resource
 import statistics
 import time
@@ -33,6 +34,47 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return "cpu"
+
+
+# Vector / matrix extensions worth naming in a report (x86 /proc/cpuinfo `flags`, Arm `Features`).
+_VECTOR_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "asimdhp",
+    "sve",
+    "sve2",
+    "bf16",
+    "i8mm",
+)
+
+
+def cpu_vector_extensions(cpuinfo: str | None = None) -> str:
+    """The CPU's vector extensions that matter for matmul speed ('avx2 fma', 'avx512f ... amx_bf16'),
+    from the first `flags` / `Features` line of /proc/cpuinfo; elsewhere the machine name."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            have = set(value.split())
+            found = [x for x in _VECTOR_FLAGS if x in have]
+            return " ".join(found) or "none of " + " ".join(_VECTOR_FLAGS[:5])
+    return f"unknown ({pyplatform.machine() or 'no /proc/cpuinfo'})"
 
 
 def resolve_dtype(name: str) -> str:
@@ -78,6 +120,27 @@ def peak_matmul_flops(dtype: str, size: int = 0, reps: int = 5) -> float:
         out.block_until_ready()
         best = min(best, (time.perf_counter() - t) / inner)
     return 2 * size**3 / best
+
+
+# ----------------------------------------------------------------------------- bandwidth
+def memory_bandwidth(size_mib: int = 0, reps: int = 5) -> float:
+    """The machine's memory bandwidth, measured like `peak_matmul_flops`: best bytes/s of a
+    jitted JAX `x <- -x` over a large float32 array (STREAM "scale": every element read once
+    and written once, so bytes = 2 x the array); default 256 MiB on CPU (far beyond the
+    caches), 2 GiB on GPU / TPU."""
+    if not size_mib:
+        size_mib = 256 if platform() == "cpu" else 2048
+    n = size_mib * 2**20 // 4
+    # donated: the result reuses the input's buffer, so no call pays for touching fresh pages
+    # (without it a 256 MiB output costs page faults that read as a 10x lower bandwidth on CPU)
+    f = jax.jit(lambda x: x * -1.0, donate_argnums=0)  # never overflows
+    x = f(jnp.ones((n,), jnp.float32)).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x = f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n * 4 / best
 
 
 # ----------------------------------------------------------------------------- memory

@@ -6,6 +6,7 @@ Tokens are random (the cost of a step does not depend on them). The step is the 
 across families: achieved FLOP/s divided by the matmul peak measured in the same run.
 """
 
+import dataclasses
 import os
 import time
 
@@ -32,6 +33,23 @@ def _time(one, spec: dict) -> tuple[list, tuple, float]:
         with jax.profiler.trace(spec["profile_dir"]):
             jax.block_until_ready(one())
     return times, mem, loss
+
+
+def byte_accounting(model, B: int, T: int) -> dict:
+    """The record's roofline inputs: bytes per token as run, in bfloat16 compute (the
+    accelerator rows of `--device_spec`), and what `memory_dtype=bfloat16` saves per token."""
+    byt = accounting.bytes_per_token(model, B, T)
+    if byt is None:
+        return {}
+    cfg = model.config
+    with_ = lambda **kw: accounting.bytes_per_token(
+        type(model)(dataclasses.replace(cfg, **kw)), B, T
+    )
+    out = {"bytes_per_token": byt, "bytes_per_token_bf16": with_(compute_dtype="bfloat16")}
+    if getattr(cfg, "memory", False) and hasattr(cfg, "memory_dtype"):
+        saved = with_(memory_dtype="float32")["train"] - with_(memory_dtype="bfloat16")["train"]
+        out["memory_bf16_saves"] = saved
+    return out
 
 
 def run(spec: dict) -> dict:
@@ -90,4 +108,4 @@ def run(spec: dict) -> dict:
         "peak_mem_kind": mem_kind,
         "baseline_rss_bytes": rss0,
         "loss": loss,
-    }
+    } | byte_accounting(model, B, T)

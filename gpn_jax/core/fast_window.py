@@ -23,8 +23,12 @@ recurrent:
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
   rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 
-Interventions (`gpn.Intervention`) are not supported here; `gpn_jax.models.gpn` falls back
-to the autodiff path when one is given.
+The memory is stored in its carry's dtype (`GPNConfig.memory_dtype`: bfloat16 halves its
+per-step traffic), each write computed in float32; the backward keeps the memory's cotangent
+in float32 and passes it unchanged through the storage rounding.
+
+Interventions (`gpn.Intervention`) are not supported here: `gpn_jax.models.gpn` refuses
+them with an error naming the reference `autodiff` scan (which the ablations use).
 
 Measured (`python -m gpn_jax.bench --config=experiments/configs/bench_small.py`, GPN+M 1L
 d=512, B=16, T=512, float32, 2-core AMD EPYC, matmul peak measured in the run 213 GFLOP/s):
@@ -159,7 +163,10 @@ def _cumsum(xs):
 
 
 def _write(dm: Dims, zk_prev, zw, a, M):
-    """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns."""
+    """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns.
+
+    Computed in float32, returned in M's dtype (`memory_dtype` storage)."""
+    M_in, M = M, M.astype(jnp.float32)
     zv, zb, za = _split(zw, [dm.hu, dm.h, dm.h])
     k = l2n(jax.nn.relu(_heads(zk_prev, dm.h)))
     v = _heads(zv, dm.h)
@@ -167,7 +174,7 @@ def _write(dm: Dims, zk_prev, zw, a, M):
     g = -a * jax.nn.softplus(za)
     k_M = jnp.einsum("bhk,bhku->bhu", k, M)
     delta = jnp.einsum("bhk,bhu->bhku", k, beta[..., None] * (v - k_M))
-    return jnp.exp(g)[..., None, None] * M + delta, g
+    return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
 def _layer_pre(dm: Dims, Z, Mn):
@@ -179,7 +186,7 @@ def _layer_pre(dm: Dims, Z, Mn):
         return h, pg
     zq, zrg = read
     q = l2n(jax.nn.relu(_heads(zq, dm.h)))
-    o = jnp.einsum("bhk,bhku->bhu", q, Mn).reshape(*q.shape[:-2], dm.hu)
+    o = jnp.einsum("bhk,bhku->bhu", q, Mn.astype(jnp.float32)).reshape(*q.shape[:-2], dm.hu)
     return jnp.concatenate([h, jax.nn.silu(zrg) * rms(o)], axis=-1), pg
 
 
@@ -258,7 +265,7 @@ def _reset(dm: Dims, fw: dict, carry, keep_B):
     k = keep_B[:, None]
     if dm.memory:
         zk = zk * k + (1 - k) * fw["b0"][: dm.hk]
-        M = M * k[..., None, None]
+        M = M * k[..., None, None].astype(M.dtype)  # 0 / 1: exact in any storage dtype
     return s * k, zk, M
 
 
@@ -327,7 +334,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     for i in reversed(range(dm.n_layers)):
         c_in = res.c[i - 1] if i else res.s
         Zl = res.Z[i - 1] if i else Z_layer0
-        (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, Mn)
+        (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
         X2s.insert(0, X2)
         dYs.insert(0, dc)
         dZl, dMn = pre((mm(dc, fwT["W2o"][i]), dc * c_in))
@@ -344,7 +351,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     # write: M' = write(key of s_prev, [v | beta | a] of s, M)
     if dm.memory:
         zw = res.Z0[..., dm.hk : dm.write_cols]
-        M_in = Mprev if keep is None else Mprev * keep[:, None, None, None]
+        M_in = _f32(Mprev) if keep is None else _f32(Mprev) * keep[:, None, None, None]
         _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], M_in)
         dzk_prev, dzw, da_t, dMprev = wr((dM, dg_out))
         dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
@@ -361,6 +368,12 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
             dzk_prev, dMprev = dzk_prev * k, dMprev * k[..., None, None]
         ds_prev = ds_prev * k
     return (ds_prev, dzk_prev, dMprev, Mprev, da), emit
+
+
+def _f32(M: Array | None) -> Array | None:
+    """A stored memory as float32 for the backward's vjps: the memory cotangent stays float32
+    and passes the storage rounding unchanged (as autodiff passes a cast)."""
+    return None if M is None else M.astype(jnp.float32)
 
 
 def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
@@ -451,11 +464,12 @@ def _make_window(dm: Dims):
 
     def bwd(saved, cts):
         dsT, dMT, dP, dG = cts
-        if dm.memory:
-            dMT = jnp.zeros_like(saved[4]) if dMT is None else dMT
+        if dm.memory:  # float32 cotangent whatever the memory's storage dtype
+            dMT = jnp.zeros(saved[4].shape, jnp.float32) if dMT is None else _f32(dMT)
         keep = saved[5]
-        grads = _window_bwd(dm, saved, (dsT, dMT, dP, dG))
-        return (*grads, None if keep is None else jnp.zeros_like(keep))
+        dfw, ds0, dzk0, dM0, dxg = _window_bwd(dm, saved, (dsT, dMT, dP, dG))
+        dM0 = None if dM0 is None else dM0.astype(saved[4].dtype)
+        return dfw, ds0, dzk0, dM0, dxg, None if keep is None else jnp.zeros_like(keep)
 
     window.defvjp(fwd, bwd)
     return window

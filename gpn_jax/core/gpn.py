@@ -59,12 +59,15 @@ class StepOutput(NamedTuple):
     log_decay: Array | None  # (B, H) memory log-decay g of this step
 
 
-def init_carry(batch: int, d: int, memory_shape: tuple[int, int, int] | None) -> GPNCarry:
-    """All-zero carry. `memory_shape` is (H, K, U), or None for GPN without memory."""
+def init_carry(
+    batch: int, d: int, memory_shape: tuple[int, int, int] | None, memory_dtype="float32"
+) -> GPNCarry:
+    """All-zero carry. `memory_shape` is (H, K, U), or None for GPN without memory; the memory
+    is stored in `memory_dtype` (its updates are computed in float32, see `memory_write`)."""
     s = jnp.zeros((batch, d), jnp.float32)
     if memory_shape is None:
         return GPNCarry(s, None, None)
-    return GPNCarry(s, s, jnp.zeros((batch, *memory_shape), jnp.float32))
+    return GPNCarry(s, s, jnp.zeros((batch, *memory_shape), memory_dtype))
 
 
 def reset_carry(carry: GPNCarry, keep_B: Array) -> GPNCarry:
@@ -72,7 +75,10 @@ def reset_carry(carry: GPNCarry, keep_B: Array) -> GPNCarry:
 
     Stateful training resets the state at every document start inside a window: a
     multiplication, so it costs one elementwise product per step and stays differentiable."""
-    scale = lambda x: None if x is None else x * keep_B.reshape(-1, *([1] * (x.ndim - 1)))
+
+    def scale(x):  # keep is 0 / 1: exact in any dtype (the memory may be stored in bf16)
+        return None if x is None else x * keep_B.astype(x.dtype).reshape(-1, *([1] * (x.ndim - 1)))
+
     return GPNCarry(*(scale(x) for x in carry))
 
 
@@ -107,9 +113,11 @@ def _heads(x: Array, h: int) -> Array:
 def memory_write(wp: Params, s_prev: Array, s: Array, M: Array) -> tuple[Array, Array]:
     """Gated delta write: key from the previous grounded state, value/beta/decay from the current.
 
-    Returns the new memory (B, H, K, U) and the per-head log-decay g (B, H).
+    Returns the new memory (B, H, K, U) and the per-head log-decay g (B, H). The update is
+    computed in float32 and stored back in M's dtype (`GPNConfig.memory_dtype`).
     """
     h = wp["A_log"].shape[0]
+    M_in, M = M, M.astype(jnp.float32)
     a, b = rms_norm(s_prev, wp["norm"]), rms_norm(s, wp["norm"])
     k = l2n(jax.nn.relu(_heads(mm(a, wp["wk"]) + wp["bk"], h)))  # (B, H, K)
     v = _heads(mm(b, wp["wv"]), h)  # (B, H, U)
@@ -117,7 +125,7 @@ def memory_write(wp: Params, s_prev: Array, s: Array, M: Array) -> tuple[Array, 
     g = -jnp.exp(wp["A_log"]) * jax.nn.softplus(mm(b, wp["wa"]) + wp["dt_bias"])  # (B, H)
     k_M = jnp.einsum("bhk,bhku->bhu", k, M)  # prediction from the old, undecayed memory
     delta = jnp.einsum("bhk,bhu->bhku", k, beta[..., None] * (v - k_M))
-    return jnp.exp(g)[..., None, None] * M + delta, g
+    return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
 def memory_read(lp: Params, c: Array, M: Array, iv: Intervention) -> Array:
@@ -125,7 +133,7 @@ def memory_read(lp: Params, c: Array, M: Array, iv: Intervention) -> Array:
     h = M.shape[1]
     r = rms_norm(c, lp["read_norm"])
     q = l2n(jax.nn.relu(_heads(mm(r, lp["wq"]) + lp["bq"], h)))  # (B, H, K)
-    o = jnp.einsum("bhk,bhku->bhu", q, M)  # (B, H, U)
+    o = jnp.einsum("bhk,bhku->bhu", q, M.astype(jnp.float32))  # (B, H, U)
     if iv.head_mask is not None:
         o = o * iv.head_mask[:, None]
     o = o.reshape(*o.shape[:-2], -1)  # (B, HU)

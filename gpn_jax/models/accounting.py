@@ -20,6 +20,13 @@ def param_counts(model) -> dict:
     return {"groups": groups, "total": sum(groups.values())}
 
 
+def bytes_per_token(model, batch_size: int, seq_len: int) -> dict | None:
+    """The model's analytic training-step memory traffic per token by term ('train': the sum),
+    or None for a family without a byte model (see e.g. `GPN.bytes_per_token`)."""
+    fn = getattr(model, "bytes_per_token", None)
+    return None if fn is None else fn(batch_size, seq_len)
+
+
 def summary(model, seq_len: int) -> dict:
     """Everything `gpn_jax.summary` prints: parameter counts and FLOPs per token."""
     counts = param_counts(model)

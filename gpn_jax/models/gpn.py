@@ -40,9 +40,11 @@ Array = jax.Array
 class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
-    AUTODIFF: `lax.scan` over `gpn.step`, differentiated by JAX (`core.window`), any
-    intervention; FUSED: `core.fast_window` (fused projections, custom VJP with weight
-    gradients out of the loop, cross-entropy gradients in the forward pass)."""
+    FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
+    gradients out of the loop, cross-entropy gradients in the forward pass); no interventions
+    and no tensor parallelism (both refused with an error naming AUTODIFF). AUTODIFF: the
+    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
+    intervention, any mesh; the tests compare FUSED against it."""
 
     AUTODIFF = "autodiff"
     FUSED = "fused"
@@ -63,9 +65,12 @@ class GPNConfig:
     memory: bool = True  # False: GPN (no matrix memory)
     decoder_bias: bool = False
     compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
+    # storage dtype of the matrix memory between tokens ("float32" | "bfloat16"); its updates
+    # and reads compute in float32. bfloat16 halves the memory's per-token traffic (accelerators)
+    memory_dtype: str = "float32"
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
-    scan_impl: ScanImpl = ScanImpl.AUTODIFF  # "autodiff" | "fused" (`ScanImpl`; same math)
+    scan_impl: ScanImpl = ScanImpl.FUSED  # "fused" | "autodiff" (`ScanImpl`; same math)
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -73,6 +78,10 @@ class GPNConfig:
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
+        if self.memory_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"memory_dtype must be 'float32' or 'bfloat16', got {self.memory_dtype!r}"
+            )
         if self.scan_impl not in tuple(ScanImpl):
             raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
         object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
@@ -163,9 +172,12 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
 
 
 def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None):
-    """The fused window; an intervention falls back to the autodiff scan (fast_window has none)."""
+    """The fused window; it has no interventions and says so rather than switching scans."""
     if any(x is not None for x in iv):
-        return window.scan_window(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB)
+        raise ValueError(
+            "scan_impl='fused' does not run interventions; use the reference scan "
+            "(model.autodiff(), or scan_impl='autodiff' in the config)"
+        )
     return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB)
 
 
@@ -197,10 +209,14 @@ class GPN(SpecModel):
                 "--config.model.scan_impl=autodiff"
             )
 
+    def autodiff(self) -> "GPN":
+        """The same model on the reference `autodiff` scan (what interventions need)."""
+        return GPN(dataclasses.replace(self.config, scan_impl=ScanImpl.AUTODIFF))
+
     def init_state(self, batch_size: int) -> GPNCarry:
         c = self.config
         mem = (c.n_heads, c.d_key, c.d_value) if c.memory else None
-        return gpn.init_carry(batch_size, c.d_model, mem)
+        return gpn.init_carry(batch_size, c.d_model, mem, c.memory_dtype)
 
     def weight_decay_mask(self, params) -> dict:
         return weight_decay_mask(params)
@@ -217,6 +233,8 @@ class GPN(SpecModel):
         `resets` (B, T) bool: the carry entering those positions is reset to the initial state
         (document starts, `models.base.document_starts`); None: no resets."""
         carry = self.init_state(tokens_BxT.shape[0]) if carry is None else carry
+        if carry.M is not None:  # stored in memory_dtype whatever the caller's carry holds
+            carry = carry._replace(M=carry.M.astype(self.config.memory_dtype))
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         scan = _impl(self.config.scan_impl).scan
@@ -290,3 +308,49 @@ class GPN(SpecModel):
             per_layer += d * (hk + hu) + hu * d + h * c.d_key * c.d_value  # read
         macs += c.n_layers * per_layer
         return {"forward": 2 * macs, "train": 6 * macs}
+
+    def bytes_per_token(self, batch_size: int, seq_len: int) -> dict:
+        """Analytic memory traffic of one training step per token (bytes moved between the
+        chip and its main memory / HBM, the roofline's denominator), on the `scan_impl` schedule.
+
+        Assumes nothing stays in cache between two uses, so it is an upper estimate on a CPU
+        whose caches hold a small model. Terms (w = compute dtype bytes, m = `memory_dtype` bytes,
+        activations and cotangents float32):
+          weights      the recurrent matrices are read every time step by the forward and by the
+                       backward loop (3 x with remat: the forward reruns), shared by the B
+                       sequences: passes * n_rec * w / B; decode + embedding read twice per
+                       loss chunk of C positions and their float32 gradient read + written;
+          weight_grads float32 accumulators of n_rec read + written once per fused segment of
+                       S steps (`fast_window`), once per step under autodiff;
+          activations  the per-step residuals (fused widths) written once and read once, plus
+                       the predicted state, its cotangent, xg and its cotangent;
+          memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
+                       reads M'; the backward recomputes M' (read + write), reads M and each
+                       layer's M' (5 + 2L passes in memory_dtype), its float32 cotangent read +
+                       written;
+          logits       (V,) float32 per position: logits written, read; their gradient written,
+                       read by two matmuls.
+        """
+        c = self.config
+        d, e, f, v, L = c.d_model, c.d_emb, c.d_ffn, c.vocab_size, c.n_layers
+        hk, hu, h = c.n_heads * c.d_key, c.n_heads * c.d_value, c.n_heads
+        w = jnp.dtype(c.compute_dtype).itemsize
+        m = jnp.dtype(c.memory_dtype).itemsize
+        B, T = batch_size, seq_len
+        write_cols = hk + hu + 2 * h if c.memory else 0
+        layer_cols = 2 * f + d + (hk + hu if c.memory else 0)
+        n_rec = d * (write_cols + L * layer_cols) + L * (f + hu) * d + d * d
+        S = c.remat_segment or fast_window.default_segment(T)
+        C = loss_lib.chunk_size(T, c.loss_chunk)
+        passes = 3 if c.remat_segment else 2
+        per_step_grads = c.scan_impl is ScanImpl.AUTODIFF
+        res_width = d + hk + write_cols + layer_cols + (L - 1) * (d + layer_cols) + 2 * d
+        out = {
+            "weights": passes * n_rec * w / B + (2 * w + 8) * (v * e + d * e) / (C * B),
+            "weight_grads": 8 * n_rec / (B if per_step_grads else S * B),
+            "activations": 4 * (2 * res_width + 8 * d),
+            "memory": h * c.d_key * c.d_value * (m * (5 + 2 * L) + 8) if c.memory else 0,
+            "logits": 5 * 4 * v,
+        }
+        out["train"] = sum(out.values())
+        return out

@@ -174,7 +174,10 @@ def test_mean_direction_decoding(gpn_m):
 
 
 def plain_ppl(model, params, batches):
-    """Independent PPL: the plain model's jitted loss (no intervention), token-weighted."""
+    """Independent PPL: the plain model's jitted loss (no intervention), token-weighted, on the
+    reference scan the ablations run on (`GPN.autodiff`; the default fused window differs from
+    it in the last bits)."""
+    model = model.autodiff()
     loss = jax.jit(lambda p, x: model.loss(p, x)[0])
     total = sum(float(loss(params, jnp.asarray(x))) * x.size for x in batches)
     return math.exp(total / sum(x.size for x in batches))

@@ -14,7 +14,7 @@ def test_config_strings_become_the_enum():
     cfg = GPNConfig(**SIZES, scan_impl="fused")
     assert cfg.scan_impl is ScanImpl.FUSED
     assert dataclasses.replace(cfg, scan_impl="autodiff").scan_impl is ScanImpl.AUTODIFF
-    assert GPNConfig(**SIZES).scan_impl is ScanImpl.AUTODIFF
+    assert GPNConfig(**SIZES).scan_impl is ScanImpl.FUSED  # the default
     with pytest.raises(ValueError, match="scan_impl must be 'autodiff' or 'fused', got 'nope'"):
         GPNConfig(**SIZES, scan_impl="nope")
 

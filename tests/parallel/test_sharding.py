@@ -25,7 +25,7 @@ B, T = 8, 8
 MODELS = {
     "gpn_m": dict(
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
-        d_value=8, n_layers=1, loss_chunk=4,
+        d_value=8, n_layers=1, loss_chunk=4, scan_impl="autodiff",
     ),
     "transformer": dict(
         family="transformer", vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_ffn=32,
@@ -33,7 +33,7 @@ MODELS = {
     ),
     "gpn_m_2l": dict(
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
-        d_value=8, n_layers=2, loss_chunk=4,
+        d_value=8, n_layers=2, loss_chunk=4, scan_impl="autodiff",
     ),
     "gpn_m_fused": dict(
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
@@ -220,9 +220,9 @@ def _recurrent_loops(text: str, steps: int):
     return loops
 
 
-def _fsdp_train_step(grad_accum: int):
+def _fsdp_train_step(grad_accum: int, name: str = "gpn_m"):
     """GPN+M train step on (data 2, fsdp 4): (model, optimizer, abstract state, jitted step)."""
-    config = dict(MODELS["gpn_m"], loss_chunk=4)
+    config = dict(MODELS[name], loss_chunk=4)
     model = factory.build_model(config)
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
     mesh = make_mesh((2, 4, 1))
@@ -250,12 +250,13 @@ def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
 
 
-def test_sharded_gradient_accumulation_equals_one_device_full_batch():
+@pytest.mark.parametrize("name", ["gpn_m", "gpn_m_fused"])
+def test_sharded_gradient_accumulation_equals_one_device_full_batch(name):
     """2 micro-batches on (data 2, fsdp 4) = one device's full batch, compared BEFORE the
     optimiser: Adam's first update is ~lr * sign(g), which turns float-order noise in a
     near-zero gradient entry into a full-size parameter change. A wrong divisor or a micro-batch
     counted twice moves the loss and every gradient by >= 1/3, far outside the bounds."""
-    model, opt, abstract, step, mesh = _fsdp_train_step(grad_accum=2)
+    model, opt, abstract, step, mesh = _fsdp_train_step(grad_accum=2, name=name)
     state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(3), (16, 16), 0, MODELS["gpn_m"]["vocab_size"])
     loss_and_grad = lambda m: jax.jit(jax.value_and_grad(lambda p, x: m.loss(p, x)[0]))

@@ -162,9 +162,10 @@ def test_no_heldout_set_trains_and_says_so(tmp_path):
 
 MATH_FREE = {
     "model.loss_chunk": 16,
-    "model.scan_impl": "fused",
+    "model.scan_impl": "autodiff",
     "model.remat_segment": 16,
     "model.compute_dtype": "bfloat16",
+    "model.memory_dtype": "bfloat16",
     "train.log_every": 2,
     "train.eval_every": 2,
     "train.eval_batches": 1,
