@@ -45,10 +45,10 @@ NAMES = {"gpn_m": "GPN+M", "gpn": "GPN", "gdn": "Gated DeltaNet", "transformer":
 def base_fields(family: str, width: int, vocab: int, seq_len: int, sweep) -> dict:
     """The family's model block at `width` before parameter matching (GPN+M's d_ffn is
     `ffn_mult` x width, rounded to a multiple of 8; the others' are matched to its count)."""
-    w = width
+    w, h = width, sweep.heads
     ffn = max(8, round(sweep.ffn_mult * w / 8) * 8)
     gpn_m = dict(family="gpn", vocab_size=vocab, d_model=w, d_emb=w // 2, d_ffn=ffn,
-                 n_heads=2, d_key=max(w // 4, 1), d_value=max(w // 2, 1), loss_chunk=32)  # fmt: skip
+                 n_heads=h, d_key=max(w // (2 * h), 1), d_value=max(w // h, 1), loss_chunk=32)  # fmt: skip
     if family == "gpn_m":
         return gpn_m
     if family == "gpn":
