@@ -97,6 +97,7 @@ def two_steps() -> dict:
     only its own rows of each batch (as the data pipeline does)."""
     import jax
     import ml_collections
+    from orbax.checkpoint import multihost
 
     from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
@@ -117,12 +118,19 @@ def two_steps() -> dict:
     step = setup.jit_train_step(model, opt, 1, mesh, state_sh)
     rows, n, i = 8, jax.process_count(), jax.process_index()
     losses, grad_norms = [], []
+    batches = []
+    for k in range(2):
+        batch = np.random.RandomState(k).randint(0, 64, (rows, 8)).astype(np.int32)
+        batches.append(meshlib.put_batch(batch[i * rows // n : (i + 1) * rows // n], mesh))
     with jax.set_mesh(mesh):
         state = jax.jit(init, out_shardings=state_sh)(jax.random.PRNGKey(0))
-        for k in range(2):
-            batch = np.random.RandomState(k).randint(0, 64, (rows, 8)).astype(np.int32)
-            local = batch[i * rows // n : (i + 1) * rows // n]
-            state, metrics = step(state, meshlib.put_batch(local, mesh))
+        # Compile, then meet at a coordination-service barrier (generous timeout) before the
+        # first collective: Gloo gives a peer only 30 s to join its first all-reduce, and on a
+        # loaded machine one process's compile can lag the other's by more than that.
+        step = step.lower(state, batches[0]).compile()
+        multihost.get_barrier_sync_fn()(key="two_steps_compiled", timeout_ms=300_000)
+        for batch in batches:
+            state, metrics = step(state, batch)
             losses.append(float(metrics["loss"]))  # step 2's loss sees step 1's update
             grad_norms.append(float(metrics["grad_norm"]))
         return {"losses": losses, "grad_norms": grad_norms, "processes": n}
