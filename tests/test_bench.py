@@ -119,20 +119,19 @@ def test_memory_slopes():
     assert [round(s, 3) for _, _, s in slopes] == [1.0, 1.0]
 
 
-def test_cli_unknown_suite_is_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpn_jax.bench",
-            "--config=experiments/configs/bench_tiny.py",
-            f"--workdir={tmp_path}",
-            "--suites=train,nope",
-        ],
+def run_bench_cli(workdir, *flags):
+    """`python -m gpn_jax.bench` on the tiny config, from the repository root."""
+    argv = ["--config=experiments/configs/bench_tiny.py", f"--workdir={workdir}", *flags]
+    return subprocess.run(
+        [sys.executable, "-m", "gpn_jax.bench", *argv],
         capture_output=True,
         text=True,
         cwd=os.path.dirname(os.path.dirname(__file__)),
     )
+
+
+def test_cli_unknown_suite_is_one_line(tmp_path):
+    proc = run_bench_cli(tmp_path, "--suites=train,nope")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("gpn-bench: error: unknown suite")
 
@@ -184,19 +183,7 @@ def test_roofline_table_from_a_record():
 
 
 def test_cli_unknown_device_spec_is_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpn_jax.bench",
-            "--config=experiments/configs/bench_tiny.py",
-            f"--workdir={tmp_path}",
-            "--device_spec=h100,b200",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-    )
+    proc = run_bench_cli(tmp_path, "--device_spec=h100,b200")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "gpn-bench: error: unknown --device_spec ['b200']; choose from ['h100', 'h200', 'v5e', 'v5p']"
