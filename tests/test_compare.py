@@ -115,10 +115,15 @@ def run_compare(workdir, lambada_path=""):
         "from tests.test_compare import micro_config\n"
         "compare(micro_config(), sys.argv[1], lambada_path=sys.argv[2] or None)\n"
     )
+    return run_one_device(code, workdir, lambada_path)
+
+
+def run_one_device(code: str, *args):
+    """`python -c code *args` from the repository root on one CPU device; must exit 0."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(workdir), str(lambada_path)],
+        [sys.executable, "-c", code, *map(str, args)],
         cwd=ROOT,
         env=env,
         capture_output=True,

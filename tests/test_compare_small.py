@@ -11,6 +11,7 @@ import pytest
 from experiments import compare, compare_claims, compare_seeds, fetch_corpus
 from experiments.configs import compare_small
 from gpn_jax.data.text_sources import embedded_corpus
+from tests.test_compare import run_one_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = "usr/share/doc/python3.11/html/_sources"
@@ -222,12 +223,7 @@ def run_two_model_compare(workdir):
         "c.compare.analysis_batches = 1\n"
         "compare(c, sys.argv[1], seeds=2)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-c", code, str(workdir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_one_device(code, workdir)
 
 
 @pytest.mark.slow
