@@ -2,7 +2,7 @@
 
     python -m experiments.fetch_corpus --output=/tmp/pydocs
     python -m gpn_jax.prepare --input=/tmp/pydocs/pydocs.jsonl --output=/tmp/pydocs_bin \
-        --vocab_size=4096 --heldout_fraction=0.05
+        --vocab_size=4096 --heldout_fraction=0.1
 
 The corpus is the Python documentation's reStructuredText sources that Debian's
 `python3.11-doc` package ships (`usr/share/doc/python3.11/html/_sources/**/*.rst.txt`): 497
