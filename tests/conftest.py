@@ -3,9 +3,9 @@
 import os
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+from tests.environment import xla_flags
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(devices=8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Many tests (and the CLI subprocesses they start) compile the same tiny train steps: share
@@ -13,7 +13,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "gpn_jax_test_xla_cache")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
 def pytest_collection_modifyitems(config, items):

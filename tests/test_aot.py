@@ -11,6 +11,7 @@ import pytest
 
 from experiments.configs import gpn_m_tiny
 from gpn_jax import aot
+from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +50,9 @@ def test_compile_reports_sharded_state_and_memory():
 
 @pytest.mark.slow
 def test_cli_forces_cpu_devices_and_prints_memory():
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {
+        "XLA_FLAGS": FAST_COMPILE
+    }
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpn_jax.aot",
@@ -85,7 +88,9 @@ def test_cli_forces_cpu_devices_and_prints_memory():
 )
 def test_cli_reports_bad_input_in_one_line(args, message):
     """Also shows the CLI forces the asked-for number of CPU devices (4 here)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {
+        "XLA_FLAGS": FAST_COMPILE
+    }
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpn_jax.aot", "--config=experiments/configs/gpn_m_tiny.py",

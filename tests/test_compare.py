@@ -12,6 +12,7 @@ import pytest
 from experiments import compare
 from experiments.configs import compare_130m, compare_tiny
 from gpn_jax.configs import common
+from tests.environment import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ["gpn_m", "gpn", "transformer", "gdn"]
@@ -120,8 +121,7 @@ def run_compare(workdir, lambada_path=""):
 
 def run_one_device(code: str, *args):
     """`python -c code *args` from the repository root on one CPU device; must exit 0."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env = one_device_env()
     proc = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
         cwd=ROOT,

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from tests.environment import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "experiments", "colab_quickstart.ipynb")
 
@@ -71,7 +73,7 @@ def test_notebook_executes(tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
     # the kernel inherits this environment: one CPU device (not the tests' 8), few steps
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", xla_flags())
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("GPN_NOTEBOOK_STEPS", "30")
     monkeypatch.setenv("GPN_NOTEBOOK_WORKDIR", str(tmp_path / "run"))

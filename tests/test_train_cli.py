@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gpn_jax.data.tokenizer import train_tokenizer
+from tests.environment import one_device_env, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "experiments/configs/gpn_m_tiny.py"
@@ -29,14 +30,8 @@ def train_cmd(workdir, *flags, config=TINY):
     ]
 
 
-def user_env():
-    """The environment of a user's shell: one CPU device (no forced test devices)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-
-
 def run_train(workdir, *flags, config=TINY, timeout=300):
-    env = user_env()
+    env = one_device_env()
     return subprocess.run(
         train_cmd(workdir, *flags, config=config),
         cwd=ROOT,
@@ -113,7 +108,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
         "--config.train.log_every=1",
         "--config.train.batch_size=8",
     ]
-    env = user_env()
+    env = one_device_env()
     proc = subprocess.Popen(
         train_cmd(workdir, *flags),
         cwd=ROOT,
@@ -186,8 +181,8 @@ def test_bad_config_fails_before_any_work(tmp_path, flags, message):
     cache that caches every compile stays empty)."""
     cache = tmp_path / "xla_cache"
     env = dict(
-        user_env(),
-        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        one_device_env(),
+        XLA_FLAGS=xla_flags(devices=2),
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
@@ -235,7 +230,7 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env=user_env(),
+        env=one_device_env(),
     )
     assert proc.returncode == 1
     progress = re.compile(r"\d+%\|")  # tqdm's bar (stderr)

@@ -17,6 +17,7 @@ import pytest
 from gpn_jax.analysis import ablations, collect, runner, summarize
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests import REPO_ROOT as ROOT
+from tests.environment import one_device_env
 from tests.tolerance import assert_rel_close
 
 V, B, T = 64, 4, 16
@@ -334,11 +335,6 @@ def test_rejects_other_models():
 
 
 # ---------------------------------------------------------------------------- a real run
-def user_env():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny GPN+M trained for a few steps on the embedded corpus (its own held-out split)."""
@@ -348,7 +344,7 @@ def trained(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "gpn_jax.train", "--config=experiments/configs/gpn_m_tiny.py",
          f"--workdir={workdir}", *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=user_env(),
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=one_device_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     with open(os.path.join(workdir, "final_metrics.json")) as f:
@@ -371,7 +367,7 @@ def test_cli_one_line_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "gpn_jax.analyze", f"--workdir={tmp_path / 'none'}",
          f"--out={tmp_path / 'an'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=user_env(),
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=one_device_env(),
     )  # fmt: skip
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -385,7 +381,7 @@ def test_cli_end_to_end(trained, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "gpn_jax.analyze", f"--workdir={workdir}", f"--out={out}",
          "--max_batches=4", "--sample_size=256"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=user_env(),
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=one_device_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "(e) whole memory read zeroed" in proc.stdout

@@ -6,7 +6,6 @@ the final carry, several memory-checkpoint segments, remat segments, loss chunks
 """
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,6 @@ from tests.core.test_gpn_core import random_params
 from tests.tolerance import assert_rel_close
 
 V, B = 37, 2
-# These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
-jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 NO_MEM = dict(memory=False, n_heads=0, d_key=0, d_value=0)
 
 
@@ -53,7 +50,7 @@ def loss_and_grads(model, params, x, carry):
         on_carry = sum(jnp.sum(jnp.sin(a)) for a in jax.tree.leaves(c2))
         return loss + 0.1 * on_carry, (loss, c2)
 
-    return jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
 
 
 CASES = {
@@ -96,7 +93,7 @@ def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
             )
             return ce, c, out, g
 
-        return jit(f)(params)
+        return jax.jit(f)(params)
 
     # Per leaf relative to its norm: an element-wise 1e-5 failed on AVX2 (an `embed` gradient
     # entry off by 2.3e-5). Measured <= 2.7e-6 (2-core AVX2, the log-decay gradient of `bq`).
@@ -111,14 +108,14 @@ def test_intervention_is_refused_by_fused_and_runs_on_autodiff():
     with pytest.raises(ValueError, match=r"scan_impl='fused' does not run interventions; use"):
         jax.eval_shape(lambda p: fused.loss(p, x, iv=iv), params)
     assert fused.autodiff().config == ref.config
-    loss = lambda m, iv: float(jit(lambda p: m.loss(p, x, iv=iv)[0])(params))
+    loss = lambda m, iv: float(jax.jit(lambda p: m.loss(p, x, iv=iv)[0])(params))
     assert loss(fused.autodiff(), iv) == loss(ref, iv) != loss(ref, Intervention())  # it acts
 
 
 def test_bfloat16_close_to_autodiff():
     ref, fused = pair(n_layers=2, compute_dtype="bfloat16")
     params, x = random_params(ref), tokens(8)
-    grad = lambda m: jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
+    grad = lambda m: jax.jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
     g_r, g_f = jax.tree.leaves(grad(ref)), jax.tree.leaves(grad(fused))
     for a, b in zip(g_r, g_f, strict=True):
         assert bool(jnp.all(jnp.isfinite(b)))
@@ -136,7 +133,7 @@ def test_jits_once():
         traces.append(1)
         return jax.value_and_grad(lambda p: fused.loss(p, x)[0])(p)
 
-    f = jit(step)
+    f = jax.jit(step)
     for seed in range(3):
         jax.block_until_ready(f(params, tokens(8, seed)))
     assert len(traces) == 1

@@ -27,6 +27,7 @@ from gpn_jax.data.prepare.run import (
 from gpn_jax.data.prepare.tokenizer_step import training_sample
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from tests.environment import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 V = 512
@@ -439,8 +440,7 @@ def test_output_holding_shards_of_another_tool_is_refused(tmp_path, tokenizer_pa
 
 def user_env() -> dict:
     """A user's shell: one CPU device (not the test's forced devices)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    return one_device_env(PYTHONPATH=ROOT)
 
 
 def run_module(module: str, *args) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 in float32, through both scan implementations."""
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,6 @@ from tests.tolerance import assert_rel_close, rel_err
 
 BASE = GPNConfig(vocab_size=37, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
 X = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 0, 37)
-jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 
 
 def run(scan_impl: str, memory_dtype: str):
@@ -26,7 +24,7 @@ def run(scan_impl: str, memory_dtype: str):
         loss, (carry, _) = model.loss(p, X)
         return loss, carry
 
-    (loss, carry), grads = jit(jax.value_and_grad(f, has_aux=True))(params)
+    (loss, carry), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
     return model, params, float(loss), carry, grads
 
 
@@ -70,9 +68,9 @@ def test_bfloat16_memory_with_document_resets_keeps_its_dtype_and_resets(scan_im
     model = GPN(dataclasses.replace(BASE, scan_impl=scan_impl, memory_dtype="bfloat16"))
     params = random_params(model)
     resets = jnp.zeros(X.shape, bool).at[:, 16].set(True)
-    losses, carry = jit(lambda p: model.token_losses(p, X, resets=resets))(params)
+    losses, carry = jax.jit(lambda p: model.token_losses(p, X, resets=resets))(params)
     assert carry.M.dtype == jnp.bfloat16
-    fresh, _ = jit(lambda p: model.token_losses(p, X[:, 16:]))(params)
+    fresh, _ = jax.jit(lambda p: model.token_losses(p, X[:, 16:]))(params)
     # the second half after a reset is the fresh model on it: measured 0 difference in the
     # losses (same float32 math, same bf16 storage rounding); bound 1e-5 relative
     assert rel_err(losses[:, 16:], fresh) < 1e-5

@@ -5,8 +5,6 @@ Bounds are norm-relative (`tests.tolerance`): each says the error measured on th
 machine and the margin taken.
 """
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,9 +17,6 @@ from gpn_jax.models.gpn import GPN, GPNConfig
 from tests.core import test_fast_window as fw_tests
 from tests.core.test_gpn_core import random_params
 from tests.tolerance import assert_rel_close
-
-# These tests check math, not speed: the backend's cheapest optimisation level halves compiles.
-jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 
 V, EOS = 32, 3
 
@@ -61,7 +56,7 @@ def params_of(model, seed=0):
 
 
 def losses(model, params, x, carry=None, resets=None):
-    return jit(model.token_losses)(params, x, carry, resets=resets)
+    return jax.jit(model.token_losses)(params, x, carry, resets=resets)
 
 
 def tokens(B=2, T=12, seed=0):
@@ -123,7 +118,7 @@ def test_split_window_with_carry_equals_whole_window(name):
         second, _ = model.loss(p, y[:, 6:], carry=c, resets=ry[:, 6:])
         return (first + second) / 2
 
-    gw, gt = jit(jax.grad(whole_loss))(params), jit(jax.grad(truncated_loss))(params)
+    gw, gt = jax.jit(jax.grad(whole_loss))(params), jax.jit(jax.grad(truncated_loss))(params)
     # measured (2-core AVX2) <= 4e-7 per leaf for GPN, <= 4e-6 for GDN; bound 1e-4 (25x)
     assert_rel_close(gt, gw, 1e-4, f"{name} gradients")
 
@@ -152,7 +147,7 @@ def test_fused_equals_autodiff_with_resets(name, monkeypatch):
             loss, (out, _) = model.loss(p, x, c, resets=r)
             return loss + 0.1 * sum(jnp.sum(jnp.sin(v)) for v in jax.tree.leaves(out)), out
 
-        return jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, carry)
 
     (va, oa), ga = run(auto)
     (vf, of), gf = run(fused)

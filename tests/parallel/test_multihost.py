@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests import REPO_ROOT as ROOT
+from tests.environment import xla_flags
 
 LAUNCH = os.path.join(ROOT, "launch")
 TIMEOUT_S = 240  # per process; every wait below is bounded
@@ -54,7 +55,7 @@ def cpu_env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPN_", "SLURM_", "OMPI_"))}
     env.update(
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags(devices),
         PYTHONPATH=ROOT,
         **extra,
     )

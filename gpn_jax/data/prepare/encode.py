@@ -9,14 +9,14 @@ import json
 
 import numpy as np
 
-from gpn_jax.data.tokenizer import Tokenizer
+from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 _STATE: dict = {}
 
 
-def init_worker(model_proto: bytes, text_field: str, dtype: str) -> None:
+def init_worker(tokenizer_path: str, text_field: str, dtype: str) -> None:
     """Loads the tokenizer once per worker process."""
-    _STATE.update(tokenizer=Tokenizer(model_proto), text_field=text_field, dtype=dtype)
+    _STATE.update(tokenizer=load_tokenizer(tokenizer_path), text_field=text_field, dtype=dtype)
 
 
 def chunk_texts(chunk, text_field: str) -> list[str]:

@@ -131,7 +131,10 @@ class _Job:
     def run(self) -> None:
         workers = self.o.workers or _usable_cores()
         chunks = self.source.chunks(self.position, self.o.chunk_records)
-        init = (self.tokenizer.model_proto, self.o.text_field, self.dtype)
+        # The workers load the output's own tokenizer.model: a path, not the model's bytes, so
+        # each spawned worker's start-up message stays within one pipe buffer and the workers
+        # start together (with the bytes, each start waited for the previous worker's imports).
+        init = (os.path.join(self.o.output, TOKENIZER), self.o.text_field, self.dtype)
         disable = None if self.o.progress else True  # None: only on a terminal
         with tqdm(unit=" docs", initial=self.counts["documents"], disable=disable) as bar:
             for result in ordered_map(
