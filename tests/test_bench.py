@@ -60,6 +60,7 @@ def test_all_suites_in_process(tmp_path):
             assert r["latency_s"] > 0 and r["tokens_per_s"] > 0
 
     assert train[0]["bytes_per_token"]["memory"] > 0 and train[0]["memory_bandwidth"] > 0
+    assert train[1]["bytes_per_token"]["mixer"] > 0  # the baselines have byte models too
     text = (tmp_path / "bench_tiny.md").read_text()
     assert "CPU vector extensions: " in text and "| gpn_m | " in text.split("## Roofline")[1]
     assert "| GPN+M (fused) |" in text and "## Generation" in text and "not run: KV cache" in text

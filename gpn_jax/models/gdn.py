@@ -47,6 +47,7 @@ from gpn_jax.core import gated_delta
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
+from gpn_jax.models import accounting
 from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
 from gpn_jax.models.params import (
@@ -374,3 +375,40 @@ class GatedDeltaNet(SpecModel):
             delta = 3 * h * c.d_key * c.d_value
         macs = c.n_layers * (proj + delta) + d * v
         return {"forward": 2 * macs, "train": 6 * macs}
+
+    def bytes_per_token(self, batch_size: int, seq_len: int) -> dict:
+        """Analytic training-step memory traffic per token (`accounting.layer_parallel_bytes`).
+
+        Per layer: matrices as `flops_per_token` (d (2HK + 2HU + 2H) + HU d + 3 d f); saved
+        residuals 4 d + 6 HK + 5 HU + 2 H + 3 f (block input and its norm, q / k / v before and
+        after the convolution, the normalised q and k, beta and the decay, the output gate, the
+        delta-rule output and its gated norm, the mid-block stream and its norm; SwiGLU gate,
+        up and product). Head: the V x d embedding (or head). Mixer, per layer: the chunked
+        rule at C = min(chunk_size, T) writes the (H, K, U) float32 state at each chunk
+        boundary, reads it in the next chunk and in the backward, and writes and reads its
+        cotangent (5 x 4 B x HKU / C), and forms three (C, C) matrices per head (decay-weighted
+        K K^T, its triangular inverse, Q K^T), each written and read in the forward and twice
+        in the backward (3 x 6 x 4 B x H C). The recurrent form (chunk_size 0) reads and writes
+        the state every token, stores it for the backward and writes and reads its cotangent
+        (6 x 4 B x HKU).
+        """
+        c = self.config
+        d, f, h, L = c.d_model, c.d_ffn, c.n_heads, c.n_layers
+        hku = h * c.d_key * c.d_value
+        if c.chunk_size:
+            C = gated_delta.chunk_len(seq_len, c.chunk_size)
+            mixer = 5 * 4 * hku / C + 3 * 6 * 4 * h * C
+        else:
+            mixer = 6 * 4 * hku
+        return accounting.layer_parallel_bytes(
+            matrices=L * (d * (2 * c.d_qk + 2 * c.d_v + 2 * h) + c.d_v * d + 3 * d * f),
+            head=c.vocab_size * d,
+            residual_width=L * (4 * d + 6 * c.d_qk + 5 * c.d_v + 2 * h + 3 * f),
+            mixer=L * mixer,
+            vocab=c.vocab_size,
+            weight_bytes=jnp.dtype(c.compute_dtype).itemsize,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            loss_chunk=c.loss_chunk,
+            remat=c.remat,
+        )

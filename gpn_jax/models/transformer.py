@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
+from gpn_jax.models import accounting
 from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.params import (
     EMBED,
@@ -296,3 +297,29 @@ class Transformer(SpecModel):
         per_layer = 4 * d * d + 3 * d * f + 2 * (T / 2) * d
         macs = c.n_layers * per_layer + d * v
         return {"forward": 2 * macs, "train": 6 * macs}
+
+    def bytes_per_token(self, batch_size: int, seq_len: int) -> dict:
+        """Analytic training-step memory traffic per token (`accounting.layer_parallel_bytes`).
+
+        Per layer: matrices 4 d^2 + 3 d f; saved residuals 10 d + 3 f (block input and its
+        norm, q, k, v, the rotated q and k, the attention output, the mid-block stream and its
+        norm; SwiGLU gate, up and their product). Head: the V x d embedding (or head). Mixer:
+        XLA's attention materialises each head's row of T scores (no fused kernel assumed):
+        scores written, read by the softmax, probabilities written, read by the value product;
+        the backward reads the probabilities, writes and reads their cotangent and the scores'
+        (read twice: dQ and dK): 10 x 4 B x N T per layer.
+        """
+        c = self.config
+        d, f, L = c.d_model, c.d_ffn, c.n_layers
+        return accounting.layer_parallel_bytes(
+            matrices=L * (4 * d * d + 3 * d * f),
+            head=c.vocab_size * d,
+            residual_width=L * (10 * d + 3 * f),
+            mixer=L * 10 * 4 * c.n_heads * seq_len,
+            vocab=c.vocab_size,
+            weight_bytes=jnp.dtype(c.compute_dtype).itemsize,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            loss_chunk=c.loss_chunk,
+            remat=c.remat,
+        )
