@@ -54,6 +54,25 @@ def test_convert_writes_every_source_once_in_sorted_order(tmp_path):
     assert info["text_bytes"] == sum(len(docs[r["path"]].encode()) for r in rows)
 
 
+def test_files_are_cut_into_pieces_at_paragraph_breaks(tmp_path):
+    a, b, c = "First para.\n\n", "Second, longer paragraph.\n\n", "\n" + "x" * 30 + "\n"
+    assert fetch_corpus.pieces(a + b + c, 0) == [a + b + c]
+    assert fetch_corpus.pieces(a + b + c, 40) == [
+        a + b,
+        c,
+    ]  # 13 + 27 fit, + 32 does not (a blank line stays with what follows)
+    assert fetch_corpus.pieces(a + b + c, 20) == [a, b, c]  # a longer paragraph stands alone
+    assert fetch_corpus.pieces(a + "  \n", 12) == [a + "  \n"]  # trailing blanks stay attached
+    fake_deb_tree(tmp_path / "x", {"one.rst.txt": a + b + c, "two.rst.txt": c})
+    info = fetch_corpus.convert(str(tmp_path / "x"), str(tmp_path / "out"), piece_chars=40)
+    lines = (tmp_path / "out" / fetch_corpus.CORPUS_FILE).read_text("utf-8").splitlines()
+    rows = [json.loads(ln) for ln in lines]
+    assert [(r["path"], r["part"], r["text"]) for r in rows] == [
+        ("one.rst.txt", 0, a + b), ("one.rst.txt", 1, c), ("two.rst.txt", 0, c)
+    ]  # fmt: skip
+    assert (info["files"], info["documents"], info["piece_chars"]) == (2, 3, 40)
+
+
 def test_convert_of_a_tree_without_sources_is_a_one_line_error(tmp_path):
     (tmp_path / "x").mkdir()
     with pytest.raises(ValueError, match="expected one usr/share/doc/python3"):
