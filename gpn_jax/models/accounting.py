@@ -3,6 +3,7 @@
 import math
 
 import jax
+import jax.numpy as jnp
 
 from gpn_jax.core import loss as loss_lib
 
@@ -30,26 +31,17 @@ def bytes_per_token(model, batch_size: int, seq_len: int) -> dict | None:
 
 
 def layer_parallel_bytes(
-    *,
-    matrices: int,
-    head: int,
-    residual_width: int,
-    mixer: float,
-    vocab: int,
-    weight_bytes: int,
-    batch_size: int,
-    seq_len: int,
-    loss_chunk: int,
-    remat: bool,
+    config, batch_size: int, seq_len: int, *, matrices: int, residual_width: int, mixer: float
 ) -> dict:
     """Analytic training-step memory traffic per token of a model whose layers each run on the
     whole (B, T) window at once (Transformer++, Gated DeltaNet), by term as
     `GPN.bytes_per_token`, with the same assumption (nothing stays in cache between two uses):
 
       weights      every layer matrix read once by the forward and once by the backward (a
-                   second forward with remat), shared by all B*T tokens of the step; the head
-                   (`head` elements) read twice per loss chunk of C positions and its float32
-                   gradient read + written, shared by the chunk's C*B tokens (as GPN);
+                   second forward with `config.remat`), shared by all B*T tokens of the step;
+                   the V x d head (or tied embedding) read twice per loss chunk of C positions
+                   and its float32 gradient read + written, shared by the chunk's C*B tokens
+                   (as GPN); matrices in `config.compute_dtype`;
       weight_grads float32 gradient of every layer matrix read + written once per step;
       activations  float32: each layer's saved residuals (`residual_width` per token, all
                    layers) written and read, and their cotangents written and read;
@@ -57,16 +49,17 @@ def layer_parallel_bytes(
                    given by the family;
       logits       as GPN: (V,) float32 written, read; their gradient written, read by two matmuls.
     """
-    tokens = batch_size * seq_len
-    chunk = loss_lib.chunk_size(seq_len, loss_chunk)
-    passes = 3 if remat else 2
+    c, tokens = config, batch_size * seq_len
+    w = jnp.dtype(c.compute_dtype).itemsize
+    chunk = loss_lib.chunk_size(seq_len, c.loss_chunk)
+    passes = 3 if c.remat else 2
     out = {
-        "weights": passes * matrices * weight_bytes / tokens
-        + (2 * weight_bytes + 8) * head / (chunk * batch_size),
+        "weights": passes * matrices * w / tokens
+        + (2 * w + 8) * c.vocab_size * c.d_model / (chunk * batch_size),
         "weight_grads": 8 * matrices / tokens,
         "activations": 4 * 4 * residual_width,
         "mixer": mixer,
-        "logits": 5 * 4 * vocab,
+        "logits": 5 * 4 * c.vocab_size,
     }
     out["train"] = sum(out.values())
     return out

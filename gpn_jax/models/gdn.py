@@ -401,14 +401,10 @@ class GatedDeltaNet(SpecModel):
         else:
             mixer = 6 * 4 * hku
         return accounting.layer_parallel_bytes(
+            c,
+            batch_size,
+            seq_len,
             matrices=L * (d * (2 * c.d_qk + 2 * c.d_v + 2 * h) + c.d_v * d + 3 * d * f),
-            head=c.vocab_size * d,
             residual_width=L * (4 * d + 6 * c.d_qk + 5 * c.d_v + 2 * h + 3 * f),
             mixer=L * mixer,
-            vocab=c.vocab_size,
-            weight_bytes=jnp.dtype(c.compute_dtype).itemsize,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            loss_chunk=c.loss_chunk,
-            remat=c.remat,
         )

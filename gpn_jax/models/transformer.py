@@ -312,14 +312,10 @@ class Transformer(SpecModel):
         c = self.config
         d, f, L = c.d_model, c.d_ffn, c.n_layers
         return accounting.layer_parallel_bytes(
+            c,
+            batch_size,
+            seq_len,
             matrices=L * (4 * d * d + 3 * d * f),
-            head=c.vocab_size * d,
             residual_width=L * (10 * d + 3 * f),
             mixer=L * 10 * 4 * c.n_heads * seq_len,
-            vocab=c.vocab_size,
-            weight_bytes=jnp.dtype(c.compute_dtype).itemsize,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            loss_chunk=c.loss_chunk,
-            remat=c.remat,
         )
