@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from experiments import compare, compare_claims, compare_seeds, fetch_corpus
+from experiments import compare, compare_claims, compare_seeds, fetch_corpus, window_ppl
 from experiments.configs import compare_small
 from gpn_jax.data.text_sources import embedded_corpus
 from tests.test_compare import run_one_device
@@ -71,6 +71,16 @@ def test_files_are_cut_into_pieces_at_paragraph_breaks(tmp_path):
         ("one.rst.txt", 0, a + b), ("one.rst.txt", 1, c), ("two.rst.txt", 0, c)
     ]  # fmt: skip
     assert (info["files"], info["documents"], info["piece_chars"]) == (2, 3, 40)
+
+
+def test_window_ppl_reads_seen_steps_spread_and_the_next_unseen_ones():
+    assert window_ppl.seen_and_unseen_steps(270, 764, 4) == {
+        "seen": [0, 67, 135, 202], "unseen": [270, 271, 272, 273]
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"^--batches must be in \[1, 6\] \(the run trained 6"):
+        window_ppl.seen_and_unseen_steps(6, 100, 7)
+    with pytest.raises(ValueError, match=r"trained 760 of the 764 steps .* fewer than 5 unseen"):
+        window_ppl.seen_and_unseen_steps(760, 764, 5)
 
 
 def test_convert_of_a_tree_without_sources_is_a_one_line_error(tmp_path):
@@ -267,6 +277,11 @@ def test_two_model_two_seed_compare_reports_mean_std_gap_and_claims(tmp_path):
             saved = json.loads((workdir / "analysis" / r["name"] / f"s{x['seed']}" /
                                 "metrics.json").read_text())  # fmt: skip
             assert x["analysis"] == compare_claims.run_summary(saved)
+    split = window_ppl.window_ppl(rows[0]["runs"][0]["workdir"], batches=3)
+    assert split["step"] == 6 and split["seen_tokens"] == split["unseen_tokens"] == 3 * 8 * 32
+    assert split["heldout_tokens"] == 3 * 8 * 32
+    assert split["memorisation"] == split["unseen_ppl"] / split["seen_ppl"] - 1
+    assert split["heldout_shift"] == split["heldout_ppl"] / split["unseen_ppl"] - 1
     claims = result["claims"]
     assert claims == compare_claims.claims(rows)
     m, g = rows
