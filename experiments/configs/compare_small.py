@@ -24,17 +24,10 @@ over 100 random 5 % splits of these documents the training split's unigram model
 on held-out than on training tokens on average, std 1.4 % (the split above: -0.3 %; with whole
 files as documents it was +2.5 %, std 4.0 %).
 
-Time: an ESTIMATE, not a measurement; the whole run (4 models x 3 seeds, with the train-PPL
-evaluations and the GPN / GPN+M analyses) is planned for ~90 minutes on 2 idle cores.
-* Timed on 2026-11-30 with 8 steps per model in one process, on 2 CPU cores SHARED with other
-  jobs (load average ~10): 814 / 879 / 739 / 800 tokens/s (GPN+M / GPN / Transformer++ /
-  GDN), steps 5-8, i.e. after compilation. The four cost about the same per token here.
-* Idle estimate, from the measured idle compare_tiny (4 x 614,400 tokens in 5 min 12 s, ~7.9k
-  tokens/s with compilation and evaluation) scaled by training FLOPs per token (18.2-20.1M
-  here vs 6.8-7.6M there, x 2.65): ~3.0k tokens/s; the shared-machine rate above times the
-  load share (~5x) gives ~4k tokens/s, so 3.0k is the cautious figure.
-* 12 runs x 1.1M tokens / 3.0k tokens/s ~ 74 min of training, plus ~10-15 min for compilation,
-  held-out and train-PPL evaluations and six analyses (ANALYSIS_BATCHES held-out batches each).
+Time, measured 2026-12-01 (2-core AMD EPYC, AVX2): the whole command took 1 h 45 min 49 s,
+with other jobs sharing the cores for about 25 minutes of it (~1 h 30 min idle); per run of 270
+steps about 9-11 minutes for GPN+M, Transformer++ and Gated DeltaNet, 5.5 for GPN, including
+the held-out and train-PPL evaluations. The table is in the README.
 If the machine is slower, lower `train.steps` (all models alike) rather than the seeds.
 """
 
