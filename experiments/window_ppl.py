@@ -61,8 +61,11 @@ def window_ppl(workdir: str, batches: int) -> dict:
     return out
 
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A finished training run.")
-_BATCHES = flags.DEFINE_integer("batches", 46, "Batches per set (46 x 16 x 256 = 188k tokens).")
+# allow_override: tests import several entry points into one process (as experiments.compare)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A finished training run.", allow_override=True)
+_BATCHES = flags.DEFINE_integer(
+    "batches", 46, "Batches per set (46 x 16 x 256 = 188k tokens).", allow_override=True
+)
 flags.mark_flags_as_required(["workdir"])
 
 
