@@ -27,8 +27,8 @@ training windows (the held-out shift that remains).
 
 Output: `<output>/pydocs.jsonl`, one `{"text", "path", "part"}` object per piece in sorted path
 order (so the same .deb always gives the same bytes; the parts of a file joined give the file),
-and `<output>/source.json` (package, version, .deb name and sha256, files, documents, bytes). Bad input or a failed download prints one
-line and exits with status 1.
+and `<output>/source.json` (package, version, .deb name and sha256, files, documents, bytes).
+Bad input or a failed download prints one line and exits with status 1.
 """
 
 import glob
@@ -184,8 +184,8 @@ flags.mark_flags_as_required(["output"])
 def _body():
     info = fetch(_OUTPUT.value, _PACKAGE.value, _PIECE.value)
     print(
-        f"Wrote {info['documents']} documents ({info['files']} files, {info['text_bytes']:,} bytes) of "
-        f"{info['package']} {info['version']} to {info['corpus']}"
+        f"Wrote {info['documents']} documents ({info['files']} files, "
+        f"{info['text_bytes']:,} bytes) of {info['package']} {info['version']} to {info['corpus']}"
     )
     return info
 

@@ -16,6 +16,13 @@ from tests.environment import FAST_COMPILE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def cli_env() -> dict:
+    """No platform and no forced devices: the CLI must choose the CPU and its device count."""
+    return {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {
+        "XLA_FLAGS": FAST_COMPILE
+    }
+
+
 def test_parse_mesh():
     cfg = {"data": -1, "fsdp": 1, "tensor": 1}
     assert aot.parse_mesh("2,4,1", cfg) == {"data": 2, "fsdp": 4, "tensor": 1}
@@ -50,9 +57,7 @@ def test_compile_reports_sharded_state_and_memory():
 
 @pytest.mark.slow
 def test_cli_forces_cpu_devices_and_prints_memory():
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {
-        "XLA_FLAGS": FAST_COMPILE
-    }
+    env = cli_env()
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpn_jax.aot",
@@ -88,9 +93,7 @@ def test_cli_forces_cpu_devices_and_prints_memory():
 )
 def test_cli_reports_bad_input_in_one_line(args, message):
     """Also shows the CLI forces the asked-for number of CPU devices (4 here)."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {
-        "XLA_FLAGS": FAST_COMPILE
-    }
+    env = cli_env()
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpn_jax.aot", "--config=experiments/configs/gpn_m_tiny.py",

@@ -365,21 +365,28 @@ class GatedDeltaNet(SpecModel):
         Elementwise work (short convolution, norms, gates) and the embedding lookup are free.
         """
         c = self.config
-        d, f, v, h = c.d_model, c.d_ffn, c.vocab_size, c.n_heads
-        proj = d * (2 * c.d_qk + 2 * c.d_v + 2 * h) + c.d_v * d + 3 * d * f
+        v, h = c.vocab_size, c.n_heads
+        proj = self._layer_matrices()
         if c.chunk_size:
             T = seq_len or c.chunk_size
             C = gated_delta.chunk_len(T, c.chunk_size)
             delta = gated_delta.flops_per_token(h, c.d_key, c.d_value, C) // 2
         else:
             delta = 3 * h * c.d_key * c.d_value
-        macs = c.n_layers * (proj + delta) + d * v
+        macs = c.n_layers * (proj + delta) + c.d_model * v
         return {"forward": 2 * macs, "train": 6 * macs}
+
+    def _layer_matrices(self) -> int:
+        """Weights of one layer's matrices: projections d (2HK + 2HU + 2H), output HU d, SwiGLU
+        3 d f (also each token's multiply-adds through them)."""
+        c = self.config
+        d = c.d_model
+        return d * (2 * c.d_qk + 2 * c.d_v + 2 * c.n_heads) + c.d_v * d + 3 * d * c.d_ffn
 
     def bytes_per_token(self, batch_size: int, seq_len: int) -> dict:
         """Analytic training-step memory traffic per token (`accounting.layer_parallel_bytes`).
 
-        Per layer: matrices as `flops_per_token` (d (2HK + 2HU + 2H) + HU d + 3 d f); saved
+        Per layer: matrices `_layer_matrices` (d (2HK + 2HU + 2H) + HU d + 3 d f); saved
         residuals 4 d + 6 HK + 5 HU + 2 H + 3 f (block input and its norm, q / k / v before and
         after the convolution, the normalised q and k, beta and the decay, the output gate, the
         delta-rule output and its gated norm, the mid-block stream and its norm; SwiGLU gate,
@@ -404,7 +411,7 @@ class GatedDeltaNet(SpecModel):
             c,
             batch_size,
             seq_len,
-            matrices=L * (d * (2 * c.d_qk + 2 * c.d_v + 2 * h) + c.d_v * d + 3 * d * f),
+            matrices=L * self._layer_matrices(),
             residual_width=L * (4 * d + 6 * c.d_qk + 5 * c.d_v + 2 * h + 3 * f),
             mixer=L * mixer,
         )
