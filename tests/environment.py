@@ -11,7 +11,12 @@ which is mostly running, unchanged).
 
 import os
 
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+# Per-compile options (`.lower(...).compile(PRODUCTION_HLO)`) for the tests that read the
+# optimised HLO (collectives per loop body): the fusion emitters change the HLO pipeline (the
+# loop structure it leaves), so those programs are built as a user's would be.
+PRODUCTION_HLO = {"xla_cpu_use_fusion_emitters": True}
 
 
 def xla_flags(devices: int | None = None) -> str:

@@ -73,9 +73,9 @@ def test_masked_loss_is_the_mean_ce_over_the_answers(family):
     model = factory.build_model(FAMILIES[family])
     params = model.init(jax.random.PRNGKey(0))
     tokens, mask = recall.make_examples(data_spec(), 3, 16)
-    ce, _ = model.token_losses(params, tokens)
+    ce, _ = jax.jit(model.token_losses)(params, tokens)
     wrapped = ts.with_loss_mask(model, mask[0])
-    got = float(wrapped.loss(params, tokens)[0])
+    got = float(jax.jit(wrapped.loss)(params, tokens)[0])
     # float32 sums over 18 positions: measured difference ~1e-7, margin 100x
     assert got == pytest.approx(float(np.asarray(ce)[mask].mean()), rel=1e-5)
     assert ts.with_loss_mask(model, None) is model
@@ -97,7 +97,7 @@ def test_trainer_optimises_the_answer_loss(tmp_path):
     data = build_data(c.data.source, vocab_size=c.model.vocab_size, seq_len=32, batch_size=8,
                       seed=c.seed)  # fmt: skip
     batch = next(data.train)
-    ce, _ = model.token_losses(state.params, batch)
+    ce, _ = jax.jit(model.token_losses)(state.params, batch)
     expected = float(np.asarray(ce)[:, data.loss_mask].mean())
     # sharded over 8 forced CPU devices vs one batch: measured ~1e-7, margin 100x
     assert first["loss"] == pytest.approx(expected, rel=1e-5)

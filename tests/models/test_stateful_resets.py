@@ -160,7 +160,7 @@ def test_fused_equals_autodiff_with_resets(name, monkeypatch):
 def test_reset_after_eos_restores_the_initial_state_in_those_rows_only():
     model = gdn()
     x = jnp.asarray([[5, 6, EOS], [5, EOS, 6]], jnp.int32)
-    carry = model.token_losses(params_of(model), x)[1]
+    carry = jax.jit(model.token_losses)(params_of(model), x)[1]
     out = reset_after_eos(model, carry, x, EOS)
     fresh = model.init_state(2)
     leaves = (jax.tree.leaves(t) for t in (out, carry, fresh))

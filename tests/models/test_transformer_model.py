@@ -77,18 +77,20 @@ def test_chunked_loss_equals_full_logits(model_params, chunk):
     m0, params = model_params
     m = make(loss_chunk=chunk)
     x = tokens(4)
-    full, _ = m0.logits(params, x)
+    full, _ = jax.jit(m0.logits)(params, x)
     ce = optax.softmax_cross_entropy_with_integer_labels(full, x)
-    loss, _ = m.loss(params, x)
+    loss, _ = jax.jit(m.loss)(params, x)
     # Measured (2-core AVX2): loss and CE bit-equal (1e-6 is ~8 float32 ulps), gradients
     # 7.1e-8 relative (bound ~30x).
     assert_rel_close(loss, ce.mean(), 1e-6, "loss")
-    per_tok, _ = m.token_losses(params, x)
+    per_tok, _ = jax.jit(m.token_losses)(params, x)
     assert_rel_close(per_tok, ce, 1e-6, "per-token CE")
     # gradients through the chunked, rematerialised loss agree with the plain one
-    g_chunk = jax.grad(lambda p: m.loss(p, x)[0])(params)
-    g_full = jax.grad(
-        lambda p: optax.softmax_cross_entropy_with_integer_labels(m0.logits(p, x)[0], x).mean()
+    g_chunk = jax.jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
+    g_full = jax.jit(
+        jax.grad(
+            lambda p: optax.softmax_cross_entropy_with_integer_labels(m0.logits(p, x)[0], x).mean()
+        )
     )(params)
     assert_rel_close(g_chunk, g_full, 2e-6, "gradients")
 
@@ -118,14 +120,14 @@ def test_untied_and_remat_and_bf16_run():
     x = tokens(6)
     base = make(tie_embeddings=False)
     params = base.init(jax.random.PRNGKey(1))
-    loss, _ = base.loss(params, x)
-    remat_loss, _ = make(tie_embeddings=False, remat=True).loss(params, x)
+    loss, _ = jax.jit(base.loss)(params, x)
+    remat_loss, _ = jax.jit(make(tie_embeddings=False, remat=True).loss)(params, x)
     assert rel_err(remat_loss, loss) <= 1e-6  # measured bit-equal (2-core AVX2)
-    g = jax.grad(lambda p: make(tie_embeddings=False, remat=True).loss(p, x)[0])(params)
-    g0 = jax.grad(lambda p: base.loss(p, x)[0])(params)
+    g = jax.jit(jax.grad(lambda p: make(tie_embeddings=False, remat=True).loss(p, x)[0]))(params)
+    g0 = jax.jit(jax.grad(lambda p: base.loss(p, x)[0]))(params)
     assert_rel_close(g, g0, 1e-6, "remat gradients")  # measured bit-equal
     bf = make(tie_embeddings=False, compute_dtype="bfloat16")
-    bf_loss, _ = bf.loss(params, x)
+    bf_loss, _ = jax.jit(bf.loss)(params, x)
     assert abs(float(bf_loss) - float(loss)) < 0.05
     logits, state = bf.start_decode(params, None, batch_size=2)
     assert logits.dtype == jnp.float32 and state["k"].dtype == jnp.bfloat16

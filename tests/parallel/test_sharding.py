@@ -18,6 +18,7 @@ from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
+from tests.environment import PRODUCTION_HLO
 from tests.tolerance import assert_rel_close, rel_err
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
@@ -145,7 +146,7 @@ def _sharded(name, shape):
             out_shardings=(meshlib.replicated(mesh), shardings),
         )
         args = jax.device_put(params, shardings), jax.device_put(tokens, batch)
-        compiled = fn.lower(*args).compile()
+        compiled = fn.lower(*args).compile(PRODUCTION_HLO)
         loss, grads = compiled(*args)
     assert jax.tree.map(lambda g: g.sharding, grads) == shardings
     return jax.device_get((loss, grads)), compiled.as_text()
@@ -238,7 +239,8 @@ def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
     loop body: not in the scan (T = 16 steps), nor - with grad_accum - per micro-batch."""
     *_, abstract, step, mesh = _fsdp_train_step(grad_accum)
     with jax.set_mesh(mesh):
-        text = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32)).compile().as_text()
+        text = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32))
+        text = text.compile(PRODUCTION_HLO).as_text()
     everywhere = hlo.entry_collectives(text)
     assert everywhere["all-gather"] > 0 and everywhere["reduce-scatter"] > 0  # fsdp is real
     loops = hlo.while_loops(text)
