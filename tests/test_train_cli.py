@@ -30,8 +30,8 @@ def train_cmd(workdir, *flags, config=TINY):
     ]
 
 
-def run_train(workdir, *flags, config=TINY, timeout=300):
-    env = one_device_env()
+def run_train(workdir, *flags, config=TINY, timeout=300, fast_compile=True):
+    env = one_device_env(fast=fast_compile)
     return subprocess.run(
         train_cmd(workdir, *flags, config=config),
         cwd=ROOT,
@@ -144,6 +144,7 @@ def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
         "--config.train.eval_every=0",
         config="experiments/configs/demo.py",
         timeout=900,
+        fast_compile=False,  # 80 steps: mostly running, 3x slower with the fast-compile flags
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     final = json.loads((tmp_path / "demo" / "final_metrics.json").read_text())
