@@ -15,9 +15,9 @@ import contextlib
 import io
 import os
 import secrets
+import sys
 import time
 
-import jax
 from etils import epath
 
 
@@ -45,9 +45,12 @@ def unique_suffix() -> str:
     """`<host index>-<pid>-<random>`: distinct across hosts, processes and calls.
 
     The host index is read only once `jax.distributed` is up (never initialising a backend
-    from a file helper); the random part keeps names distinct even without it.
+    from a file helper); the random part keeps names distinct even without it. JAX is not
+    imported here (a process that has not imported it runs no distributed job): `prepare`'s
+    tokenizing workers write through these helpers without paying JAX's import.
     """
-    host = jax.process_index() if jax.distributed.is_initialized() else 0
+    jax = sys.modules.get("jax")
+    host = jax.process_index() if jax is not None and jax.distributed.is_initialized() else 0
     return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
