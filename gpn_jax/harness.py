@@ -23,15 +23,38 @@ def harness_argv(argv: list[str]) -> list[str]:
     return list(argv) if named else ["--model", "gpn_jax", *argv]
 
 
+def flag_values(argv: list[str], *names: str) -> list[str]:
+    """The value(s) of the first of `names` in `argv`: `--name=value`, or every word after
+    `--name` up to the next flag (lm-eval's --model_args takes `k=v,k2=v2` or `k=v k2=v2`)."""
+    for i, a in enumerate(argv):
+        for name in names:
+            if a.startswith(name + "="):
+                return [a.split("=", 1)[1]]
+            if a == name:
+                words = []
+                for w in argv[i + 1 :]:
+                    if w.startswith("-"):
+                        break
+                    words.append(w)
+                return words
+    return []
+
+
 def _cli_evaluate(argv: list[str]) -> None:
     try:
         from lm_eval.__main__ import cli_evaluate
+        from lm_eval.utils import simple_parse_args_string
 
-        import gpn_jax.eval.harness_lm  # noqa: F401  (registers the "gpn_jax" model)
+        from gpn_jax.eval import harness_lm  # registers the "gpn_jax" model
     except ImportError as e:
         raise ValueError(f"lm-eval is not installed ({e}); pip install -e '.[eval]'") from None
+    args = harness_argv(argv)
+    model_args = ",".join(flag_values(args, "--model_args", "-a"))
+    if flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
+        # before lm-eval's CLI, which indexes every task file (~12 s) before building the model
+        harness_lm.check_model_args(simple_parse_args_string(model_args))
     saved = sys.argv
-    sys.argv = [PROG, *harness_argv(argv)]
+    sys.argv = [PROG, *args]
     try:
         cli_evaluate()
     finally:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from gpn_jax.eval import sampling, scoring
 from gpn_jax.eval.runner import run_tokenizer
-from gpn_jax.training.restore import load_run
+from gpn_jax.training.restore import load_run, require_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,28 @@ def _int(name: str, value, low: int = 1) -> int:
     if v < low or str(v) != str(value).strip():
         raise ValueError(f"model_args {name} must be an integer >= {low}, got {value!r}")
     return v
+
+
+def check_model_args(args: dict) -> dict:
+    """`--model_args` checked without restoring anything: known keys, integer values, a
+    workdir holding checkpoints. Returns the integers given (step, batch_size, ...).
+    `gpn_jax.harness` calls it before lm-eval indexes its ~14,000 task files (~12 s on 2
+    cores), so a typo fails at once; `GPNLM` calls it too."""
+    unknown = sorted(set(args) - {"run"} - set(MODEL_ARGS) - set(_HARNESS_ARGS))
+    if unknown:
+        raise ValueError(
+            f"unknown --model_args key(s) {unknown}; gpn_jax accepts {','.join(MODEL_ARGS)}"
+        )
+    if (args.get("workdir") is None) == (args.get("run") is None):
+        raise ValueError("gpn_jax needs --model_args workdir=<run directory>")
+    if args.get("workdir") is not None:
+        require_checkpoints(str(args["workdir"]))
+    ints = {"step": 0, "window": 1, "max_gen_toks": 1, "seed": 0}
+    got = {k: _int(k, args[k], low) for k, low in ints.items() if args.get(k) is not None}
+    bs = args.get("batch_size")
+    if bs is not None and bs != "auto" and not str(bs).startswith("auto"):
+        got["batch_size"] = _int("batch_size", bs)
+    return got
 
 
 @register_model("gpn_jax")
@@ -69,27 +91,14 @@ class GPNLM(TemplateLM):
 
     def __init__(self, workdir=None, run=None, **kwargs):
         super().__init__()
-        unknown = sorted(set(kwargs) - set(MODEL_ARGS) - set(_HARNESS_ARGS))
-        if unknown:
-            raise ValueError(
-                f"unknown --model_args key(s) {unknown}; gpn_jax accepts {','.join(MODEL_ARGS)}"
-            )
-        if (workdir is None) == (run is None):
-            raise ValueError("gpn_jax needs --model_args workdir=<run directory>")
-        step = kwargs.get("step")
-        self.run = run if run is not None else load_run(
-            str(workdir), None if step is None else _int("step", step, 0)
-        )  # fmt: skip
+        given = check_model_args(dict(kwargs, workdir=workdir, run=run))
+        self.run = run if run is not None else load_run(str(workdir), given.get("step"))
         self.model, self.params = self.run.model, self.run.params
         self.tok = run_tokenizer(self.run, kwargs.get("tokenizer"))
-        bs = kwargs.get("batch_size")
-        self.batch_size = 16 if bs in (None, "auto") or str(bs).startswith("auto") else _int(
-            "batch_size", bs
-        )  # fmt: skip
-        seq_len = self.run.config.train.get("seq_len", 256)
-        self.window = _int("window", kwargs.get("window", min(seq_len, 256)))
-        self.max_gen_toks = _int("max_gen_toks", kwargs.get("max_gen_toks", 256))
-        self.seed = _int("seed", kwargs.get("seed", 0), 0)
+        self.batch_size = given.get("batch_size", 16)  # 'auto' means the default
+        self.window = given.get("window", min(self.run.config.train.get("seq_len", 256), 256))
+        self.max_gen_toks = given.get("max_gen_toks", 256)
+        self.seed = given.get("seed", 0)
         self.stats = scoring.Stats()
 
     @classmethod

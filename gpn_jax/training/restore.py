@@ -46,6 +46,14 @@ class RestoredRun:
         )
 
 
+def require_checkpoints(workdir: str) -> str:
+    """`workdir` made absolute; CheckpointError at once if it has no checkpoint directory."""
+    workdir = paths.absolute(workdir)
+    if not paths.exists(paths.join(workdir, "checkpoints")):
+        raise CheckpointError(f"no checkpoint in {workdir} (train one with gpn_jax.train first)")
+    return workdir
+
+
 def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     """The newest readable (or the given) checkpoint of `workdir`, parameters on the default device.
 
@@ -55,9 +63,7 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     Raises:
       CheckpointError: no checkpoint in the workdir.
     """
-    workdir = paths.absolute(workdir)
-    if not paths.exists(paths.join(workdir, "checkpoints")):
-        raise CheckpointError(f"no checkpoint in {workdir} (train one with gpn_jax.train first)")
+    workdir = require_checkpoints(workdir)
     ckpt = Checkpointer(workdir, keep=None, async_save=False, read_only=True)
     try:
         config = _config_from_latest(ckpt, step)

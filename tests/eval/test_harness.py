@@ -275,14 +275,34 @@ def test_bad_model_args_are_one_line_errors_from_the_cli(runs, tasks):
         ("workdir={empty}", "no checkpoint in"),
     ],
 )
-def test_bad_model_args_are_one_line_errors(model_args, match, runs, tasks, tmp_path, capsys):
-    """The same path in-process (a subprocess per case costs ~20 s of imports)."""
+def test_bad_model_args_are_one_line_errors(
+    model_args, match, runs, tasks, tmp_path, capsys, monkeypatch
+):
+    """The same path in-process (a subprocess per case costs ~20 s of imports), refused before
+    lm-eval indexes its task files (~12 s)."""
+
+    def indexing(*_, **__):
+        raise AssertionError("lm-eval's task index was built before the model_args check")
+
+    monkeypatch.setattr(TaskManager, "__init__", indexing)
     args = model_args.format(wd=runs["gpn_m"], empty=tmp_path)
     with pytest.raises(SystemExit) as exit_:
         harness.run(["--model_args", args, "--tasks", "gpnt_mc", "--include_path", tasks])
     assert exit_.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("gpn-harness: error:") and match in err[-1], err[-5:]
+
+
+def test_model_args_are_found_in_every_spelling_lm_eval_accepts():
+    argv = ["--tasks", "t", "--model_args", "workdir=/r", "batch_size=2", "--limit", "2"]
+    assert harness.flag_values(argv, "--model_args", "-a") == ["workdir=/r", "batch_size=2"]
+    assert harness.flag_values(["-a", "workdir=/r,step=3"], "--model_args", "-a") == [
+        "workdir=/r,step=3"
+    ]
+    assert harness.flag_values(["--model_args=workdir=/r"], "--model_args", "-a") == ["workdir=/r"]
+    assert harness.flag_values(harness.harness_argv(["--tasks", "t"]), "--model", "-M") == [
+        "gpn_jax"
+    ]
 
 
 @pytest.mark.slow
