@@ -68,7 +68,7 @@ def check_model_args(args: dict) -> dict:
     ints = {"step": 0, "window": 1, "max_gen_toks": 1, "seed": 0}
     got = {k: _int(k, args[k], low) for k, low in ints.items() if args.get(k) is not None}
     bs = args.get("batch_size")
-    if bs is not None and bs != "auto" and not str(bs).startswith("auto"):
+    if bs is not None and not str(bs).startswith("auto"):  # 'auto...': the default
         got["batch_size"] = _int("batch_size", bs)
     return got
 

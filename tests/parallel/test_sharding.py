@@ -239,8 +239,8 @@ def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
     loop body: not in the scan (T = 16 steps), nor - with grad_accum - per micro-batch."""
     *_, abstract, step, mesh = _fsdp_train_step(grad_accum)
     with jax.set_mesh(mesh):
-        text = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32))
-        text = text.compile(PRODUCTION_HLO).as_text()
+        lowered = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32))
+        text = lowered.compile(PRODUCTION_HLO).as_text()
     everywhere = hlo.entry_collectives(text)
     assert everywhere["all-gather"] > 0 and everywhere["reduce-scatter"] > 0  # fsdp is real
     loops = hlo.while_loops(text)

@@ -48,8 +48,7 @@ def paper_run(tmp_path, config):
     params = to_paper_params(model.init(jax.random.PRNGKey(1)))
     opt = paper_optimizer(config, params)
     opt_state = opt.init(params)
-    # Jitted, not op by op: eager optax over ~40 leaves compiles hundreds of tiny programs.
-    apply = jax.jit(lambda g, s, p: _applied(opt, g, s, p))
+    apply = jitted_update(opt)
     for k in range(PAPER_STEP):
         keys = jax.random.split(jax.random.PRNGKey(10 + k), len(params))
         grads = {
@@ -69,9 +68,15 @@ def paper_run(tmp_path, config):
     return str(tmp_path / "paper_ckpt" / "checkpoint.pkl"), str(data), tokens, ckpt
 
 
-def _applied(opt, grads, opt_state, params):
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+def jitted_update(opt):
+    """(grads, opt_state, params) -> (params, opt_state) after one update by `opt`; jitted,
+    since eager optax over ~40 leaves compiles hundreds of tiny programs."""
+
+    def apply(grads, opt_state, params):
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return jax.jit(apply)
 
 
 def continued_config(pkl, data, **train):
@@ -105,9 +110,7 @@ def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
     ours = from_paper_params(ckpt["params"])
     loss, grads = jax.jit(jax.value_and_grad(lambda p: model.loss(p, batch)[0]))(ours)
     opt = paper_optimizer(config, ckpt["params"])
-    applied, _ = jax.jit(lambda g, s, p: _applied(opt, g, s, p))(
-        to_paper_params(grads), ckpt["opt_state"], ckpt["params"]
-    )
+    applied, _ = jitted_update(opt)(to_paper_params(grads), ckpt["opt_state"], ckpt["params"])
     expected = from_paper_params(jax.device_get(applied))
 
     rows = [json.loads(r) for r in open(os.path.join(tmp_path / "run", "metrics.jsonl"))]
