@@ -154,28 +154,39 @@ def from_config(config, **keywords) -> Data:
     return build(DataConfig.of(config), **keywords)
 
 
-def build(
-    dc: DataConfig,
-    *,
-    workdir: str | None = None,
-    cache_dir: str | None = None,
-    train_state: dict | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> Data:
-    """Builds the data `dc` describes.
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Data read, split and tokenized, before any iterator exists (`read`): the trainer reads
+    its source before it compiles anything, so a bad corpus, tokenizer or split is reported
+    first, then opens the iterators with the restored position (`Source.open`)."""
 
-    Args:
-      dc: what to read and how to window it.
-      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
-      cache_dir: the token / count cache directory.
-      train_state: a `WindowIterator.get_state()` dict to resume from.
-      process_index, process_count: this host and the host count (each reads B/count rows).
-    """
+    dc: DataConfig
+    parts: tuple  # (tokenizer, train tokens, held-out tokens, unigram counts, description)
+
+    def open(self, train_state: dict | None = None, process_index: int = 0,
+             process_count: int = 1) -> Data:  # fmt: skip
+        """The `Data` over these parts, the training iterator resumed from `train_state`."""
+        hosts = dict(process_index=process_index, process_count=process_count)
+        source = parse_spec(self.dc.source)
+        if source.kind != "recall":
+            return _assemble(self.parts, self.dc, train_state, **hosts)
+        from gpn_jax.data import recall
+
+        fresh = not recall.parse_recall_params(source.name).examples
+        data = _assemble(self.parts, self.dc, None if fresh else train_state, **hosts)
+        return recall.attach(data, source.name, self.dc.seed, train_state if fresh else None)
+
+
+def read(dc: DataConfig, *, workdir: str | None = None, cache_dir: str | None = None) -> Source:
+    """Reads what `dc` describes: documents or shards, the tokenizer (trained and saved in
+    `workdir` if needed), the split and the token caches (`cache_dir` or
+    `<workdir>/data_cache`). Every data error is raised here."""
     source = parse_spec(dc.source)
-    hosts = dict(process_index=process_index, process_count=process_count)
     if source.kind == "recall":
-        return _recall_data(dc, train_state, hosts)
+        from gpn_jax.data import recall
+
+        return Source(dc, recall.recall_parts(source.name, dc.vocab_size, dc.seq_len,
+                                              dc.batch_size))  # fmt: skip
     if cache_dir is None and workdir:
         cache_dir = paths.join(workdir, "data_cache")
     if source.kind == "bin":
@@ -194,7 +205,7 @@ def build(
                 cache_dir,
             )
     else:
-        read = dict(data_dir=dc.data_dir, text_field=dc.text_field, max_docs=dc.max_docs)
+        read_fields = dict(data_dir=dc.data_dir, text_field=dc.text_field, max_docs=dc.max_docs)
         parts = _text_parts(
             source,
             dc.vocab_size,
@@ -202,9 +213,31 @@ def build(
             dc.heldout_fraction,
             workdir,
             cache_dir,
-            **read,
+            **read_fields,
         )
-    return _assemble(parts, dc, train_state, **hosts)
+    return Source(dc, parts)
+
+
+def build(
+    dc: DataConfig,
+    *,
+    workdir: str | None = None,
+    cache_dir: str | None = None,
+    train_state: dict | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Data:
+    """Builds the data `dc` describes: `read(dc, ...).open(train_state, ...)`.
+
+    Args:
+      dc: what to read and how to window it.
+      workdir: where the tokenizer is kept; caches go to `cache_dir` or `<workdir>/data_cache`.
+      cache_dir: the token / count cache directory.
+      train_state: a `WindowIterator.get_state()` dict to resume from.
+      process_index, process_count: this host and the host count (each reads B/count rows).
+    """
+    source = read(dc, workdir=workdir, cache_dir=cache_dir)
+    return source.open(train_state, process_index=process_index, process_count=process_count)
 
 
 def build_data(
@@ -226,17 +259,6 @@ def build_data(
         process_index=process_index,
         process_count=process_count,
     )
-
-
-def _recall_data(dc: DataConfig, train_state, hosts: dict) -> Data:
-    """Synthetic recall data (`gpn_jax.data.recall`): examples, loss mask, fresh iterator."""
-    from gpn_jax.data import recall
-
-    params = parse_spec(dc.source).name
-    fresh = not recall.parse_recall_params(params).examples
-    parts = recall.recall_parts(params, dc.vocab_size, dc.seq_len, dc.batch_size)
-    data = _assemble(parts, dc, None if fresh else train_state, **hosts)
-    return recall.attach(data, params, dc.seed, train_state if fresh else None)
 
 
 def loss_mask(config) -> np.ndarray | None:

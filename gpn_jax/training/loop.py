@@ -197,6 +197,8 @@ class _Run:
         run = self.setup
         data_state = position = None
         continued = init_from.parse(self.config.train.get("init_from", ""))  # a bad spec stops here
+        # The data first: a bad corpus or tokenizer is reported before anything compiles.
+        source = datalib.read(datalib.DataConfig.of(self.config), workdir=self.workdir)
         if self.ckpt.all_steps():
             step, state, data_state, _, _ = self.ckpt.restore_latest_good(
                 run.state_target(), quarantine=True, check_config=self._check_same_model
@@ -211,13 +213,7 @@ class _Run:
             )
         else:
             self.state = run.init_state(jax.random.PRNGKey(self.config.seed))
-        self.data = datalib.from_config(
-            self.config,
-            workdir=self.workdir,
-            train_state=data_state,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-        )
+        self.data = source.open(data_state, jax.process_index(), jax.process_count())
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
         if self.config.train.get("carry_state", False):  # resets need the data's separator

@@ -180,63 +180,6 @@ def test_two_processes_agree_with_one(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the main job
-@pytest.mark.slow
-def test_train_and_evaluate_on_two_processes_matches_one(tmp_path):
-    """`python -m gpn_jax.train` (tiny GPN+M) as two processes x 2 CPU devices, and as one
-    process x 4 devices: same losses and final parameters; only process 0 writes metrics;
-    one checkpoint, written collectively."""
-    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
-    flags = [
-        "--config=experiments/configs/gpn_m_tiny.py",
-        "--config.train.steps=3",
-        "--config.train.checkpoint_every=3",
-        "--config.train.eval_every=0",
-        "--config.train.final_eval_batches=1",
-        "--config.train.log_every=1",
-    ]
-    train = [sys.executable, "-m", "gpn_jax.train", *flags]
-    run_processes([([*train, f"--workdir={single}"], cpu_env(4))])
-    port = free_port()
-    distributed = [
-        f"--workdir={multi}",
-        f"--config.data.tokenizer_path={os.path.join(single, 'tokenizer.model')}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        "--distributed_timeout=60",
-    ]
-    run_processes([([*train, *distributed, f"--process_id={i}"], cpu_env(2)) for i in range(2)])
-
-    def rows(workdir):
-        lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
-        return [json.loads(line) for line in lines if '"loss"' in line]
-
-    a, b = rows(single), rows(multi)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]  # written once
-    np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=1e-6)
-    assert sorted(os.listdir(os.path.join(multi, "checkpoints"))) == ["3"]
-
-    import jax
-
-    from experiments.configs import gpn_m_tiny
-    from gpn_jax.models import factory
-    from gpn_jax.training import train_step as ts
-    from gpn_jax.training.checkpointing import Checkpointer
-    from gpn_jax.training.optimizer import make_optimizer
-
-    config = gpn_m_tiny.get_config()
-    model = factory.build_model(config.model)
-    opt = make_optimizer(config.train, model.weight_decay_mask)
-    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), abstract)
-    params = []
-    for workdir in (single, multi):  # written on 4 devices of 1 and 2 processes: read on one
-        with Checkpointer(workdir, async_save=False, cleanup_tmp=False) as ckpt:
-            params.append(jax.device_get(ckpt.restore(target)[1][1]))
-    for x, y in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
-
-
 def latest_params(workdir):
     """Parameters of the workdir's newest checkpoint, read onto one device."""
     import jax
@@ -274,9 +217,10 @@ def wait_for_logged_step(procs, metrics_path, step, timeout=TIMEOUT_S) -> None:
 
 @pytest.mark.slow
 def test_sigterm_to_one_host_stops_every_host_at_one_step_and_resumes_exactly(tmp_path):
-    """Preemption reaching only process 1: both processes stop after the same step, save it
-    once (collectively) and exit 0; rerunning both resumes to the same final parameters and
-    losses as an uninterrupted run."""
+    """`python -m gpn_jax.train` (tiny GPN+M) as two processes x 2 CPU devices against one
+    process x 4 devices, with preemption reaching only process 1: both processes stop after
+    the same step, save it once (collectively) and exit 0; only process 0 writes metrics;
+    rerunning both resumes to the same final parameters and losses as the uninterrupted run."""
     steps = 40
     single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
     flags = [
@@ -336,6 +280,9 @@ def test_sigterm_to_one_host_stops_every_host_at_one_step_and_resumes_exactly(tm
         lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
         rows[workdir] = [json.loads(x) for x in lines if '"loss"' in x]
     assert [r["step"] for r in rows[multi]] == list(range(1, steps + 1))  # none lost or repeated
+    # before the stop both runs are uninterrupted: the same losses to float32 rounding
+    before = lambda workdir: [r["loss"] for r in rows[workdir][:stop]]
+    np.testing.assert_allclose(before(multi), before(single), rtol=1e-6)
     # Measured (2026-11-30, 2-core AVX2 box): 2 x 2 devices (stopped at step 10, resumed) vs
     # 1 x 4 uninterrupted differ by 1.6e-7 relative in loss and 7.4e-7 relative to each
     # parameter tensor's largest entry after 40 steps; the bounds leave a margin of ~30-60x.

@@ -11,6 +11,7 @@ import pytest
 
 from experiments.configs import gpn_m_tiny
 from gpn_jax.models import factory
+from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import TrainingError, model_difference, train_and_evaluate
@@ -220,3 +221,21 @@ def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(tmp_pa
         "d_model 64 (checkpoint) != 32 (config); use a fresh --workdir"
     )
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [("/no/such/corpus.txt", "data path not found"), ("tfds:no_such_dataset_xyz", "not found")],
+)
+def test_bad_data_is_reported_before_the_state_is_built(tmp_path, monkeypatch, source, message):
+    """The data is read before the initial state is compiled (seconds at scale, minutes on a
+    pod), so a missing corpus costs nothing."""
+
+    def built_too_early(*_):
+        raise AssertionError("the initial state was built before the data was read")
+
+    monkeypatch.setattr(setup.Run, "init_state", built_too_early)
+    config = tiny_config()
+    config.data.source = source
+    with pytest.raises((FileNotFoundError, ValueError), match=message):
+        train_and_evaluate(config, str(tmp_path / "run"))
