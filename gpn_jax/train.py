@@ -9,8 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli
-from gpn_jax.parallel import distributed
-from gpn_jax.training.loop import train_and_evaluate
+from gpn_jax.training import validate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "ml_collections config file (path.py[:cpu])."
@@ -32,6 +31,13 @@ _TIMEOUT = flags.DEFINE_integer(
 
 
 def _body():
+    config = cli.config_or_exit(_CONFIG, "gpn-train")
+    validate.check_config(config)  # static checks; the loop reruns them with the mesh's size
+    # Imported only now: JAX and the training stack (flax, orbax, grain) take seconds to load,
+    # and a bad config above is reported without them.
+    from gpn_jax.parallel import distributed
+    from gpn_jax.training.loop import train_and_evaluate
+
     distributed.initialize(
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value,
@@ -39,7 +45,6 @@ def _body():
         distributed=_AUTO.value,
         distributed_timeout=_TIMEOUT.value,
     )
-    config = cli.config_or_exit(_CONFIG, "gpn-train")
     return train_and_evaluate(config, _WORKDIR.value)
 
 

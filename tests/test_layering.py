@@ -183,3 +183,20 @@ def test_the_cli_loads_no_trainer():
         "if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_loading_a_config_imports_no_jax():
+    """A config mistake is reported without JAX (seconds to import): the experiment configs,
+    the model families' config dataclasses (`models.configs`), the static checks
+    (`training.validate`) and `gpn_jax.train` itself (it imports the loop late) load no JAX."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpn_jax.train, gpn_jax.training.validate, gpn_jax.models.factory; "
+        "from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny; "
+        "[m.get_config() for m in (gdn_tiny, gpn_m_tiny, transformer_tiny)]; "
+        "bad = [m for m in ('jax', 'flax', 'orbax.checkpoint', 'grain') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)

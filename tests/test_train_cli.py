@@ -196,6 +196,41 @@ def test_bad_config_fails_before_any_work(tmp_path, flags, message):
     assert not cache.exists() or not os.listdir(cache)
 
 
+# Runs `python -m gpn_jax.train` in-process, then says whether anything imported JAX.
+_JAX_PROBE = (
+    "import runpy, sys\n"
+    "try:\n"
+    "    runpy.run_module('gpn_jax.train', run_name='__main__', alter_sys=True)\n"
+    "finally:\n"
+    "    print('jax imported:', 'jax' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config.model.d_model=-1"], "config.model.d_model must be a positive integer, got -1"),
+        (["--config.train.stpes=3"], "unknown config field or bad value in --config.train.stpes"),
+        (["--config=/no/such/config.py"], "cannot load config file: [Errno 2]"),
+    ],
+    ids=["bad value", "unknown field", "missing file"],
+)
+def test_config_errors_never_import_jax(tmp_path, flags, message):
+    """A config mistake is reported before JAX and the training stack are imported (seconds)."""
+    config = [] if any(f.startswith("--config=") for f in flags) else [f"--config={TINY}"]
+    argv = [*config, f"--workdir={tmp_path / 'w'}", *flags]
+    proc = subprocess.run(
+        [sys.executable, "-c", _JAX_PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=one_device_env(),
+    )
+    assert_one_line_error(proc, message)
+    assert "jax imported: False" in proc.stdout, proc.stdout
+
+
 @pytest.mark.slow
 def _limit_between_logs_and_checkpoint(workdir, step) -> int:
     """A file-size limit (KiB) that every log / metrics file the rerun appends to stays under

@@ -97,7 +97,7 @@ def model_block(fields) -> ml_collections.ConfigDict:
     """A `model` block holding every field of its family's config dataclass: `fields` plus the
     dataclass defaults, so each one can be set from the command line
     (`--config.model.scan_impl=fused`); ml_collections only overrides fields that exist."""
-    _, cfg = factory.model_config(fields)  # validates family and field names
+    cfg = factory.family_config(fields)  # validates family and field names (no JAX)
     plain = lambda v: v.value if isinstance(v, enum.Enum) else v  # enums as their strings
     values = {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
     return ml_collections.ConfigDict(dict(family=fields.get("family", "gpn"), **values))

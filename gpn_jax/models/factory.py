@@ -7,7 +7,11 @@ config dataclass, so an unknown field is a clear error rather than a silent no-o
 import dataclasses
 import importlib
 
-# family -> (module, model class, config class); imported lazily so families stay independent.
+from gpn_jax.models import configs
+
+# family -> (module, model class, config class). The config classes live in the JAX-free
+# `gpn_jax.models.configs` (each model module re-exports its own); the model modules are
+# imported lazily, so families stay independent and loading a config never imports JAX.
 FAMILIES = {
     "gpn": ("gpn_jax.models.gpn", "GPN", "GPNConfig"),
     "transformer": ("gpn_jax.models.transformer", "Transformer", "TransformerConfig"),
@@ -15,20 +19,32 @@ FAMILIES = {
 }
 
 
-def model_config(model_cfg):
-    """The family's frozen dataclass config built from a ConfigDict / dict with a `family` key."""
+def _split(model_cfg) -> tuple[str, dict]:
+    """(family, the other fields) of a ConfigDict / dict; an unknown family is a ValueError."""
     fields = dict(model_cfg)
     family = fields.pop("family", "gpn")
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose one of {sorted(FAMILIES)}")
-    module, model_cls, config_cls = FAMILIES[family]
-    mod = importlib.import_module(module)
-    cls = getattr(mod, config_cls)
+    return family, fields
+
+
+def family_config(model_cfg):
+    """The family's frozen dataclass config built from a ConfigDict / dict with a `family` key
+    (no JAX import: experiment configs call this while loading)."""
+    family, fields = _split(model_cfg)
+    cls = getattr(configs, FAMILIES[family][2])
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"unknown field(s) {unknown} for model family {family!r}")
-    return getattr(mod, model_cls), cls(**fields)
+    return cls(**fields)
+
+
+def model_config(model_cfg):
+    """(model class, `family_config`) of a config's `model` block; imports the family's module."""
+    cfg = family_config(model_cfg)
+    module, model_cls, _ = FAMILIES[_split(model_cfg)[0]]
+    return getattr(importlib.import_module(module), model_cls), cfg
 
 
 def build_model(model_cfg):

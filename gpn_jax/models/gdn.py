@@ -35,7 +35,6 @@ included) are float32. Training uses the chunkwise-parallel delta rule (`chunk_s
 decoding always uses.
 """
 
-import dataclasses
 import math
 from typing import NamedTuple
 
@@ -49,6 +48,7 @@ from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
 from gpn_jax.models import accounting
 from gpn_jax.models.base import SpecModel, masked_mean
+from gpn_jax.models.configs import GDNConfig  # defined there, JAX-free
 from gpn_jax.models.gpn import a_log_init, dt_bias_init
 from gpn_jax.models.params import (
     EMBED,
@@ -62,52 +62,6 @@ from gpn_jax.models.params import (
 )
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class GDNConfig:
-    """Sizes and training-scale switches of a Gated DeltaNet (switches never change the math)."""
-
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_key: int  # head width of q and k
-    d_value: int  # head width of v (and of the output gate)
-    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
-    conv_size: int = 4  # depthwise causal short-convolution kernel on q, k, v
-    tie_embeddings: bool = True
-    bos_id: int = 1
-    compute_dtype: str = "float32"  # matmul dtype; residual, norms, conv, delta rule stay float32
-    chunk_size: int = 64  # chunk length of the chunked delta rule; 0: recurrent form
-    loss_chunk: int = 128  # positions decoded to logits at once in the loss
-    remat: bool = False  # rematerialise each block in the backward pass
-
-    def __post_init__(self):
-        if min(self.n_heads, self.d_key, self.d_value, self.d_ffn, self.d_model) <= 0:
-            raise ValueError("d_model, n_heads, d_key, d_value and d_ffn must be > 0")
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        if self.conv_size < 1:
-            raise ValueError(f"conv_size must be >= 1, got {self.conv_size}")
-        if self.chunk_size < 0:
-            raise ValueError(f"chunk_size must be >= 0, got {self.chunk_size}")
-        if not 0 <= self.bos_id < self.vocab_size:
-            raise ValueError(f"bos_id {self.bos_id} outside the vocabulary")
-        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
-
-    @property
-    def d_qk(self) -> int:
-        return self.n_heads * self.d_key
-
-    @property
-    def d_v(self) -> int:
-        return self.n_heads * self.d_value
-
-    @property
-    def d_conv(self) -> int:
-        """Channels of the short convolution: [q | k | v]."""
-        return 2 * self.d_qk + self.d_v
 
 
 class GDNCarry(NamedTuple):

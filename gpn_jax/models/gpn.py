@@ -8,7 +8,6 @@ the module only declares and initialises parameters and never runs the math.
 """
 
 import dataclasses
-import enum
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -21,6 +20,7 @@ from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.norms import cast_matrices
 from gpn_jax.models.base import SpecModel, masked_mean
+from gpn_jax.models.configs import GPNConfig, ScanImpl  # defined there, JAX-free
 from gpn_jax.models.params import (
     EMBED,
     FFN,
@@ -35,56 +35,6 @@ from gpn_jax.models.params import (
 )
 
 Array = jax.Array
-
-
-class ScanImpl(enum.StrEnum):
-    """How the window is scanned and differentiated (same math; configs give the string).
-
-    FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
-    gradients out of the loop, cross-entropy gradients in the forward pass); no interventions
-    and no tensor parallelism (both refused with an error naming AUTODIFF). AUTODIFF: the
-    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
-    intervention, any mesh; the tests compare FUSED against it."""
-
-    AUTODIFF = "autodiff"
-    FUSED = "fused"
-
-
-@dataclasses.dataclass(frozen=True)
-class GPNConfig:
-    """Sizes and training-scale switches of a GPN / GPN+M model (switches never change the math)."""
-
-    vocab_size: int
-    d_model: int  # state width d
-    d_emb: int
-    d_ffn: int
-    n_heads: int = 0  # memory heads H (0 with memory=False)
-    d_key: int = 0
-    d_value: int = 0
-    n_layers: int = 1  # predict layers L per token
-    memory: bool = True  # False: GPN (no matrix memory)
-    decoder_bias: bool = False
-    compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
-    # storage dtype of the matrix memory between tokens ("float32" | "bfloat16"); its updates
-    # and reads compute in float32. bfloat16 halves the memory's per-token traffic (accelerators)
-    memory_dtype: str = "float32"
-    remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
-    loss_chunk: int = 128  # time steps decoded at once after the scan
-    scan_impl: ScanImpl = ScanImpl.FUSED  # "fused" | "autodiff" (`ScanImpl`; same math)
-
-    def __post_init__(self):
-        if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
-            raise ValueError("GPN+M needs n_heads, d_key and d_value > 0")
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
-        if self.memory_dtype not in ("float32", "bfloat16"):
-            raise ValueError(
-                f"memory_dtype must be 'float32' or 'bfloat16', got {self.memory_dtype!r}"
-            )
-        if self.scan_impl not in tuple(ScanImpl):
-            raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
-        object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
 
 
 # ----------------------------------------------------------------------------- initialisers

@@ -27,7 +27,6 @@ statistics stay float32; matrices are cast once to `compute_dtype` and matmuls a
 float32 (`mm`). Attention inputs are in `compute_dtype`.
 """
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -39,6 +38,7 @@ from gpn_jax.core.mlp import swiglu
 from gpn_jax.core.norms import cast_matrices, mm, rms_norm
 from gpn_jax.models import accounting
 from gpn_jax.models.base import SpecModel, masked_mean
+from gpn_jax.models.configs import TransformerConfig  # defined there, JAX-free
 from gpn_jax.models.params import (
     EMBED,
     HEADS,
@@ -51,39 +51,6 @@ from gpn_jax.models.params import (
 )
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """Sizes and training-scale switches of a Transformer++ (switches never change the math)."""
-
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
-    max_seq_len: int  # training window; also the KV-cache length when decoding
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
-    bos_id: int = 1
-    compute_dtype: str = "float32"  # matmul / attention dtype; residual, norms, RoPE stay float32
-    loss_chunk: int = 128  # positions decoded to logits at once in the loss
-    remat: bool = False  # rematerialise each block in the backward pass
-
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} not divisible by n_heads {self.n_heads}")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError("RoPE needs an even head dimension")
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        if not 0 <= self.bos_id < self.vocab_size:
-            raise ValueError(f"bos_id {self.bos_id} outside the vocabulary")
-        jnp.dtype(self.compute_dtype)  # raises on an unknown dtype name
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
 
 # ----------------------------------------------------------------------------- parameters

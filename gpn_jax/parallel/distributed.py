@@ -13,7 +13,8 @@ Where the processes come from, in order:
 
 `--distributed_timeout` / `GPN_DISTRIBUTED_TIMEOUT` (seconds, default 300) bounds how long a
 process waits for the others to join. Must run before anything touches a JAX backend
-(`jax.devices()`, creating an array); `gpn_jax.train` calls it first thing in `main`.
+(`jax.devices()`, creating an array); `gpn_jax.train` calls it in `main` right after
+loading and checking the config (nothing before it imports JAX).
 """
 
 import os
