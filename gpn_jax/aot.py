@@ -24,7 +24,7 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from gpn_jax import cli  # imports JAX without starting a backend (force_cpu_devices still works)
+from gpn_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

@@ -15,7 +15,6 @@ import shlex
 import sys
 
 from gpn_jax import cli
-from gpn_jax.interop.model_dir import load_model_dir
 
 _FLAGS: dict = {}
 
@@ -27,6 +26,8 @@ def load(model_dir: str):
       ValueError: not a model directory, tensors that disagree with config.json (the first
         mismatch is named), or a tokenizer whose sha256 is not the recorded one.
     """
+    from gpn_jax.interop.model_dir import load_model_dir  # JAX: not loaded for a flag error
+
     return load_model_dir(model_dir)
 
 

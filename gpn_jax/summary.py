@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from gpn_jax import cli
 from gpn_jax.benchmarks import roofline
-from gpn_jax.models import accounting, factory
+from gpn_jax.models import factory
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file.")
 _JSON = flags.DEFINE_bool("json", False, "Print machine-readable JSON instead of a table.")
@@ -52,6 +52,8 @@ def format_summary(s: dict) -> str:
 def _body():
     config = cli.config_or_exit(_CONFIG, "gpn-summary")
     specs = roofline.parse_device_specs(_DEVICE_SPEC.value)
+    from gpn_jax.models import accounting  # JAX: imported after the config and flag checks
+
     model = factory.build_model(config.model)
     T, B = config.train.seq_len, _BATCH.value or config.train.batch_size
     s = accounting.summary(model, T)

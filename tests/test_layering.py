@@ -200,3 +200,13 @@ def test_loading_a_config_imports_no_jax():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_points_import_no_jax(entry):
+    """Importing an entry point (all a flag error needs) loads no JAX; the body imports it."""
+    import subprocess
+    import sys
+
+    code = f"import sys, gpn_jax.{entry}; assert 'jax' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
