@@ -11,6 +11,13 @@ rate with the best mean accuracy over seeds is kept, as Zoology and the Gated De
 report MQAR. Each run lives in `<workdir>/<cell>/<family>/lr<lr>_s<seed>`; a rerun reuses
 finished runs (`recall_result.json`), so the sweep can be stopped and resumed.
 
+Two ways to train the grid faster on 2 CPU cores were tried and measured (2026-12-01, 2-core
+AVX2 machine) and not kept: training the learning-rate x seed runs of a cell as one
+`jax.vmap`-ed program cost 0.8-1.7x per run what one run's step costs (XLA:CPU runs the
+batched matmuls off its fast path), and two runs side by side in single-threaded processes
+took 190 s where one after the other took 218 s (GPN+M and Gated DeltaNet, 2 seeds each, 600
+steps): XLA already spreads one of these steps over both cores.
+
 `--config.report_only=True` only tabulates the finished runs (a partial grid; rows list the
 seeds they hold), so several processes can share the grid (e.g. one per `--config.families`
 subset) and one more call writes the joint table. Outputs in the workdir: `recall_table.md`, `recall_table.json` and `recall_vs_pairs.png`
