@@ -1,34 +1,37 @@
 """Fetches compare_small's English corpus from Debian's package archive and writes it as jsonl.
 
-    python -m experiments.fetch_corpus --output=/tmp/pydocs
-    python -m gpn_jax.prepare --input=/tmp/pydocs/pydocs.jsonl --output=/tmp/pydocs_bin \
-        --vocab_size=4096 --heldout_fraction=0.05
+    python -m experiments.fetch_corpus --output=/tmp/docs
+    python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_bin \
+        --vocab_size=4096 --heldout_fraction=0.02
 
-The corpus is the Python documentation's reStructuredText sources that Debian's
-`python3.11-doc` package ships (`usr/share/doc/python3.11/html/_sources/**/*.rst.txt`): 497
-files, about 11 MB of English technical prose (reference text, tutorials, HOWTOs, the
-"What's new" essays), with the reST markup left as it is. A fresh machine that reaches Debian's
-archive gets it with `apt-get download` (no root needed, no install). It is not the embedded
-corpus, which is CPython's `pydoc_data` topics: a 0.5 MB extract of the same documentation (same
-domain, 1/24 of the size). A better registry corpus was looked for briefly and not found:
-`apt-cache search gutenberg` lists no books, and `debian-reference-en` installs 3.8 MB in all.
+The corpus is the reStructuredText sources that two Debian documentation packages ship in
+their Sphinx trees (`usr/share/doc/<name>/html/_sources/**/*.rst.txt`): `python3.11-doc` (the
+Python documentation: 497 files, ~11 MB of reference text, tutorials, HOWTOs and "What's new"
+essays) and `linux-doc-6.1` (the Linux kernel's Documentation/: ~3,200 files, ~29 MB of
+driver, subsystem and process guides), about 40 MB of English technical prose with the reST
+markup left as it is. A fresh machine that reaches Debian's archive gets them with
+`apt-get download` (no root needed, no install). It is not the embedded corpus, which is
+CPython's `pydoc_data` topics, a 0.5 MB extract of the Python half. Other registry text was
+looked for and not kept: `apt-cache search gutenberg` lists no books, `debian-reference-en`
+installs 3.8 MB in all, and the Python documentation alone (11 MB, `--packages=python3.11-doc`)
+is read a third of an epoch by compare_small's budget, enough for the single-layer models to
+score the training split 6-7 % better than held-out documents.
 
 Documents are sections, not whole files: each file is cut at paragraph breaks (blank lines)
 into consecutive pieces of at most `--piece_chars` characters (4,000 by default, about 1,000
 tokens, FineWeb-Edu's typical document; a longer paragraph is a piece of its own;
-`--piece_chars=0` keeps whole files). Why: the files average ~6,700 tokens (up to 62k), and
-with whole files held out the held-out windows come from documents the model never saw a
-window of, while a training window's neighbours were trained on: held-out PPL came out 24 %
-above train PPL (GPN+M, compare_small, seed 0, 0.36 epoch; train PPL on training windows of
-which two thirds were never read), where the unigram model differs by 5 %. With pieces the same
-run gives +6.1 %. `experiments.window_ppl` splits it: unread training windows have 14.1 % higher
-PPL than the windows the run read (memorisation), and held-out windows 5.1 % higher than unread
-training windows (the held-out shift that remains).
+`--piece_chars=0` keeps whole files). Why: the files average thousands of tokens (up to 62k),
+and with whole files held out the held-out windows come from documents the model never saw a
+window of, while a training window's neighbours were trained on: on the Python documentation
+alone held-out PPL came out 24 % above train PPL (GPN+M, compare_small, seed 0, 0.36 epoch),
+where the unigram model differs by 5 %; with pieces the same run gave +6.1 %.
 
-Output: `<output>/pydocs.jsonl`, one `{"text", "path", "part"}` object per piece in sorted path
-order (so the same .deb always gives the same bytes; the parts of a file joined give the file),
-and `<output>/source.json` (package, version, .deb name and sha256, files, documents, bytes).
-Bad input or a failed download prints one line and exits with status 1.
+Output: `<output>/docs.jsonl`, one `{"text", "path", "part"}` object per piece, packages in the
+order given and files in sorted path order within each (`path` is `<doc folder>/<file>`, e.g.
+`python3.11/library/os.rst.txt`; the same .debs always give the same bytes; the parts of a file
+joined give the file), and `<output>/source.json` (per package: version, .deb name and sha256;
+files, documents, bytes). Bad input or a failed download prints one line and exits with
+status 1.
 """
 
 import glob
@@ -44,9 +47,10 @@ from absl import flags
 
 from gpn_jax import cli
 
-PACKAGE = "python3.11-doc"
-CORPUS_FILE, SOURCE_FILE = "pydocs.jsonl", "source.json"
-SOURCES_GLOB = "usr/share/doc/python3*/html/_sources"
+PACKAGES = ("python3.11-doc", "linux-doc-6.1")
+CORPUS_FILE, SOURCE_FILE = "docs.jsonl", "source.json"
+DOC_ROOT = "usr/share/doc"
+SOURCES_GLOB = DOC_ROOT + "/*/html/_sources"
 SUFFIX = ".rst.txt"
 PIECE_CHARS = 4000
 
@@ -84,27 +88,31 @@ def extract_deb(deb: str, dest: str) -> None:
         raise ValueError(f"dpkg-deb -x {os.path.basename(deb)} failed: {_last_line(proc.stderr)}")
 
 
-def sources_dir(root: str) -> str:
-    """The `_sources` folder of an extracted python3.X-doc tree (exactly one)."""
+def sources_dirs(root: str) -> list[str]:
+    """The `_sources` folders of an extracted documentation tree, in sorted order (at least one)."""
     # python3.X-doc also links its docs folder from another name: count real folders only
     found = sorted({os.path.realpath(p) for p in glob.glob(os.path.join(root, SOURCES_GLOB))})
-    if len(found) != 1:
-        raise ValueError(f"expected one {SOURCES_GLOB} folder under {root}, found {len(found)}")
-    return found[0]
+    if not found:
+        raise ValueError(f"no {SOURCES_GLOB} folder under {root}")
+    return found
 
 
 def documents(root: str) -> list[dict]:
-    """Every non-empty `*.rst.txt` under the extracted tree's `_sources`, in sorted path order."""
-    base = sources_dir(root)
-    paths = sorted(glob.glob(os.path.join(base, "**", "*" + SUFFIX), recursive=True))
+    """Every non-empty `*.rst.txt` under the tree's `_sources` folders, sorted by path within each;
+    `path` is `<doc folder>/<path under _sources>`."""
     docs = []
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            text = f.read()
-        if text.strip():
-            docs.append({"text": text, "path": os.path.relpath(p, base)})
+    for base in sources_dirs(root):
+        folder = os.path.basename(
+            os.path.dirname(os.path.dirname(base))
+        )  # <doc folder>/html/_sources
+        paths = sorted(glob.glob(os.path.join(base, "**", "*" + SUFFIX), recursive=True))
+        for p in paths:
+            with open(p, encoding="utf-8") as f:
+                text = f.read()
+            if text.strip():
+                docs.append({"text": text, "path": f"{folder}/{os.path.relpath(p, base)}"})
     if not docs:
-        raise ValueError(f"no {SUFFIX} documents under {base}")
+        raise ValueError(f"no {SUFFIX} documents under {root}")
     return docs
 
 
@@ -127,7 +135,7 @@ def pieces(text: str, max_chars: int) -> list[str]:
 
 
 def convert(root: str, output: str, source: dict | None = None, piece_chars: int = 0) -> dict:
-    """Writes an extracted tree's documents, cut into `pieces`, to `<output>/pydocs.jsonl`
+    """Writes an extracted tree's documents, cut into `pieces`, to `<output>/docs.jsonl`
     (+ `source.json`)."""
     files = documents(root)
     docs = [
@@ -161,17 +169,25 @@ def _deb_info(deb: str, package: str) -> dict:
     return {"package": package, "version": version, "deb": os.path.basename(deb), "sha256": sha}
 
 
-def fetch(output: str, package: str = PACKAGE, piece_chars: int = PIECE_CHARS) -> dict:
-    """Downloads and unpacks `package` in a temporary folder, then `convert`s it to `output`."""
+def fetch(output: str, packages=PACKAGES, piece_chars: int = PIECE_CHARS) -> dict:
+    """Downloads and unpacks `packages` into one temporary tree, then `convert`s it to `output`."""
+    if not packages:
+        raise ValueError("--packages is empty: name at least one Debian documentation package")
     with tempfile.TemporaryDirectory(prefix="fetch_corpus-") as tmp:
-        deb = download_deb(package, tmp)
-        root = os.path.join(tmp, "x")
-        extract_deb(deb, root)
-        return convert(root, output, _deb_info(deb, package), piece_chars)
+        root, debs = os.path.join(tmp, "x"), []
+        for package in packages:
+            dest = os.path.join(tmp, f"deb{len(debs)}")
+            os.makedirs(dest)
+            deb = download_deb(package, dest)
+            extract_deb(deb, root)
+            debs.append(_deb_info(deb, package))
+        return convert(root, output, {"packages": debs}, piece_chars)
 
 
-_OUTPUT = flags.DEFINE_string("output", None, "Output folder for pydocs.jsonl and source.json.")
-_PACKAGE = flags.DEFINE_string("package", PACKAGE, "Debian package holding the doc sources.")
+_OUTPUT = flags.DEFINE_string("output", None, "Output folder for docs.jsonl and source.json.")
+_PACKAGES = flags.DEFINE_list(
+    "packages", list(PACKAGES), "Debian packages whose html/_sources trees form the corpus."
+)
 _PIECE = flags.DEFINE_integer(
     "piece_chars",
     PIECE_CHARS,
@@ -182,10 +198,11 @@ flags.mark_flags_as_required(["output"])
 
 
 def _body():
-    info = fetch(_OUTPUT.value, _PACKAGE.value, _PIECE.value)
+    info = fetch(_OUTPUT.value, _PACKAGES.value, _PIECE.value)
+    names = ", ".join(f"{p['package']} {p['version']}" for p in info["packages"])
     print(
         f"Wrote {info['documents']} documents ({info['files']} files, "
-        f"{info['text_bytes']:,} bytes) of {info['package']} {info['version']} to {info['corpus']}"
+        f"{info['text_bytes']:,} bytes) of {names} to {info['corpus']}"
     )
     return info
 

@@ -43,15 +43,31 @@ def test_convert_writes_every_source_once_in_sorted_order(tmp_path):
     lines = (tmp_path / "out" / fetch_corpus.CORPUS_FILE).read_text("utf-8").splitlines()
     rows = [json.loads(ln) for ln in lines]
     assert [r["path"] for r in rows] == [
-        "about.rst.txt",
-        "library/os.rst.txt",
-        "tutorial/intro.rst.txt",
+        "python3.11/about.rst.txt",
+        "python3.11/library/os.rst.txt",
+        "python3.11/tutorial/intro.rst.txt",
     ]  # sorted, the symlinked copy not doubled, empty and non-source files skipped
-    assert [r["text"] for r in rows] == [docs[r["path"]] for r in rows]
+    assert [r["text"] for r in rows] == [docs[r["path"].split("/", 1)[1]] for r in rows]
     saved = json.loads((tmp_path / "out" / fetch_corpus.SOURCE_FILE).read_text())
     assert saved == info
     assert info["package"] == "p" and info["documents"] == 3
-    assert info["text_bytes"] == sum(len(docs[r["path"]].encode()) for r in rows)
+    assert info["text_bytes"] == sum(len(r["text"].encode()) for r in rows)
+
+
+def test_two_packages_make_one_corpus_in_package_order(tmp_path):
+    fake_deb_tree(tmp_path / "x", {"b.rst.txt": "Python b.\n", "a.rst.txt": "Python a.\n"})
+    kernel = tmp_path / "x/usr/share/doc/linux-doc-6.1/html/_sources"
+    (kernel / "PCI").mkdir(parents=True)
+    (kernel / "PCI/pci.rst.txt").write_text("How to write Linux PCI drivers.\n")
+    (kernel / "index.rst.txt").write_text("The Linux kernel documentation.\n")
+    fetch_corpus.convert(str(tmp_path / "x"), str(tmp_path / "out"))
+    lines = (tmp_path / "out" / fetch_corpus.CORPUS_FILE).read_text("utf-8").splitlines()
+    assert [json.loads(ln)["path"] for ln in lines] == [
+        "linux-doc-6.1/PCI/pci.rst.txt",
+        "linux-doc-6.1/index.rst.txt",
+        "python3.11/a.rst.txt",
+        "python3.11/b.rst.txt",
+    ]
 
 
 def test_files_are_cut_into_pieces_at_paragraph_breaks(tmp_path):
@@ -68,7 +84,8 @@ def test_files_are_cut_into_pieces_at_paragraph_breaks(tmp_path):
     lines = (tmp_path / "out" / fetch_corpus.CORPUS_FILE).read_text("utf-8").splitlines()
     rows = [json.loads(ln) for ln in lines]
     assert [(r["path"], r["part"], r["text"]) for r in rows] == [
-        ("one.rst.txt", 0, a + b), ("one.rst.txt", 1, c), ("two.rst.txt", 0, c)
+        ("python3.11/one.rst.txt", 0, a + b), ("python3.11/one.rst.txt", 1, c),
+        ("python3.11/two.rst.txt", 0, c),
     ]  # fmt: skip
     assert (info["files"], info["documents"], info["piece_chars"]) == (2, 3, 40)
 
@@ -83,10 +100,12 @@ def test_window_ppl_reads_seen_steps_spread_and_the_next_unseen_ones():
         window_ppl.seen_and_unseen_steps(760, 764, 5)
 
 
-def test_convert_of_a_tree_without_sources_is_a_one_line_error(tmp_path):
+def test_a_tree_without_sources_or_no_packages_is_a_one_line_error(tmp_path):
     (tmp_path / "x").mkdir()
-    with pytest.raises(ValueError, match="expected one usr/share/doc/python3"):
+    with pytest.raises(ValueError, match=r"^no usr/share/doc/\*/html/_sources folder under "):
         fetch_corpus.convert(str(tmp_path / "x"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"^--packages is empty"):
+        fetch_corpus.fetch(str(tmp_path / "out"), packages=[])
 
 
 def test_missing_apt_get_and_a_failed_download_are_one_line_errors(tmp_path, monkeypatch):
@@ -220,7 +239,7 @@ def test_claims_on_known_numbers():
 def test_compare_small_models_are_matched_and_the_budget_stays_under_one_epoch():
     c = compare_small.get_config("/data/pd")
     assert c.data.source == "bin:/data/pd"
-    assert compare_small.get_config().data.source == "bin:/tmp/pydocs_bin"
+    assert compare_small.get_config().data.source == "bin:/tmp/docs_bin"
     assert compare.model_names(c) == ["gpn_m", "gpn", "transformer", "gdn"]
     counts = {
         n: compare.model_stats(compare.run_config(c, n).model, c.train.seq_len)["params"]
