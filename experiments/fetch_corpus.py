@@ -2,14 +2,14 @@
 
     python -m experiments.fetch_corpus --output=/tmp/docs
     python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_bin \
-        --vocab_size=4096 --heldout_fraction=0.02
+        --vocab_size=4096 --heldout_fraction=0.05 --seed=1
 
 The corpus is the reStructuredText sources that two Debian documentation packages ship in
 their Sphinx trees (`usr/share/doc/<name>/html/_sources/**/*.rst.txt`): `python3.11-doc` (the
 Python documentation: 497 files, ~11 MB of reference text, tutorials, HOWTOs and "What's new"
-essays) and `linux-doc-6.1` (the Linux kernel's Documentation/: ~3,200 files, ~29 MB of
-driver, subsystem and process guides), about 40 MB of English technical prose with the reST
-markup left as it is. A fresh machine that reaches Debian's archive gets them with
+essays) and `linux-doc-6.1` (the Linux kernel's Documentation/: 3,184 files, 24 MB of driver,
+subsystem and process guides), 35 MB of English technical prose with the reST markup left as
+it is. A fresh machine that reaches Debian's archive gets them with
 `apt-get download` (no root needed, no install). It is not the embedded corpus, which is
 CPython's `pydoc_data` topics, a 0.5 MB extract of the Python half. Other registry text was
 looked for and not kept: `apt-cache search gutenberg` lists no books, `debian-reference-en`
@@ -26,8 +26,8 @@ window of, while a training window's neighbours were trained on: on the Python d
 alone held-out PPL came out 24 % above train PPL (GPN+M, compare_small, seed 0, 0.36 epoch),
 where the unigram model differs by 5 %; with pieces the same run gave +6.1 %.
 
-Output: `<output>/docs.jsonl`, one `{"text", "path", "part"}` object per piece, packages in the
-order given and files in sorted path order within each (`path` is `<doc folder>/<file>`, e.g.
+Output: `<output>/docs.jsonl`, one `{"text", "path", "part"}` object per piece, doc folders
+in sorted order and files in sorted path order within each (`path` is `<doc folder>/<file>`, e.g.
 `python3.11/library/os.rst.txt`; the same .debs always give the same bytes; the parts of a file
 joined give the file), and `<output>/source.json` (per package: version, .deb name and sha256;
 files, documents, bytes). Bad input or a failed download prints one line and exits with

@@ -54,7 +54,7 @@ def test_convert_writes_every_source_once_in_sorted_order(tmp_path):
     assert info["text_bytes"] == sum(len(r["text"].encode()) for r in rows)
 
 
-def test_two_packages_make_one_corpus_in_package_order(tmp_path):
+def test_two_packages_make_one_corpus_in_folder_order(tmp_path):
     fake_deb_tree(tmp_path / "x", {"b.rst.txt": "Python b.\n", "a.rst.txt": "Python a.\n"})
     kernel = tmp_path / "x/usr/share/doc/linux-doc-6.1/html/_sources"
     (kernel / "PCI").mkdir(parents=True)
