@@ -30,7 +30,9 @@ run) the two GPNs missed it (+6.6 % and +6.7 %, 3 seeds each): they scored windo
 documents they had partly read 13-14 % better than unread ones. Which documents are held out
 moves the gap by itself; the table's "Same, unigram" column shows by how much.
 
-Time, measured 2026-12-01 (2-core AMD EPYC, AVX2): the whole command took 1 h 45 min 49 s,
+Time, measured 2026-12-01 (2-core AMD EPYC, AVX2) on the Python documentation alone (the
+table in the README; on the 35 MB corpus only two GPN+M seeds have run, 8.5-8.7 minutes each
+with a test run sharing the cores): the whole command took 1 h 45 min 49 s,
 with other jobs sharing the cores for about 25 minutes of it (~1 h 30 min idle); per run of 270
 steps about 9-11 minutes for GPN+M, Transformer++ and Gated DeltaNet, 5.5 for GPN, including
 the held-out and train-PPL evaluations. The table is in the README.
