@@ -31,8 +31,8 @@ documents they had partly read 13-14 % better than unread ones. Which documents 
 moves the gap by itself; the table's "Same, unigram" column shows by how much.
 
 Time, measured 2026-12-01 (2-core AMD EPYC, AVX2) on the Python documentation alone (the
-table in the README; on the 35 MB corpus only two GPN+M seeds have run, 8.5-8.7 minutes each
-with a test run sharing the cores): the whole command took 1 h 45 min 49 s,
+table in the README; on the 35 MB corpus only two GPN+M seeds (8.5-8.7 minutes each with a test
+run sharing the cores) and two GPN seeds (335-341 s each, idle) have run): the whole command took 1 h 45 min 49 s,
 with other jobs sharing the cores for about 25 minutes of it (~1 h 30 min idle); per run of 270
 steps about 9-11 minutes for GPN+M, Transformer++ and Gated DeltaNet, 5.5 for GPN, including
 the held-out and train-PPL evaluations. The table is in the README.
