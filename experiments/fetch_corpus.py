@@ -102,9 +102,7 @@ def documents(root: str) -> list[dict]:
     `path` is `<doc folder>/<path under _sources>`."""
     docs = []
     for base in sources_dirs(root):
-        folder = os.path.basename(
-            os.path.dirname(os.path.dirname(base))
-        )  # <doc folder>/html/_sources
+        folder = os.path.basename(os.path.dirname(os.path.dirname(base)))  # <folder>/html/_sources
         paths = sorted(glob.glob(os.path.join(base, "**", "*" + SUFFIX), recursive=True))
         for p in paths:
             with open(p, encoding="utf-8") as f:
