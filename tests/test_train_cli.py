@@ -231,7 +231,6 @@ def test_config_errors_never_import_jax(tmp_path, flags, message):
     assert "jax imported: False" in proc.stdout, proc.stdout
 
 
-@pytest.mark.slow
 def _limit_between_logs_and_checkpoint(workdir, step) -> int:
     """A file-size limit (KiB) that every log / metrics file the rerun appends to stays under
     and that the checkpoint's tree metadata file (`_METADATA`, one file whose size depends only
@@ -244,6 +243,7 @@ def _limit_between_logs_and_checkpoint(workdir, step) -> int:
     return limit_kib
 
 
+@pytest.mark.slow
 def test_failed_checkpoint_write_is_one_line(tmp_path):
     """A save that hits EFBIG (as a full disk would) ends the run with one line naming the
     step and path; no half-written step is listed and every listed step restores."""
