@@ -49,7 +49,6 @@ SEQ_LEN = 256
 BATCH = 16
 STEPS = 270
 ANALYSIS_BATCHES = 8  # held-out batches (of 16 x 256) per GPN / GPN+M analysis
-EVAL_BATCHES = 48  # held-out batches of the final evaluation: 196,608 of the 582,307 tokens
 DEFAULT_DATA = "/tmp/docs_bin"
 
 
@@ -81,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             eval_every=STEPS // 3,
             eval_batches=4,
             checkpoint_every=STEPS // 3,
-            final_eval_batches=EVAL_BATCHES,
+            final_eval_batches=0,  # all 582,307 held-out tokens (a prefix is one corner)
         )
     )
     c.compare.seeds = 3  # runs per model (seeds seed, seed+1, ...); --seeds overrides
