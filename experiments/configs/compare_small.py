@@ -30,12 +30,16 @@ run) the two GPNs missed it (+6.6 % and +6.7 %, 3 seeds each): they scored windo
 documents they had partly read 13-14 % better than unread ones. Which documents are held out
 moves the gap by itself; the table's "Same, unigram" column shows by how much.
 
-Time, measured 2026-12-01 (2-core AMD EPYC, AVX2) on the Python documentation alone (the
-table in the README; on the 35 MB corpus only two GPN+M seeds (8.5-8.7 minutes each with a test
-run sharing the cores) and two GPN seeds (335-341 s each, idle) have run): the whole command took 1 h 45 min 49 s,
-with other jobs sharing the cores for about 25 minutes of it (~1 h 30 min idle); per run of 270
-steps about 9-11 minutes for GPN+M, Transformer++ and Gated DeltaNet, 5.5 for GPN, including
-the held-out and train-PPL evaluations. The table is in the README.
+Time, measured 2026-12-01 (2-core AMD EPYC, AVX2) on the 35 MB corpus: on idle cores a GPN+M
+run takes 12.0 minutes (270 steps at 1.7 s, then the held-out and the train-PPL evaluations of
+582k tokens each, ~1.1 minutes apiece) and a GPN run 7.7; Transformer++ and Gated DeltaNet ran
+only with other jobs sharing the cores, so the whole command is estimated at over 2 hours on
+idle cores, more than the ~90 minutes this table was meant to take. On the Python
+documentation alone (189k held-out tokens) the 12 runs and six analyses took 1 h 45 min with
+other jobs sharing the cores for about 25 minutes. The final evaluation reads every held-out
+token: a prefix of the held-out split is one corner of the corpus (its documents are in file
+order), which the uniformly drawn train-PPL windows are not (the first 196,608 tokens gave
+GPN+M seed 0 70.80 against a train PPL of 60.11).
 If the machine is slower, lower `train.steps` (all models alike) rather than the seeds.
 """
 
