@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             eval_every=STEPS // 3,
             eval_batches=4,
             checkpoint_every=STEPS // 3,
-            final_eval_batches=0,  # all 582,307 held-out tokens (a prefix is one corner)
+            final_eval_batches=0,  # every held-out window (581,632 tokens); a prefix is one corner
         )
     )
     c.compare.seeds = 3  # runs per model (seeds seed, seed+1, ...); --seeds overrides
