@@ -44,10 +44,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
-from gpn_jax.core.norms import l2n, mm, rms
+from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
 
 Array = jax.Array
 
@@ -57,7 +58,10 @@ MIN_SEGMENT = 32  # without remat, memory checkpoints every max(MIN_SEGMENT, sqr
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-    """Static sizes of the fused step (hashable: closes over the custom_vjp)."""
+    """Static sizes of the fused step (hashable: closes over the custom_vjp).
+
+    `hk`, `hu`, `hb`, `fb`, `write_cols` and `layer_cols` are per column block (tensor shard):
+    the whole model when tp == 1."""
 
     d: int
     f: int
@@ -69,74 +73,152 @@ class Dims:
     segment: int  # steps per segment (memory checkpoint / remat / weight-gradient interval)
     remat: bool  # True: rerun each segment's forward in the backward (store only boundaries)
     unroll: int = UNROLL
+    tp: int = 1  # column blocks of the fused matrices (the tensor axis size; module doc)
+    tp_axis: str | None = None  # the mesh axis the blocks are split over; None: unconstrained
+
+    @property
+    def split(self) -> bool:
+        """tp > 1: blocks on an axis of their own, the predict gate its own replicated
+        projection, the read norm's scale applied after Wo (see the module doc)."""
+        return self.tp > 1
+
+    @property
+    def hb(self) -> int:
+        return self.h // self.tp
+
+    @property
+    def fb(self) -> int:
+        return self.f // self.tp
 
     @property
     def hk(self) -> int:
-        return self.h * self.k
+        return self.hb * self.k
 
     @property
     def hu(self) -> int:
-        return self.h * self.u
+        return self.hb * self.u
 
     @property
     def write_cols(self) -> int:
-        return self.hk + self.hu + 2 * self.h if self.memory else 0
+        return self.hk + self.hu + 2 * self.hb if self.memory else 0
 
     def layer_cols(self) -> list[int]:
-        """Column widths of a predict layer's fused input projection [w1 | w3 | wpg | wq | wrg]."""
-        cols = [self.f, self.f, self.d]
+        """Column widths of a predict layer's fused input projection [w1 | w3 | wpg | wq | wrg]
+        (per block; without wpg when `split`)."""
+        cols = [self.fb, self.fb] + ([] if self.split else [self.d])
         return cols + ([self.hk, self.hu] if self.memory else [])
 
 
+# ----------------------------------------------------------------------------- tp-major blocks
+def _blocks(x: Array, tp: int) -> Array:
+    """(..., n) -> (..., tp, n / tp): the column blocks a `tensor` split of n gives each device
+    (contiguous, as `NamedSharding` splits a parameter); unchanged when tp == 1."""
+    return x if tp == 1 else x.reshape(*x.shape[:-1], tp, x.shape[-1] // tp)
+
+
+def _row_blocks(w: Array, tp: int) -> Array:
+    """(n, D) -> (tp, n / tp, D): a row-parallel matrix's blocks; unchanged when tp == 1."""
+    return w if tp == 1 else w.reshape(tp, w.shape[0] // tp, w.shape[1])
+
+
+def _head_blocks(M: Array, tp: int) -> Array:
+    """(B, H, K, U) -> (B, tp, H / tp, K, U); unchanged when tp == 1."""
+    return M if tp == 1 else M.reshape(M.shape[0], tp, M.shape[1] // tp, *M.shape[2:])
+
+
+def _merge_blocks(x: Array, tp: int, axis: int) -> Array:
+    """Inverse of the block reshapes: merges `axis` (the blocks) with the next one."""
+    if tp == 1:
+        return x
+    return x.reshape(*x.shape[:axis], x.shape[axis] * x.shape[axis + 1], *x.shape[axis + 2 :])
+
+
+# The dimension of each fused weight that holds its blocks (the others are replicated).
+_BLOCK_DIM = {"W0": 1, "b0": 0, "Wl": 1, "bl": 0, "W2o": 0, "a": 0}
+
+
+def _along(dm: Dims, x: Array | None, dim: int | None, batch: bool = False):
+    """`x` split over `dm.tp_axis` at `dim`, replicated elsewhere (a leading batch dimension
+    left to the partitioner); unchanged without a tensor axis."""
+    if x is None or dm.tp_axis is None:
+        return x
+    spec = [None] * x.ndim
+    if batch:
+        spec[0] = PartitionSpec.UNCONSTRAINED
+    if dim is not None:
+        spec[dim] = dm.tp_axis
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def _shard_fused(dm: Dims, fw: dict) -> dict:
+    return {
+        name: jax.tree.map(lambda x, d=_BLOCK_DIM.get(name): _along(dm, x, d), v)
+        for name, v in fw.items()
+    }
+
+
 # ----------------------------------------------------------------------------- fused weights
-def fuse_params(cp: gpn.Params) -> dict:
-    """Folds RMSNorm weights into their matrices and concatenates projections of one vector.
+def fuse_params(cp: gpn.Params, tp: int = 1) -> dict:
+    """Folds RMSNorm weights into their matrices and concatenates projections of one vector,
+    in `tp` column blocks (module doc; tp == 1: one block, no block axis).
 
     Differentiable: gradients of the fused weights flow back to the original parameters.
     """
     names = gpn.layer_names(cp)
     mem = gpn.has_memory(cp)
+    f32 = jnp.float32
 
     def fold(norm, w):
-        return (norm[:, None] * w.astype(jnp.float32)).astype(w.dtype)
+        return (norm[:, None] * w.astype(f32)).astype(w.dtype)
+
+    def zeros(w):
+        return jnp.zeros((w.shape[1],), f32)
+
+    def concat(pairs):
+        """[(matrix (D, n), bias (n,))] -> blocks concatenated: (D, [tp,] N), ([tp,] N)."""
+        mats = [_blocks(m, tp) for m, _ in pairs]
+        biases = [_blocks(b.astype(f32), tp) for _, b in pairs]
+        return jnp.concatenate(mats, axis=-1), jnp.concatenate(biases, axis=-1)
 
     def layer_proj(lp):
-        mats = [fold(lp["ffn_norm"], lp[n]) for n in ("w1", "w3")] + [
-            fold(lp["pg_norm"], lp["wpg"])
-        ]
-        biases = [jnp.zeros((2 * lp["w1"].shape[1],), jnp.float32), lp["bpg"]]
+        """A layer's input projections [w1, w3, (wpg), wq, wrg] and, when tp > 1, wpg apart:
+        its D columns are not split over `tensor`, so every device computes them."""
+        pairs = [(fold(lp["ffn_norm"], lp[n]), zeros(lp[n])) for n in ("w1", "w3")]
+        gate = (fold(lp["pg_norm"], lp["wpg"]), lp["bpg"])
+        read = []
         if mem:
-            mats += [fold(lp["read_norm"], lp["wq"]), fold(lp["read_norm"], lp["wrg"])]
-            biases += [lp["bq"], jnp.zeros((lp["wrg"].shape[1],), jnp.float32)]
-        return mats, biases
+            wrg = fold(lp["read_norm"], lp["wrg"])
+            read = [(fold(lp["read_norm"], lp["wq"]), lp["bq"]), (wrg, zeros(wrg))]
+        if tp == 1:
+            return pairs + [gate] + read, None
+        return pairs + read, gate
 
-    mats, biases = [], []
+    write = []
     if mem:
         wp = cp["write"]
-        h = wp["A_log"].shape[0]
-        mats += [fold(wp["norm"], wp[n]) for n in ("wk", "wv", "wbeta", "wa")]
-        biases += [wp["bk"], jnp.zeros((wp["wv"].shape[1] + h,), jnp.float32), wp["dt_bias"]]
-    m0, b0 = layer_proj(cp[names[0]])
-    fw = {
-        "W0": jnp.concatenate(mats + m0, axis=1),
-        "b0": jnp.concatenate(biases + b0).astype(jnp.float32),
-        "Wl": [],
-        "bl": [],
-        "W2o": [],
-        "Wg": fold(cp["ground"]["gate_norm"], cp["ground"]["gate_w"]),
-        "bg": cp["ground"]["gate_b"].astype(jnp.float32),
-        "a": jnp.exp(cp["write"]["A_log"]) if mem else jnp.zeros((0,), jnp.float32),
-    }
+        write = [(fold(wp["norm"], wp["wk"]), wp["bk"])]
+        write += [(fold(wp["norm"], wp[n]), zeros(wp[n])) for n in ("wv", "wbeta")]
+        write += [(fold(wp["norm"], wp["wa"]), wp["dt_bias"])]
+    fw = {"Wl": [], "bl": [], "W2o": [], "Wpg": [], "bpg": []}
     for i, name in enumerate(names):
         lp = cp[name]
-        if i:
-            m, b = layer_proj(lp)
-            fw["Wl"].append(jnp.concatenate(m, axis=1))
-            fw["bl"].append(jnp.concatenate(b).astype(jnp.float32))
+        pairs, gate = layer_proj(lp)
+        W, b = concat(write + pairs if i == 0 else pairs)
+        if i == 0:
+            fw["W0"], fw["b0"] = W, b
+        else:
+            fw["Wl"].append(W)
+            fw["bl"].append(b)
+        if gate is not None:
+            fw["Wpg"].append(gate[0])
+            fw["bpg"].append(gate[1].astype(f32))
         out = [lp["w2"]]
         if mem:
             out.append(fold(lp["out_norm"], lp["wo"]))
-        fw["W2o"].append(jnp.concatenate(out, axis=0))
+        fw["W2o"].append(jnp.concatenate([_row_blocks(w, tp) for w in out], axis=-2))
+    fw["Wg"] = fold(cp["ground"]["gate_norm"], cp["ground"]["gate_w"])
+    fw["bg"] = cp["ground"]["gate_b"].astype(f32)
+    fw["a"] = _blocks(jnp.exp(cp["write"]["A_log"]), tp) if mem else jnp.zeros((0,), f32)
     return fw
 
 
@@ -162,32 +244,89 @@ def _cumsum(xs):
         yield t
 
 
+def _rowwise(v_B: Array, x: Array) -> Array:
+    """A per-row (B,) factor shaped to broadcast against `x` (B, ...), in x's dtype."""
+    return v_B.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
+
+
 def _write(dm: Dims, zk_prev, zw, a, M):
-    """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns.
+    """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns
+    (per block of heads: every head's write is local to it).
 
     Computed in float32, returned in M's dtype (`memory_dtype` storage)."""
     M_in, M = M, M.astype(jnp.float32)
-    zv, zb, za = _split(zw, [dm.hu, dm.h, dm.h])
-    k = l2n(jax.nn.relu(_heads(zk_prev, dm.h)))
-    v = _heads(zv, dm.h)
+    zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
+    k = l2n(jax.nn.relu(_heads(zk_prev, dm.hb)))
+    v = _heads(zv, dm.hb)
     beta = jax.nn.sigmoid(zb)
     g = -a * jax.nn.softplus(za)
-    k_M = jnp.einsum("bhk,bhku->bhu", k, M)
-    delta = jnp.einsum("bhk,bhu->bhku", k, beta[..., None] * (v - k_M))
+    k_M = jnp.einsum("...hk,...hku->...hu", k, M)
+    delta = jnp.einsum("...hk,...hu->...hku", k, beta[..., None] * (v - k_M))
     return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
+def _read_out(dm: Dims, zq, Mn):
+    """Each head's memory read o, (B, [tp,] hu) per block."""
+    q = l2n(jax.nn.relu(_heads(zq, dm.hb)))
+    o = jnp.einsum("...hk,...hku->...hu", q, Mn.astype(jnp.float32))
+    return o.reshape(*q.shape[:-2], dm.hu)
+
+
 def _layer_pre(dm: Dims, Z, Mn):
-    """From a layer's fused projection: X2 = [silu(gate) * up | silu(zrg) * rms(q . M')] and pg."""
+    """tp == 1. From a layer's fused projection: X2 = [silu(gate) * up | silu(zrg) * rms(q . M')]
+    and pg."""
     gate, up, zpg, *read = _split(Z, dm.layer_cols())
     h = jax.nn.silu(gate) * up
     pg = jax.nn.sigmoid(zpg)
     if not dm.memory:
         return h, pg
     zq, zrg = read
-    q = l2n(jax.nn.relu(_heads(zq, dm.h)))
-    o = jnp.einsum("bhk,bhku->bhu", q, Mn.astype(jnp.float32)).reshape(*q.shape[:-2], dm.hu)
+    o = _read_out(dm, zq, Mn)
     return jnp.concatenate([h, jax.nn.silu(zrg) * rms(o)], axis=-1), pg
+
+
+def _layer_local(dm: Dims, Z, Mn):
+    """tp > 1. From a layer's column blocks: (h, r, o) with r = silu(zrg) * o not yet scaled
+    by the read norm (whose sum of squares spans every block); all local to a block."""
+    gate, up, *read = _split(Z, dm.layer_cols())
+    h = jax.nn.silu(gate) * up
+    if not dm.memory:
+        return h, None, None
+    zq, zrg = read
+    o = _read_out(dm, zq, Mn)
+    return h, jax.nn.silu(zrg) * o, o
+
+
+def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
+    """tp > 1. A layer's ffn + read output (B, D) and, with memory, (r @ Wo, scale) for the
+    backward. As `core.gpn.memory_read`, the read norm's per-row scale rsqrt(mean(o^2) + eps)
+    multiplies the row-parallel product, so the three partial sums (h @ W2, r @ Wo, sum o^2)
+    are independent: XLA reduces them in the layer's one all-reduce."""
+    h, r, o = _layer_local(dm, Z, Mn)
+    y = _rows(h, fw["W2"][i])
+    if not dm.memory:
+        return y, ()
+    ss = jnp.sum(o * o, axis=(-2, -1))[:, None]  # (B, 1) over every block's heads
+    scale = jax.lax.rsqrt(ss / (dm.h * dm.u) + RMS_EPS)
+    y_r = _rows(r, fw["Wo"][i])
+    return y + scale * y_r, (y_r, scale)
+
+
+def _cols(x: Array, w: Array) -> Array:
+    """x (B, D) @ w (D, ...) in w's dtype, float32 out: (B, ...)."""
+    return jax.lax.dot_general(
+        x.astype(w.dtype), w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+
+def _rows(x: Array, w: Array) -> Array:
+    """x (B, ...) contracted with w (..., D) over all of w's leading axes, float32 out: (B, D).
+    With blocks split over `tensor` the contraction spans them: a partial sum per device."""
+    n = w.ndim - 1
+    dims = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    return jax.lax.dot_general(
+        x.astype(w.dtype), w, (dims, ((), ())), preferred_element_type=jnp.float32
+    )
 
 
 def _mm_t(dz: Array, w: Array) -> Array:
@@ -202,21 +341,35 @@ def _mm_t(dz: Array, w: Array) -> Array:
 
 def _transposed(fw: dict) -> dict:
     """The matrices the backward loop multiplies cotangents by, transposed once outside the loop
-    (XLA:CPU runs a (B, N) @ (N, D) product much faster than (B, N) contracted with (D, N))."""
+    (XLA:CPU runs a (B, N) @ (N, D) product much faster than (B, N) contracted with (D, N)).
+    Column blocks (D, [tp,] N) -> ([tp,] N, D); row blocks ([tp,] R, D) -> (D, [tp,] R)."""
     return {
-        "W0": fw["W0"].T,
-        "Wl": [w.T for w in fw["Wl"]],
-        "W2o": [w.T for w in fw["W2o"]],
+        "W0": jnp.moveaxis(fw["W0"], 0, -1),
+        "Wl": [jnp.moveaxis(w, 0, -1) for w in fw["Wl"]],
+        "W2o": [jnp.moveaxis(w, -1, 0) for w in fw["W2o"]],
         "Wg": fw["Wg"].T,
+        "Wpg": [w.T for w in fw["Wpg"]],
+    }
+
+
+def _with_halves(dm: Dims, fw: dict) -> dict:
+    """tp > 1: W2o's [W2; Wo] halves for the forward's two row-parallel products, sliced
+    once outside the loop (along each block's rows: no data moves between devices)."""
+    if not dm.split:
+        return fw
+    return fw | {
+        "W2": [w[:, : dm.fb] for w in fw["W2o"]],
+        "Wo": [w[:, dm.fb :] for w in fw["W2o"]],
     }
 
 
 def _wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
-    """sum over (s, b) of x^T dz: one matmul with contraction S*B, float32."""
-    return jnp.einsum(
-        "sbi,sbo->io",
+    """sum over (s, b) of x^T dz: one matmul with contraction S*B, float32; the output has x's
+    trailing axes then dz's (blocks stay local: nothing is contracted over them)."""
+    return jax.lax.dot_general(
         x_SxBxI.astype(w.dtype),
         dz_SxBxO.astype(w.dtype),
+        (((0, 1), (0, 1)), ((), ())),
         preferred_element_type=jnp.float32,
     )
 
@@ -226,34 +379,45 @@ class Res(NamedTuple):
     """Per-step residuals of the forward (everything but the memory)."""
 
     s: Array  # (B, D) grounded state entering the step
-    zk: Array | None  # (B, HK) key pre-activation of s_prev (the write key of this step)
-    Z0: Array  # (B, N0) fused projection of rms(s)
+    zk: Array | None  # (B, [tp,] HK) key pre-activation of s_prev (the write key of this step)
+    Z0: Array  # (B, [tp,] N0) fused projection of rms(s)
     c: list  # per layer l >= 1: (B, D) the layer's input
-    Z: list  # per layer l >= 1: (B, Nl) its fused projection
+    Z: list  # per layer l >= 1: (B, [tp,] Nl) its fused projection
     p: Array  # (B, D)
     zg: Array  # (B, D) ground gate pre-activation
+    zpg: list  # tp > 1, per layer: (B, D) predict-gate pre-activation (its own projection)
+    read: list  # tp > 1 with memory, per layer: (r @ Wo (B, D), read norm scale (B, 1))
 
 
 def _step(dm: Dims, fw: dict, carry, xg: Array):
     """One token. carry = (s, zk, M); returns (carry', (p, g), Res)."""
     s, zk, M = carry
-    Z0 = mm(rms(s), fw["W0"]) + fw["b0"]
+    x = rms(s)
+    Z0 = _cols(x, fw["W0"]) + fw["b0"]
     Mn, g, zk_new = None, None, None
     Zl = Z0
     if dm.memory:
-        zk_new, zw, Zl = _split(Z0, [dm.hk, dm.hu + 2 * dm.h, Z0.shape[-1] - dm.write_cols])
+        zk_new, zw, Zl = _split(Z0, [dm.hk, dm.hu + 2 * dm.hb, Z0.shape[-1] - dm.write_cols])
         Mn, g = _write(dm, zk, zw, fw["a"], M)
-    c, cs, Zs = s, [], []
+    c, cs, Zs, zpgs, reads = s, [], [], [], []
     for i in range(dm.n_layers):
         if i:
-            Zl = mm(rms(c), fw["Wl"][i - 1]) + fw["bl"][i - 1]
+            x = rms(c)
+            Zl = _cols(x, fw["Wl"][i - 1]) + fw["bl"][i - 1]
             cs.append(c)
             Zs.append(Zl)
-        X2, pg = _layer_pre(dm, Zl, Mn)
-        c = pg * c + mm(X2, fw["W2o"][i])
+        if dm.split:
+            zpg = mm(x, fw["Wpg"][i]) + fw["bpg"][i]
+            y, read = _layer_split(dm, fw, i, Zl, Mn)
+            c = jax.nn.sigmoid(zpg) * c + y
+            zpgs.append(zpg)
+            reads += [read] if read else []
+        else:
+            X2, pg = _layer_pre(dm, Zl, Mn)
+            c = pg * c + _rows(X2, fw["W2o"][i])
     zg = mm(rms(c), fw["Wg"]) + fw["bg"]
     s_new = jax.nn.sigmoid(zg) * c + xg
-    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg)
+    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads)
 
 
 def _reset(dm: Dims, fw: dict, carry, keep_B):
@@ -262,11 +426,11 @@ def _reset(dm: Dims, fw: dict, carry, keep_B):
     if keep_B is None:
         return carry
     s, zk, M = carry
-    k = keep_B[:, None]
     if dm.memory:
-        zk = zk * k + (1 - k) * fw["b0"][: dm.hk]
-        M = M * k[..., None, None].astype(M.dtype)  # 0 / 1: exact in any storage dtype
-    return s * k, zk, M
+        k = _rowwise(keep_B, zk)
+        zk = zk * k + (1 - k) * fw["b0"][..., : dm.hk]
+        M = M * _rowwise(keep_B, M)  # 0 / 1: exact in any storage dtype
+    return s * keep_B[:, None], zk, M
 
 
 def _scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
@@ -295,19 +459,21 @@ def _unsegment(x: Array) -> Array:
 
 
 def _window_primal(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
+    fw = _with_halves(dm, fw)
     (sT, _, MT), (P, G) = _scan_steps(dm, fw, (s0, zk0, M0), xg, "out", keep)
     return sT, MT, P, G
 
 
 def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
     S = dm.segment
+    fwh = _with_halves(dm, fw)
 
     def seg(carry, xs):
         xg_seg, keep_seg = xs
         if dm.remat:
-            new, (out) = _scan_steps(dm, fw, carry, xg_seg, "out", keep_seg)
+            new, (out) = _scan_steps(dm, fwh, carry, xg_seg, "out", keep_seg)
             return new, (carry, out, None)
-        new, (out, res) = _scan_steps(dm, fw, carry, xg_seg, "res", keep_seg)
+        new, (out, res) = _scan_steps(dm, fwh, carry, xg_seg, "res", keep_seg)
         return new, (carry, out, res)
 
     xs = (_segments(xg, S), _segments(keep, S))
@@ -317,6 +483,27 @@ def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
 
 
 # ----------------------------------------------------------------------------- backward
+def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
+    """tp > 1. Reverse of `_layer_split` (+ the predict gate) from its output cotangent dc
+    (B, D): (dZ, dM', X2 = [h | scale * r] for W2o's gradient, pg). With the read scale after
+    Wo its derivative needs only dc and the saved (r @ Wo, scale), all replicated, and local
+    products: no reduction here (the layer's one all-reduce is its input cotangent)."""
+    pg = jax.nn.sigmoid(res.zpg[i])
+    dX2 = _cols(dc, fwT["W2o"][i])  # (B, tp, fb + hu): [dh | d(r @ Wo)]
+    (h, r, o), pre = jax.vjp(partial(_layer_local, dm), Z, _f32(Mn))
+    if not dm.memory:
+        dZ, _ = pre((dX2, None, None))
+        return dZ, None, h, pg
+    y_r, scale = res.read[i]
+    dh, dr = _split(dX2, [dm.fb, dm.hu])
+    # y = ... + scale * y_r, scale = (sum(o^2) / HU + eps)^(-1/2):
+    # d scale = sum_d dc * y_r, d sum(o^2) = -scale^3 / (2 HU) d scale, d o = 2 o d sum(o^2)
+    dss = -0.5 * jnp.sum(dc * y_r, axis=-1, keepdims=True) * scale**3 / (dm.h * dm.u)
+    sb = scale[..., None]  # (B, 1, 1) against the blocks
+    dZ, dMn = pre((dh, sb * dr, 2 * o * dss[..., None]))
+    return dZ, dMn, jnp.concatenate([h, sb * r], axis=-1), pg
+
+
 def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'."""
     ds, dzk, dM, Mn, da = bc
@@ -329,21 +516,28 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     emit = {"Xg": xp, "dZg": dzg, "dxg": ds}
     # predict layers, last to first: c_{i+1} = pg * c_i + X2 @ W2o
     Z_layer0 = res.Z0[..., dm.write_cols :]
-    X2s, dYs, Xls, dZls = [], [], [], []
+    X2s, dYs, Xls, dZls, dZpgs = [], [], [], [], []
     dZ_layer0 = None
     for i in reversed(range(dm.n_layers)):
         c_in = res.c[i - 1] if i else res.s
         Zl = res.Z[i - 1] if i else Z_layer0
-        (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
+        if dm.split:
+            dZl, dMn, X2, pg = _layer_split_bwd(dm, fwT, i, res, Zl, Mn, dc)
+            dZpgs.insert(0, dc * c_in * pg * (1 - pg))
+        else:
+            (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
+            dZl, dMn = pre((_cols(dc, fwT["W2o"][i]), dc * c_in))
         X2s.insert(0, X2)
         dYs.insert(0, dc)
-        dZl, dMn = pre((mm(dc, fwT["W2o"][i]), dc * c_in))
         if dm.memory:
             dM = dM + dMn
         dc = dc * pg
         if i:
             xc, rms_c = jax.vjp(rms, c_in)
-            dc = dc + rms_c(mm(dZl, fwT["Wl"][i - 1]))[0]
+            dx = _rows(dZl, fwT["Wl"][i - 1])
+            if dm.split:
+                dx = dx + mm(dZpgs[0], fwT["Wpg"][i])
+            dc = dc + rms_c(dx)[0]
             Xls.insert(0, xc)
             dZls.insert(0, dZl)
         else:
@@ -351,7 +545,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     # write: M' = write(key of s_prev, [v | beta | a] of s, M)
     if dm.memory:
         zw = res.Z0[..., dm.hk : dm.write_cols]
-        M_in = _f32(Mprev) if keep is None else _f32(Mprev) * keep[:, None, None, None]
+        M_in = _f32(Mprev) if keep is None else _f32(Mprev) * _rowwise(keep, Mprev)
         _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], M_in)
         dzk_prev, dzw, da_t, dMprev = wr((dM, dg_out))
         dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
@@ -359,14 +553,18 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     else:
         dzk_prev, dMprev, dZ0 = None, None, dZ_layer0
     xs_, rms_s = jax.vjp(rms, res.s)
-    ds_prev = dc + rms_s(mm(dZ0, fwT["W0"]))[0]
+    dx = _rows(dZ0, fwT["W0"])
+    if dm.split:
+        dx = dx + mm(dZpgs[0], fwT["Wpg"][0])
+    ds_prev = dc + rms_s(dx)[0]
     emit |= {"X0": xs_, "dZ0": dZ0, "X2": X2s, "dY": dYs, "Xl": Xls, "dZl": dZls}
+    emit["dZpg"] = dZpgs
     if keep is not None:  # through `_reset`: the reset part of the key is W0's key bias
-        k = keep[:, None]
         if dm.memory:
+            k = _rowwise(keep, dzk_prev)
             emit["dbk"] = (1 - k) * dzk_prev
-            dzk_prev, dMprev = dzk_prev * k, dMprev * k[..., None, None]
-        ds_prev = ds_prev * k
+            dzk_prev, dMprev = dzk_prev * k, dMprev * _rowwise(keep, dMprev)
+        ds_prev = ds_prev * keep[:, None]
     return (ds_prev, dzk_prev, dMprev, Mprev, da), emit
 
 
@@ -383,14 +581,16 @@ def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
     def body(M, x):
         r, kp = x
         zw = r.Z0[..., dm.hk : dm.write_cols]
-        M_in = M if kp is None else M * kp[:, None, None, None]
+        M_in = M if kp is None else M * _rowwise(kp, M)
         return _write(dm, r.zk, zw, fw["a"], M_in)[0], M
 
     return jax.lax.scan(body, M0, (res, keep_SxB), unroll=dm.unroll)[1]
 
 
-def _zeros_like_tree(t):
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), t)
+def _zeros_like_tree(dm: Dims, name: str, t):
+    return jax.tree.map(
+        lambda x: _along(dm, jnp.zeros(x.shape, jnp.float32), _BLOCK_DIM.get(name)), t
+    )
 
 
 def _window_bwd(dm: Dims, saved, cts):
@@ -400,15 +600,17 @@ def _window_bwd(dm: Dims, saved, cts):
     B = xg.shape[1]
     dP = _segments(dP, S)
     dG = _segments(dG, S) if dm.memory else jnp.zeros((dP.shape[0], S, B, 0), jnp.float32)
-    gW = {k: _zeros_like_tree(fw[k]) for k in ("W0", "b0", "Wl", "bl", "W2o", "Wg", "bg")}
-    zk_shape = (B, dm.hk)
+    names = ("W0", "b0", "Wl", "bl", "W2o", "Wg", "bg", "Wpg", "bpg")
+    gW = {k: _zeros_like_tree(dm, k, fw[k]) for k in names}
+    zk_shape = (B, *fw["b0"][..., : dm.hk].shape)
     fwT = _transposed(fw)
+    fwh = _with_halves(dm, fw)
 
     def seg(carry, xs):
         ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         if dm.remat:
-            _, (_, res, Ms) = _scan_steps(dm, fw, start, xg_seg, "resM", keep_seg)
+            _, (_, res, Ms) = _scan_steps(dm, fwh, start, xg_seg, "resM", keep_seg)
         elif dm.memory:
             Ms = _recompute_memory(dm, fw, start[2], res, keep_seg)
         else:
@@ -424,7 +626,7 @@ def _window_bwd(dm: Dims, saved, cts):
         gw["W0"] = gw["W0"] + _wgrad(e["X0"], e["dZ0"], fw["W0"])
         gw["b0"] = gw["b0"] + e["dZ0"].sum((0, 1))
         if "dbk" in e:
-            gw["b0"] = gw["b0"].at[: dm.hk].add(e["dbk"].sum((0, 1)))
+            gw["b0"] = gw["b0"].at[..., : dm.hk].add(e["dbk"].sum((0, 1)))
         gw["Wg"] = gw["Wg"] + _wgrad(e["Xg"], e["dZg"], fw["Wg"])
         gw["bg"] = gw["bg"] + e["dZg"].sum((0, 1))
         gw["W2o"] = [
@@ -436,14 +638,20 @@ def _window_bwd(dm: Dims, saved, cts):
             for g, x, d, w in zip(gw["Wl"], e["Xl"], e["dZl"], fw["Wl"], strict=True)
         ]
         gw["bl"] = [g + d.sum((0, 1)) for g, d in zip(gw["bl"], e["dZl"], strict=True)]
+        gate_inputs = [e["X0"], *e["Xl"]][: len(e["dZpg"])]  # each layer's rms(c_in)
+        gw["Wpg"] = [
+            g + _wgrad(x, d, w)
+            for g, x, d, w in zip(gw["Wpg"], gate_inputs, e["dZpg"], fw["Wpg"], strict=True)
+        ]
+        gw["bpg"] = [g + d.sum((0, 1)) for g, d in zip(gw["bpg"], e["dZpg"], strict=True)]
         return (ds, dzk, dM, Mn, da, gw), e["dxg"]
 
     init = (
         dsT,
-        jnp.zeros(zk_shape, jnp.float32) if dm.memory else None,
-        dMT,
-        MT,
-        jnp.zeros_like(fw["a"]),
+        _along(dm, jnp.zeros(zk_shape, jnp.float32), 1, batch=True) if dm.memory else None,
+        _along(dm, dMT, 1, batch=True),
+        _along(dm, MT, 1, batch=True),
+        _along(dm, jnp.zeros(fw["a"].shape, jnp.float32), 0),
         gW,
     )
     xs = (starts, res_all, dP, dG, _segments(xg, S), _segments(keep, S))
@@ -485,19 +693,33 @@ def default_segment(T: int) -> int:
     return max(c for c in range(1, min(T, target) + 1) if T % c == 0)
 
 
-def dims_of(params: gpn.Params, T: int, remat_segment: int = 0, unroll: int | None = None) -> Dims:
+def dims_of(
+    params: gpn.Params,
+    T: int,
+    remat_segment: int = 0,
+    unroll: int | None = None,
+    tp: int = 1,
+    tp_axis: str | None = None,
+) -> Dims:
     names = gpn.layer_names(params)
     lp = params[names[0]]
     mem = gpn.memory_shape(params)
     h, k, u = mem if mem else (0, 0, 0)
+    f = lp["w2"].shape[0]
     if remat_segment and T % remat_segment:
         raise ValueError(
             f"sequence length {T} is not divisible by the remat segment {remat_segment}"
         )
+    if f % tp or h % tp:
+        raise ValueError(
+            f"scan_impl='fused' splits whole memory heads and d_ffn over the tensor axis: "
+            f"n_heads={h} and d_ffn={f} must be divisible by its size {tp}; use a mesh whose "
+            "tensor size divides both, or --config.model.scan_impl=autodiff"
+        )
     seg = min(remat_segment, T) if remat_segment else default_segment(T)
     return Dims(
         d=lp["wpg"].shape[0],
-        f=lp["w2"].shape[0],
+        f=f,
         h=h,
         k=k,
         u=u,
@@ -506,6 +728,8 @@ def dims_of(params: gpn.Params, T: int, remat_segment: int = 0, unroll: int | No
         segment=seg,
         remat=bool(remat_segment),
         unroll=UNROLL if unroll is None else unroll,
+        tp=tp,
+        tp_axis=tp_axis if tp > 1 else None,
     )
 
 
@@ -516,16 +740,24 @@ def scan_window_fused(
     remat_segment: int = 0,
     unroll: int | None = None,
     keep_TxB: Array | None = None,
+    tp: int = 1,
+    tp_axis: str | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
     """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
-    `keep_TxB` (0 at a document start) resets the incoming carry of those steps."""
+    `keep_TxB` (0 at a document start) resets the incoming carry of those steps. `tp` column
+    blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout)."""
     T = xg_TxBxD.shape[0]
-    dm = dims_of(cp, T, remat_segment, unroll)
-    fw = fuse_params(cp)
-    zk0 = key_projection(cp, carry.s_prev) if dm.memory else None
-    sT, MT, P, G = _make_window(dm)(fw, carry.s, zk0, carry.M, xg_TxBxD, keep_TxB)
+    dm = dims_of(cp, T, remat_segment, unroll, tp, tp_axis)
+    fw = _shard_fused(dm, fuse_params(cp, dm.tp))
+    zk0 = M0 = None
+    if dm.memory:
+        zk0 = _along(dm, _blocks(key_projection(cp, carry.s_prev), dm.tp), 1, batch=True)
+        M0 = _along(dm, _head_blocks(carry.M, dm.tp), 1, batch=True)
+    s0 = _along(dm, carry.s, None, batch=True)
+    sT, MT, P, G = _make_window(dm)(fw, s0, zk0, M0, xg_TxBxD, keep_TxB)
     if not dm.memory:
         return GPNCarry(sT, None, None), StepOutput(P, None)
+    MT, G = _merge_blocks(MT, dm.tp, 1), _merge_blocks(G, dm.tp, 2)
     # s_prev of the final carry is the state entering the last step: re-ground it from P.
     if T > 1:
         s_last = gpn.ground(cp["ground"], P[T - 2], xg_TxBxD[T - 2])

@@ -23,7 +23,6 @@ from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.configs import GPNConfig, ScanImpl  # defined there, JAX-free
 from gpn_jax.models.params import (
     EMBED,
-    FFN,
     HEADS,
     VOCAB,
     lecun,
@@ -33,6 +32,7 @@ from gpn_jax.models.params import (
     swiglu_specs,
     zeros,
 )
+from gpn_jax.parallel.sharding import TENSOR
 
 Array = jax.Array
 
@@ -121,6 +121,25 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
+def _tensor_blocks() -> tuple[int, str | None]:
+    """(size, name) of the mesh axis the fused window splits its column blocks over: the
+    ambient mesh's `tensor` axis where it is automatic (GSPMD) and larger than 1, else (1, None).
+
+    Read from the abstract mesh at trace time (`jax.set_mesh`, and inside `ShardedModel`'s
+    shard_map, whose body sees `tensor` as Auto): the same model object runs on one device and
+    on any mesh (the sharding tests compare the two), and the layout belongs to the program
+    being traced, not to the model; `check_sharding` only sees which logical axes are split.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or TENSOR not in mesh.axis_names:
+        return 1, None
+    kind = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))[TENSOR]
+    n = mesh.shape[TENSOR]
+    if n == 1 or kind == jax.sharding.AxisType.Manual:  # manual: each device's arrays are local
+        return 1, None
+    return n, TENSOR
+
+
 def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None):
     """The fused window; it has no interventions and says so rather than switching scans."""
     if any(x is not None for x in iv):
@@ -128,7 +147,10 @@ def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None):
             "scan_impl='fused' does not run interventions; use the reference scan "
             "(model.autodiff(), or scan_impl='autodiff' in the config)"
         )
-    return fast_window.scan_window_fused(cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB)
+    tp, axis = _tensor_blocks()
+    return fast_window.scan_window_fused(
+        cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis
+    )
 
 
 def _impl(scan_impl: ScanImpl) -> _Impl:
@@ -147,17 +169,6 @@ class GPN(SpecModel):
     # ------------------------------------------------------------------ parameters and state
     # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
     param_specs = staticmethod(param_specs)
-
-    def check_sharding(self, split_axes: frozenset) -> None:
-        """Raises if the model cannot run with these logical axes split over devices."""
-        if self.config.scan_impl is ScanImpl.FUSED and split_axes & {HEADS, FFN, VOCAB}:
-            # The fused window concatenates projections that these axes split differently, so
-            # XLA would reshard them inside the scan (per token). embed (fsdp) splits are fine.
-            raise ValueError(
-                f"scan_impl='fused' does not support tensor parallelism (logical axes "
-                f"{sorted(split_axes & {HEADS, FFN, VOCAB})} split over the mesh); use "
-                "--config.model.scan_impl=autodiff"
-            )
 
     def autodiff(self) -> "GPN":
         """The same model on the reference `autodiff` scan (what interventions need)."""
