@@ -364,14 +364,16 @@ def _with_halves(dm: Dims, fw: dict) -> dict:
 
 
 def _wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
-    """sum over (s, b) of x^T dz: one matmul with contraction S*B, float32; the output has x's
-    trailing axes then dz's (blocks stay local: nothing is contracted over them)."""
-    return jax.lax.dot_general(
-        x_SxBxI.astype(w.dtype),
-        dz_SxBxO.astype(w.dtype),
-        (((0, 1), (0, 1)), ((), ())),
+    """sum over (s, b) of x^T dz: one matmul with contraction S*B, float32. Blocks ride along:
+    (S, B, [tp,] I) x (S, B, [tp,] O) -> ([tp,] I, [tp,] O), nothing contracted over them."""
+    S, B = x_SxBxI.shape[:2]
+    out = jnp.einsum(
+        "sbi,sbo->io",
+        x_SxBxI.reshape(S, B, -1).astype(w.dtype),
+        dz_SxBxO.reshape(S, B, -1).astype(w.dtype),
         preferred_element_type=jnp.float32,
     )
+    return out.reshape(*x_SxBxI.shape[2:], *dz_SxBxO.shape[2:])
 
 
 # ----------------------------------------------------------------------------- forward
