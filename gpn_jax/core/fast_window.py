@@ -23,6 +23,29 @@ recurrent:
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
   rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 
+* **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh's automatic `tensor` axis, which
+  `gpn_jax.models.gpn` reads from the ambient mesh at trace time). Megatron style with GSPMD
+  partitioning, as the autodiff scan: each fused matrix is laid out "tp-major" so that the
+  `tensor` split lines up with the parameters' shards. Every column block split over
+  `tensor` (the write's key / value / beta / decay and the read's query / gate columns, per
+  head; SwiGLU's gate and up) is reshaped from (D, n) to (D, tp, n / tp) and the blocks
+  concatenated along the last axis: W0 is (D, tp, N0 / tp), axis 1 split over `tensor`
+  (`_along`); the row-parallel W2o is (tp, R / tp, D) and the memory (B, tp, H / tp, K, U).
+  Elementwise stages then act on each device's (B, tp, n / tp) block, and splitting the last
+  axis never crosses devices. Columns that `tensor` does not split (the predict gate wpg,
+  D x D; the ground gate) are replicated projections of their own, computed on every device.
+  The read norm's sum of squares spans all heads, so its per-row scale multiplies the
+  row-parallel product, y = h @ W2 + scale * (r @ Wo) (as `core.gpn.memory_read`): the
+  layer's partial sums h @ W2, r @ Wo and sum(o^2) are independent and XLA reduces them in
+  one all-reduce per layer and step. The backward saves (r @ Wo, scale), both replicated, so
+  the scale's derivative is local (`_layer_split_bwd`) and its one all-reduce per layer is
+  the input cotangent dZ @ W^T of the column-parallel projection (contracted over the
+  blocks); weight gradients stay local. tp must divide n_heads and d_ffn (else an error).
+  With tp == 1 there is no block axis: the predict gate stays in W0 and the read scale is
+  applied before W2o, the one-device program of before. `tests/parallel/test_sharding.py`
+  reads the collectives off the optimised HLO; `tests/core/test_fast_window.py` runs the
+  block layout on one device against autodiff.
+
 The memory is stored in its carry's dtype (`GPNConfig.memory_dtype`: bfloat16 halves its
 per-step traffic), each write computed in float32; the backward keeps the memory's cotangent
 in float32 and passes it unchanged through the storage rounding.

@@ -24,7 +24,10 @@ reductions. The model is written so that these are Megatron-style: SwiGLU gate a
 separate column-parallel matrices (`core.mlp`) and the memory read applies its norm's
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
 sums are independent and XLA reduces them in one all-reduce per scan step (forward and
-backward; `tests/parallel/test_sharding.py` reads it off the optimised HLO). Known cost: with
+backward; `tests/parallel/test_sharding.py` reads it off the optimised HLO). GPN's fused
+window (`scan_impl="fused"`, `core.fast_window`) gets there too: it reads the `tensor` size
+from the abstract mesh inside this shard_map (where `tensor` is the one Auto axis) and lays its
+fused matrices out in per-device column blocks. Known cost: with
 `tensor` > 1, XLA all-gathers each tensor-split gradient over `tensor` before the `fsdp`
 reduce-scatter (partial-manual partitioning): once per step, outside every loop.
 
@@ -57,7 +60,7 @@ class ShardedModel:
     Every other attribute is the wrapped model's. The parameters' storage specs come from the
     model's declared logical axes through `rules` (None: `sharding.DEFAULT_RULES`; see
     `sharding.tree_specs`); only their `fsdp` entries matter here. The model may refuse the
-    mesh (`model.check_sharding`, e.g. GPN's fused window under tensor parallelism). The
+    mesh (`model.check_sharding`: a family whose kernels cannot run with some axes split). The
     gradient of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
     """
 
