@@ -117,6 +117,19 @@ def test_tensor_parallel_layout_equals_autodiff(name, monkeypatch):
     assert_rel_close(grads_f, grads_r, 3e-5, "gradients")
 
 
+def test_tensor_parallel_layout_bfloat16_close_to_autodiff(monkeypatch):
+    ref, fused = pair(n_layers=2, n_heads=4, compute_dtype="bfloat16", memory_dtype="bfloat16")
+    params, x = random_params(ref), tokens(8)
+    grad = lambda m: jax.jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
+    g_r = jax.tree.leaves(grad(ref))
+    monkeypatch.setattr(gpn_model, "_tensor_blocks", lambda: (2, None))
+    for a, b in zip(g_r, jax.tree.leaves(grad(fused)), strict=True):
+        assert bool(jnp.all(jnp.isfinite(b)))
+        a, b = a.astype(jnp.float32).ravel(), b.astype(jnp.float32).ravel()
+        cos = jnp.vdot(a, b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b) + 1e-12)
+        assert float(cos) > 0.98 or float(jnp.linalg.norm(a)) < 1e-6
+
+
 def test_tensor_parallel_layout_needs_whole_heads_per_block():
     _, fused = pair(n_layers=1)  # 3 heads
     params = random_params(fused)
