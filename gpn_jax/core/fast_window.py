@@ -328,7 +328,7 @@ def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
     h, r, o = _layer_local(dm, Z, Mn)
     y = _rows(h, fw["W2"][i])
     if not dm.memory:
-        return y, ()
+        return y, None
     ss = jnp.sum(o * o, axis=(-2, -1))[:, None]  # (B, 1) over every block's heads
     scale = jax.lax.rsqrt(ss / (dm.h * dm.u) + RMS_EPS)
     y_r = _rows(r, fw["Wo"][i])
@@ -436,7 +436,8 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
             y, read = _layer_split(dm, fw, i, Zl, Mn)
             c = jax.nn.sigmoid(zpg) * c + y
             zpgs.append(zpg)
-            reads += [read] if read else []
+            if read is not None:
+                reads.append(read)
         else:
             X2, pg = _layer_pre(dm, Zl, Mn)
             c = pg * c + _rows(X2, fw["W2o"][i])
