@@ -81,8 +81,9 @@ def test_cli_forces_cpu_devices_and_prints_memory():
             "gpn-aot: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, have 4",
         ),
         (
-            ["--mesh=1,2,2"],  # the default scan_impl is fused
-            "gpn-aot: error: scan_impl='fused' does not support tensor parallelism",
+            ["--mesh=1,1,4"],  # the default scan_impl is fused: whole heads per device
+            "gpn-aot: error: scan_impl='fused' splits whole memory heads and d_ffn over the "
+            "tensor axis: n_heads=2 and d_ffn=128 must be divisible by its size 4",
         ),
         (
             ["--config.model.d_modle=8"],

@@ -23,8 +23,8 @@ recurrent:
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
   rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 
-* **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh's automatic `tensor` axis, which
-  `gpn_jax.models.gpn` reads from the ambient mesh at trace time). Megatron style with GSPMD
+* **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
+  and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
   partitioning, as the autodiff scan: each fused matrix is laid out "tp-major" so that the
   `tensor` split lines up with the parameters' shards. Every column block split over
   `tensor` (the write's key / value / beta / decay and the read's query / gate columns, per
@@ -719,6 +719,16 @@ def default_segment(T: int) -> int:
     return max(c for c in range(1, min(T, target) + 1) if T % c == 0)
 
 
+def check_blocks(n_heads: int, d_ffn: int, tp: int) -> None:
+    """Raises unless `tp` column blocks hold whole memory heads and equal d_ffn slices."""
+    if d_ffn % tp or n_heads % tp:
+        raise ValueError(
+            f"scan_impl='fused' splits whole memory heads and d_ffn over the tensor axis: "
+            f"n_heads={n_heads} and d_ffn={d_ffn} must be divisible by its size {tp}; use a "
+            "mesh whose tensor size divides both, or --config.model.scan_impl=autodiff"
+        )
+
+
 def dims_of(
     params: gpn.Params,
     T: int,
@@ -736,12 +746,7 @@ def dims_of(
         raise ValueError(
             f"sequence length {T} is not divisible by the remat segment {remat_segment}"
         )
-    if f % tp or h % tp:
-        raise ValueError(
-            f"scan_impl='fused' splits whole memory heads and d_ffn over the tensor axis: "
-            f"n_heads={h} and d_ffn={f} must be divisible by its size {tp}; use a mesh whose "
-            "tensor size divides both, or --config.model.scan_impl=autodiff"
-        )
+    check_blocks(h, f, tp)
     seg = min(remat_segment, T) if remat_segment else default_segment(T)
     return Dims(
         d=lp["wpg"].shape[0],

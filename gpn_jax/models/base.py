@@ -65,8 +65,10 @@ class LanguageModel(Protocol):
     def axis_sizes(self) -> dict[str, int]:
         """{logical axis: the model size it must split evenly}, e.g. {'heads': n_heads}."""
 
-    def check_sharding(self, split_axes: frozenset) -> None:
-        """Raise ValueError (one line) if the model cannot run with these logical axes split."""
+    def partitioned(self, splits: dict[str, tuple[str, int]]) -> "LanguageModel":
+        """The model to run with its logical axes split as `splits` ({logical axis: (mesh
+        axis, size)}, split axes only): itself, or a copy laid out for that split. Raises
+        ValueError (one line) if the model cannot run with these axes split."""
 
     def init_state(self, batch_size: int) -> Carry:
         """Carry for `batch_size` fresh sequences."""
@@ -102,7 +104,7 @@ class SpecModel:
     """The parameter methods every family shares, derived from its `param_specs(config)` (the
     initialiser, shape and logical axes of each parameter, declared once in the family's
     module). A family sets `param_specs = staticmethod(param_specs)` and may override
-    `check_sharding` where its kernels cannot run with some axes split."""
+    `partitioned` where its kernels need a layout for, or cannot run with, some axes split."""
 
     param_specs = None
 
@@ -116,5 +118,7 @@ class SpecModel:
         c = self.config
         return {HEADS: c.n_heads, FFN: c.d_ffn, VOCAB: c.vocab_size}
 
-    def check_sharding(self, split_axes: frozenset) -> None:
-        """Every split of the logical axes is supported."""
+    def partitioned(self, splits) -> "SpecModel":
+        """Every split of the logical axes runs as is."""
+        del splits
+        return self

@@ -26,8 +26,9 @@ class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
     FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
-    gradients out of the loop, cross-entropy gradients in the forward pass); no interventions
-    and no tensor parallelism (both refused with an error naming AUTODIFF). AUTODIFF: the
+    gradients out of the loop, cross-entropy gradients in the forward pass), tensor parallelism
+    over whole memory heads and d_ffn slices; no interventions, and no tensor size that does
+    not divide n_heads and d_ffn (both refused with an error naming AUTODIFF). AUTODIFF: the
     reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
     intervention, any mesh; the tests compare FUSED against it."""
 

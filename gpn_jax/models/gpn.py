@@ -9,7 +9,8 @@ the module only declares and initialises parameters and never runs the math.
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -23,6 +24,7 @@ from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.configs import GPNConfig, ScanImpl  # defined there, JAX-free
 from gpn_jax.models.params import (
     EMBED,
+    FFN,
     HEADS,
     VOCAB,
     lecun,
@@ -32,7 +34,6 @@ from gpn_jax.models.params import (
     swiglu_specs,
     zeros,
 )
-from gpn_jax.parallel.sharding import TENSOR
 
 Array = jax.Array
 
@@ -121,54 +122,65 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
-def _tensor_blocks() -> tuple[int, str | None]:
-    """(size, name) of the mesh axis the fused window splits its column blocks over: the
-    ambient mesh's `tensor` axis where it is automatic (GSPMD) and larger than 1, else (1, None).
-
-    Read from the abstract mesh at trace time (`jax.set_mesh`, and inside `ShardedModel`'s
-    shard_map, whose body sees `tensor` as Auto): the same model object runs on one device and
-    on any mesh (the sharding tests compare the two), and the layout belongs to the program
-    being traced, not to the model; `check_sharding` only sees which logical axes are split.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or TENSOR not in mesh.axis_names:
-        return 1, None
-    kind = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))[TENSOR]
-    n = mesh.shape[TENSOR]
-    if n == 1 or kind == jax.sharding.AxisType.Manual:  # manual: each device's arrays are local
-        return 1, None
-    return n, TENSOR
-
-
-def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None):
-    """The fused window; it has no interventions and says so rather than switching scans."""
+def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1, None)):
+    """The fused window; it has no interventions and says so rather than switching scans.
+    `blocks`: (tp, mesh axis) of its tensor-parallel layout (`GPN.partitioned`)."""
     if any(x is not None for x in iv):
         raise ValueError(
             "scan_impl='fused' does not run interventions; use the reference scan "
             "(model.autodiff(), or scan_impl='autodiff' in the config)"
         )
-    tp, axis = _tensor_blocks()
+    tp, axis = blocks
     return fast_window.scan_window_fused(
         cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis
     )
 
 
-def _impl(scan_impl: ScanImpl) -> _Impl:
-    """The one place `scan_impl` is dispatched (looked up when a loss is traced)."""
+def _impl(scan_impl: ScanImpl, blocks=(1, None)) -> _Impl:
+    """The one place `scan_impl` is dispatched (looked up when a loss is traced); `blocks`:
+    the fused window's tensor-parallel layout (`GPN.partitioned`)."""
     if scan_impl is ScanImpl.FUSED:
-        return _Impl(_fused_scan, fast_window.cross_entropy_sum_fused)
+        return _Impl(partial(_fused_scan, blocks=blocks), fast_window.cross_entropy_sum_fused)
     return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
 class GPN(SpecModel):
     """GPN / GPN+M language model: pure functions over `params` (see `gpn_jax.models.base`)."""
 
-    def __init__(self, config: GPNConfig):
+    def __init__(self, config: GPNConfig, tensor_blocks: tuple[int, str | None] = (1, None)):
+        """`tensor_blocks`: (tp, mesh axis) of the fused window's tensor-parallel layout, set by
+        `partitioned` (what `parallel.spmd.ShardedModel` runs); (1, None) on one device."""
         self.config = config
+        self.tensor_blocks = tensor_blocks
 
     # ------------------------------------------------------------------ parameters and state
     # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
     param_specs = staticmethod(param_specs)
+
+    def partitioned(self, splits: Mapping[str, tuple[str, int]]) -> "GPN":
+        """The model to run with its logical axes split as `splits` ({axis: (mesh axis, size)},
+        split axes only) under GSPMD: the fused window lays its matrices out in column blocks
+        of whole memory heads and d_ffn columns, one per device of the axis that splits both
+        (`core.fast_window`, "Tensor parallelism"); the autodiff scan needs nothing.
+
+        Raises:
+          ValueError: the fused window with heads and d_ffn split differently, or a split
+            size that does not divide n_heads and d_ffn.
+        """
+        c = self.config
+        wanted = (FFN, HEADS) if c.memory else (FFN,)
+        split = {splits[a] for a in wanted if a in splits}
+        if c.scan_impl is not ScanImpl.FUSED or not split:
+            return self
+        if len(split) > 1 or len([a for a in wanted if a in splits]) != len(wanted):
+            raise ValueError(
+                f"scan_impl='fused' splits memory heads and d_ffn over one mesh axis; these "
+                f"rules split {sorted((a, splits[a][0]) for a in wanted if a in splits)}: use "
+                "one axis for both, or --config.model.scan_impl=autodiff"
+            )
+        ((axis, n),) = split
+        fast_window.check_blocks(c.n_heads if c.memory else 0, c.d_ffn, n)
+        return GPN(c, (n, axis))
 
     def autodiff(self) -> "GPN":
         """The same model on the reference `autodiff` scan (what interventions need)."""
@@ -198,8 +210,8 @@ class GPN(SpecModel):
             carry = carry._replace(M=carry.M.astype(self.config.memory_dtype))
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
-        scan = _impl(self.config.scan_impl).scan
         keep = None if resets is None else 1.0 - jnp.asarray(resets, jnp.float32).T
+        scan = _impl(self.config.scan_impl, self.tensor_blocks).scan
         carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv, keep)
         return out, carry, cp
 

@@ -65,9 +65,14 @@ def layout_of(model) -> Layout:
     return Layout(model.param_axes(), model.axis_sizes())
 
 
-def split_axes(rules: Rules, mesh_shape: Mapping[str, int]) -> frozenset:
-    """The logical axes that `rules` actually split on a mesh of `mesh_shape`."""
-    return frozenset(name for name, axis in rules.axes if axis and mesh_shape.get(axis, 1) > 1)
+def logical_splits(rules: Rules, mesh_shape: Mapping[str, int]) -> dict[str, tuple[str, int]]:
+    """{logical axis: (mesh axis, size)} for the logical axes `rules` actually split on a mesh
+    of `mesh_shape` (what `model.partitioned` takes)."""
+    return {
+        name: (axis, mesh_shape[axis])
+        for name, axis in rules.axes
+        if isinstance(axis, str) and mesh_shape.get(axis, 1) > 1
+    }
 
 
 def leaf_path(path) -> str:

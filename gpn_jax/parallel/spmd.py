@@ -25,9 +25,9 @@ separate column-parallel matrices (`core.mlp`) and the memory read applies its n
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
 sums are independent and XLA reduces them in one all-reduce per scan step (forward and
 backward; `tests/parallel/test_sharding.py` reads it off the optimised HLO). GPN's fused
-window (`scan_impl="fused"`, `core.fast_window`) gets there too: it reads the `tensor` size
-from the abstract mesh inside this shard_map (where `tensor` is the one Auto axis) and lays its
-fused matrices out in per-device column blocks. Known cost: with
+window (`scan_impl="fused"`, `core.fast_window`) gets there too: inside this shard_map runs
+`model.partitioned(...)`, the model laid out for the mesh's split of its logical axes (GPN:
+fused matrices in per-device column blocks of whole heads and d_ffn slices). Known cost: with
 `tensor` > 1, XLA all-gathers each tensor-split gradient over `tensor` before the `fsdp`
 reduce-scatter (partial-manual partitioning): once per step, outside every loop.
 
@@ -60,14 +60,15 @@ class ShardedModel:
     Every other attribute is the wrapped model's. The parameters' storage specs come from the
     model's declared logical axes through `rules` (None: `sharding.DEFAULT_RULES`; see
     `sharding.tree_specs`); only their `fsdp` entries matter here. The model may refuse the
-    mesh (`model.check_sharding`: a family whose kernels cannot run with some axes split). The
+    mesh, or run a layout of its own inside the shard_map (`model.partitioned`). The
     gradient of `loss` accumulates over `grad_accum` local micro-batches (see the module doc).
     """
 
     def __init__(self, model, mesh, rules=None, grad_accum: int = 1):
         self.model, self.mesh = model, mesh
         self.rules = shlib.DEFAULT_RULES if rules is None else rules
-        model.check_sharding(shlib.split_axes(self.rules, dict(mesh.shape)))
+        # What runs inside the shard_map: the model laid out for (or refusing) this split.
+        self._local = model.partitioned(shlib.logical_splits(self.rules, dict(mesh.shape)))
         self.grad_accum = grad_accum
         self.layout = shlib.layout_of(model)
         self._n_batch = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -92,14 +93,25 @@ class ShardedModel:
 
         return jax.tree.map(one, params, dims, is_leaf=lambda x: x is None)
 
+    def _sum(self, x, axes=BATCH_AXES):
+        """psum over those of `axes` with more than one device. Axes of size 1 are left out:
+        on a tensor-only mesh (data = fsdp = 1) XLA's partitioner rejects an all-reduce over
+        the trivial manual axes ("Cross-partition allreduce must be in (partial) manual
+        partitioning mode"), and it sums nothing anyway."""
+        axes = tuple(a for a in axes if self.mesh.shape[a] > 1)
+        return jax.lax.psum(x, axes) if axes else x
+
+    def _mean(self, x):
+        return self._sum(x) / self._n_batch
+
     def _reduce(self, grads, dims):
         """Mean over the batch shards: reduce-scatter over fsdp where stored sharded."""
 
         def one(g, d):
             if d is None:
-                return jax.lax.psum(g, tuple(BATCH_AXES)) / self._n_batch
+                return self._mean(g)
             g = jax.lax.psum_scatter(g, shlib.FSDP, scatter_dimension=d, tiled=True)
-            return jax.lax.psum(g, "data") / self._n_batch
+            return self._sum(g, ("data",)) / self._n_batch
 
         return jax.tree.map(one, grads, dims, is_leaf=lambda x: x is None)
 
@@ -111,7 +123,7 @@ class ShardedModel:
             )
 
     def _local_loss(self, params, tokens):
-        return self.model.loss(params, tokens)[0]
+        return self._local.loss(params, tokens)[0]
 
     def _shard_map(self, body, boundary, out_specs, in_specs=None):
         """`body(params, tokens)` manual over the batch axes; `tensor` stays automatic."""
@@ -136,10 +148,10 @@ class ShardedModel:
             def body(p, x):
                 full = self._gather(p, dims)
                 if not with_grad:
-                    return jax.lax.pmean(self._local_loss(full, x), tuple(BATCH_AXES))
+                    return self._mean(self._local_loss(full, x))
                 # Local gradient, accumulated over this device's micro-batches, reduced once.
                 loss, grads = accumulated_value_and_grad(self._local_loss, full, x, self.grad_accum)
-                return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims)
+                return self._mean(loss), self._reduce(grads, dims)
 
             out_specs = P() if not with_grad else (P(), boundary)
             return self._shard_map(body, boundary, out_specs)(params, tokens)
@@ -179,7 +191,7 @@ class ShardedModel:
 
         def local(p, micro):
             tokens, c, r = micro
-            loss, (new, _) = self.model.loss(p, tokens, c, resets=r)
+            loss, (new, _) = self._local.loss(p, tokens, c, resets=r)
             return loss, new
 
         def body(p, x, c, r):
@@ -187,7 +199,7 @@ class ShardedModel:
             loss, grads, new = accumulated_value_grad_and_aux(
                 local, full, (x, c, r), self.grad_accum
             )
-            return jax.lax.pmean(loss, tuple(BATCH_AXES)), self._reduce(grads, dims), new
+            return self._mean(loss), self._reduce(grads, dims), new
 
         in_specs = (boundary, P(BATCH_AXES), rows(carry), rows(resets_BxT))
         mapped = self._shard_map(body, boundary, (P(), boundary, rows(carry)), in_specs)
@@ -201,6 +213,6 @@ class ShardedModel:
         boundary, dims = self._specs(params)
 
         def body(p, x):
-            return self.model.token_losses(self._gather(p, dims), x)[0]
+            return self._local.token_losses(self._gather(p, dims), x)[0]
 
         return self._shard_map(body, boundary, P(BATCH_AXES))(params, tokens_BxT), None

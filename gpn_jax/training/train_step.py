@@ -81,6 +81,10 @@ class MaskedLoss:
     def loss(self, params, tokens_BxT, carry=None, **kw):
         return self.model.loss(params, tokens_BxT, carry, mask=self.mask_1xT, **kw)
 
+    def partitioned(self, splits) -> "MaskedLoss":
+        """The wrapped model's layout for `splits`, still masked."""
+        return MaskedLoss(self.model.partitioned(splits), self.mask_1xT[0])
+
 
 def with_loss_mask(model, mask_T):
     """`model` itself when `mask_T` is None, else a `MaskedLoss` over it."""

@@ -60,7 +60,9 @@ MODELS = {
 
 
 def make_mesh(shape):
-    return meshlib.make_mesh(ml_collections.ConfigDict(dict(zip(meshlib.AXES, shape, strict=True))))
+    """A mesh of `shape` over the first prod(shape) of the 8 forced devices."""
+    cfg = ml_collections.ConfigDict(dict(zip(meshlib.AXES, shape, strict=True)))
+    return meshlib.make_mesh(cfg, jax.devices()[: int(np.prod(shape))])
 
 
 # ----------------------------------------------------------------------------- mesh and rules
@@ -205,6 +207,13 @@ def test_fused_window_tensor_parallel_loss_and_grads_match_one_device(name):
     _assert_matches(name, FUSED_TP[name], grad_bound=5e-5)
 
 
+@pytest.mark.parametrize("name", ["gpn_m_fused", "gdn"])
+def test_tensor_only_mesh_matches_one_device(name):
+    """data = fsdp = 1, tensor = 2: no batch collective is emitted over the trivial manual
+    axes (XLA's partitioner rejected that all-reduce, for every family, until 2026-12-01)."""
+    _assert_matches(name, (1, 1, 2))
+
+
 def test_fused_window_tensor_parallel_stateful_with_resets_and_accumulation():
     """Stateful training through the fused window on (2, 2, 2): a random incoming carry,
     document resets, 2 micro-batches per device; loss, gradients and final carry equal one
@@ -237,12 +246,21 @@ def test_fused_window_tensor_parallel_stateful_with_resets_and_accumulation():
 
 
 def test_fused_window_refuses_heads_that_do_not_split_over_tensor():
-    """2 memory heads cannot split over tensor = 4 (the fused window splits whole heads)."""
-    model, params, tokens, _ = _problem("gpn_m_fused")
-    mesh = make_mesh((1, 2, 4))
-    sharded = spmd.ShardedModel(model, mesh)
-    with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"n_heads=2 and d_ffn=32 must be"):
-        jax.eval_shape(lambda p, x: sharded.loss(p, x)[0], params, tokens)
+    """2 memory heads cannot split over tensor = 4 (the fused window splits whole heads): the
+    mesh is refused when the sharded model is built, before anything is traced."""
+    model = factory.build_model(MODELS["gpn_m_fused"])
+    with pytest.raises(ValueError, match=r"n_heads=2 and d_ffn=32 must be divisible by its si"):
+        spmd.ShardedModel(model, make_mesh((1, 2, 4)))
+
+
+def test_fused_window_refuses_heads_and_ffn_on_different_axes():
+    """Rules that split d_ffn but not the memory heads: the fused window's column blocks hold
+    both, so it names the rules instead of resharding inside the per-token loop."""
+    model = factory.build_model(MODELS["gpn_m_fused"])
+    rules = shardlib.rules_from_config(ml_collections.ConfigDict({"axis_rules": {"heads": ""}}))
+    with pytest.raises(ValueError, match=r"one mesh axis; these rules split \[\('ffn', 'tens"):
+        spmd.ShardedModel(model, make_mesh((2, 2, 2)), rules)
+    assert spmd.ShardedModel(model.autodiff(), make_mesh((2, 2, 2)), rules)  # autodiff: fine
 
 
 @pytest.mark.parametrize(

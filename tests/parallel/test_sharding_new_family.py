@@ -45,8 +45,8 @@ class BigramMLP:
     def axis_sizes(self):
         return {"hidden": H, "vocab": V}
 
-    def check_sharding(self, split_axes):
-        pass
+    def partitioned(self, splits):
+        return self
 
     def weight_decay_mask(self, params):
         return jax.tree.map(lambda p: p.ndim >= 2, params)
