@@ -169,13 +169,14 @@ class GPN(SpecModel):
         """
         c = self.config
         wanted = (FFN, HEADS) if c.memory else (FFN,)
-        split = {splits[a] for a in wanted if a in splits}
-        if c.scan_impl is not ScanImpl.FUSED or not split:
+        present = [a for a in wanted if a in splits]
+        if c.scan_impl is not ScanImpl.FUSED or not present:
             return self
-        if len(split) > 1 or len([a for a in wanted if a in splits]) != len(wanted):
+        split = {splits[a] for a in present}
+        if len(present) != len(wanted) or len(split) > 1:
             raise ValueError(
                 f"scan_impl='fused' splits memory heads and d_ffn over one mesh axis; these "
-                f"rules split {sorted((a, splits[a][0]) for a in wanted if a in splits)}: use "
+                f"rules split {sorted((a, splits[a][0]) for a in present)}: use "
                 "one axis for both, or --config.model.scan_impl=autodiff"
             )
         ((axis, n),) = split
