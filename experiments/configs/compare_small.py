@@ -51,7 +51,8 @@ VOCAB = 4096
 TRAIN_TOKENS = 11_897_603  # `prepare` of fetch_corpus's pieces (both packages), 5 % held out
 SEQ_LEN = 256
 BATCH = 16
-STEPS = 270
+STEPS = 150
+EVAL_STRIDE = 4  # the final evaluation reads every 4th held-out batch (module doc)
 ANALYSIS_BATCHES = 8  # held-out batches (of 16 x 256) per GPN / GPN+M analysis
 DEFAULT_DATA = "/tmp/docs_bin"
 
@@ -84,7 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             eval_every=STEPS // 3,
             eval_batches=4,
             checkpoint_every=STEPS // 3,
-            final_eval_batches=0,  # every held-out window (581,632 tokens); a prefix is one corner
+            final_eval_batches=0,
+            final_eval_stride=EVAL_STRIDE,  # a sample spread over the split; a prefix is one corner
         )
     )
     c.compare.seeds = 3  # runs per model (seeds seed, seed+1, ...); --seeds overrides

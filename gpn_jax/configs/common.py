@@ -50,6 +50,7 @@ def base_config() -> ml_collections.ConfigDict:
         8  # held-out batches per periodic evaluation (0: the whole held-out split)
     )
     c.train.final_eval_batches = 0  # held-out batches of the final evaluation (0: all)
+    c.train.final_eval_stride = 1  # k: the final evaluation reads every k-th held-out batch
     c.train.checkpoint_every = 500  # steps between checkpoints
     c.train.keep_checkpoints = 3  # last N checkpoints kept
     c.train.keep_best = 1  # plus the best M by held-out loss

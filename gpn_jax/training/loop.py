@@ -7,6 +7,7 @@ is not applied (the jitted step keeps the previous state) and stops the run, so 
 non-finite is ever saved. The config is validated (`validate`) before any work.
 """
 
+import itertools
 import json
 import math
 import signal
@@ -140,10 +141,13 @@ def _preemption_service_enabled() -> bool:
     return jax_distributed.global_state.preemption_sync_manager is not None
 
 
-def evaluate_heldout(eval_step, params, data, mesh, max_batches: int = 0) -> dict:
-    """Mean CE / PPL over the held-out windows (all positions, as the training loss)."""
+def evaluate_heldout(eval_step, params, data, mesh, max_batches: int = 0, stride: int = 1) -> dict:
+    """Mean CE / PPL over the held-out windows (all positions, as the training loss): every
+    `stride`-th batch of the in-order split (a sample spread over all of it, where a prefix is
+    one corner of a document-ordered corpus), at most `max_batches` of them (0: no cap)."""
     total, count, tokens = 0.0, 0.0, []
-    for i, batch in enumerate(data.heldout_windows()):
+    picked = itertools.islice(data.heldout_windows(), 0, None, stride)
+    for i, batch in enumerate(picked):
         if max_batches and i >= max_batches:
             break
         ce, n = eval_step(params, meshlib.put_batch(batch, mesh))
@@ -254,9 +258,9 @@ class _Run:
             self.save(step, metrics, force=True)
             self.ckpt.wait_until_finished()
 
-    def evaluate(self, max_batches: int) -> dict:
+    def evaluate(self, max_batches: int, stride: int = 1) -> dict:
         return evaluate_heldout(
-            self.eval_step, self.state.params, self.data, self.mesh, max_batches
+            self.eval_step, self.state.params, self.data, self.mesh, max_batches, stride
         )
 
 
@@ -400,7 +404,8 @@ def _metric_writer(run: _Run) -> MetricWriter:
 def _finish(run: _Run, step: int) -> dict:
     final = {"step": step, "tokens_seen": step * run.tokens_per_step}
     if run.has_heldout:
-        ev = run.evaluate(run.config.train.get("final_eval_batches", 0))
+        t = run.config.train
+        ev = run.evaluate(t.get("final_eval_batches", 0), t.get("final_eval_stride", 1))
         final = {
             "heldout_ppl": ev["ppl"],
             "heldout_loss": ev["loss"],

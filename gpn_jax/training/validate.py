@@ -39,6 +39,7 @@ TRAIN_MINIMUM = {
     "eval_every": 0,  # 0: evaluate only at the end
     "eval_batches": 0,  # 0: the whole held-out split
     "final_eval_batches": 0,
+    "final_eval_stride": 1,
     "checkpoint_every": 1,
     "keep_checkpoints": 1,
     "keep_best": 0,

@@ -6,15 +6,22 @@ import os
 
 import chex
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments.configs import gpn_m_tiny
 from gpn_jax.models import factory
+from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
-from gpn_jax.training.loop import TrainingError, model_difference, train_and_evaluate
+from gpn_jax.training.loop import (
+    TrainingError,
+    evaluate_heldout,
+    model_difference,
+    train_and_evaluate,
+)
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 
@@ -239,3 +246,24 @@ def test_bad_data_is_reported_before_the_state_is_built(tmp_path, monkeypatch, s
     config.data.source = source
     with pytest.raises((FileNotFoundError, ValueError), match=message):
         train_and_evaluate(config, str(tmp_path / "run"))
+
+
+class _Batches:
+    """Held-out windows stand-in: batch i is filled with the value i."""
+
+    def heldout_windows(self):
+        return (np.full((2, 4), i, np.int32) for i in range(7))
+
+
+@pytest.mark.parametrize(
+    "max_batches, stride, picked",
+    [(0, 1, range(7)), (2, 1, [0, 1]), (0, 3, [0, 3, 6]), (2, 3, [0, 3]), (0, 9, [0])],
+)
+def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, stride, picked):
+    one = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+    mesh = meshlib.make_mesh(one, jax.devices()[:1])
+    # "loss" of a batch = its value summed over its 8 tokens: the mean names the batches read
+    step = lambda params, batch: (batch.sum().astype(np.float32), batch.size)
+    ev = evaluate_heldout(step, None, _Batches(), mesh, max_batches, stride)
+    assert ev["loss"] == pytest.approx(np.mean(picked), abs=0)
+    assert sorted(set(ev["tokens"].ravel().tolist())) == list(picked)
