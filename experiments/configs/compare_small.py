@@ -20,27 +20,27 @@ seed 1's split when it was chosen (`--seed=0` at 5 %: 28.6 % Python).
 Models (parameters from `experiments.compare.model_stats`, within 1.5 % of each other):
 GPN+M 2,977,224 / GPN 2,972,000 / Transformer++ 3,000,384 / Gated DeltaNet 3,014,174.
 
-Budget: STEPS = 270 steps of 16 x 256 tokens = 1,105,920 tokens per model and seed, the
+Budget: STEPS = 150 steps of 16 x 256 tokens = 614,400 tokens per model and seed, the
 paper's AdamW / cosine recipe at a CPU learning rate (3e-3, as compare_tiny). The prepared corpus
 has 11,897,603 training tokens (2,904 steps per epoch; 582,307 held out, 533 of 10,932
-documents), so every run reads about 0.09 epoch and no window twice, which is what keeps train
-and held-out PPL together; `compare` checks that (train PPL within 5 % of held-out PPL, a
-warning otherwise). On the Python documentation alone (3.1M training tokens, 0.35 epoch per
-run) the two GPNs missed it (+6.6 % and +6.7 %, 3 seeds each): they scored windows of
-documents they had partly read 13-14 % better than unread ones. Which documents are held out
-moves the gap by itself; the table's "Same, unigram" column shows by how much.
+documents), so every run reads about 5 % of an epoch and no window twice; `compare` checks
+held-out against train PPL (a warning beyond +-5 %). The final evaluation reads every
+EVAL_STRIDE-th of the held-out split's in-order batches (147,456 tokens): a sample of the whole
+split, where a prefix is one corner of it (its documents are in file order; the first 196,608
+tokens gave a 270-step GPN+M 70.80 against a train PPL of 60.11).
 
-Time, measured 2026-12-01 (2-core AMD EPYC, AVX2) on the 35 MB corpus: on idle cores a GPN+M
-run takes 12.0 minutes (270 steps at 1.7 s, then the held-out and the train-PPL evaluations of
-582k tokens each, ~1.1 minutes apiece) and a GPN run 7.7; Transformer++ and Gated DeltaNet ran
-only with other jobs sharing the cores, so the whole command is estimated at over 2 hours on
-idle cores, more than the ~90 minutes this table was meant to take. On the Python
-documentation alone (189k held-out tokens) the 12 runs and six analyses took 1 h 45 min with
-other jobs sharing the cores for about 25 minutes. The final evaluation reads every held-out
-token: a prefix of the held-out split is one corner of the corpus (its documents are in file
-order), which the uniformly drawn train-PPL windows are not (the first 196,608 tokens gave
-GPN+M seed 0 70.80 against a train PPL of 60.11).
-If the machine is slower, lower `train.steps` (all models alike) rather than the seeds.
+Time, measured 2026-12-02 (2-core AMD EPYC, AVX2, idle): the compare command took 1 h 16 min
+45 s (12 runs of 4-7.5 minutes and six analyses), within the ~90 minutes this table is meant to
+take. At 270 steps with the whole held-out split (`--config.train.steps=270
+--config.train.warmup_steps=27 --config.train.final_eval_stride=1`, the README's longer
+budget) it took over 2 hours. If the machine is slower, lower `train.steps` (all models alike)
+rather than the seeds.
+
+On the Python documentation alone (3.1M training tokens, 0.35 epoch per run) the two GPNs
+scored held-out PPL 6.6-6.7 % above train PPL at 270 steps: they scored windows of documents
+they had partly read 13-14 % better than unread ones. Which documents are held out moves the
+gap by itself; the table's "Same, unigram" column shows by how much (-7.6 % on this split's
+sample: the held-out documents are easier).
 """
 
 import ml_collections
