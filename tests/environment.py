@@ -14,7 +14,10 @@ mostly run (not compile) start their processes with XLA's defaults (`fast=False`
 
 import os
 
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+FAST_COMPILE = (
+    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    " --xla_cpu_multi_thread_eigen=false --xla_cpu_parallel_codegen_split_count=1"
+)
 # GPN_TESTS_XLA_DEFAULTS=1 runs every test with XLA's default flags (to compare the two).
 if os.environ.get("GPN_TESTS_XLA_DEFAULTS") == "1":
     FAST_COMPILE = ""
