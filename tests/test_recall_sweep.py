@@ -82,3 +82,23 @@ def test_report_only_tabulates_finished_runs(tmp_path, monkeypatch):
     )
     (row,) = rs.recall_sweep(s, str(tmp_path), log=lambda _: None)["rows"]
     assert row["family"] == "gdn" and row["acc_by_seed"] == [0.7] and not calls
+
+
+def test_compute_floor_counts_the_grid_and_times_every_family(capsys):
+    """`experiments.recall_floor`: one timed step per family and cell; the grid's FLOPs are
+    every run's steps x the model's own per-step count, and the floor is FLOPs / peak."""
+    from experiments import recall_floor
+
+    s = sweep_config.get_config("tiny")
+    s.learning_rates = (3e-3, 1e-3)  # 2 lrs x 2 seeds: 4 runs per family and cell
+    out = recall_floor.floor(s, steps=1, repeats=1, peak=1e9)
+    assert [r["family"] for r in out["rows"]] == ["gpn_m", "gdn"]
+    assert all(r["step_s"] > 0 for r in out["rows"])
+    expected = 0.0
+    for family in ("gpn_m", "gdn"):
+        fields = rs.model_fields(family, 16, 8, s)
+        per_token = rs.factory.build_model(fields).flops_per_token(8)["train"]
+        expected += per_token * s.batch_size * 8 * s.steps * 4
+    assert out["total_flops"] == pytest.approx(expected, rel=1e-12)
+    assert out["floor_s"] == pytest.approx(expected / 1e9, rel=1e-12)
+    assert "GFLOP/step" in capsys.readouterr().out

@@ -137,14 +137,17 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
-    """The README's main job, shortened to 80 steps to fit the test budget."""
+    """The README's main job, shortened to 60 steps (warm-up 10) to fit the test budget.
+    Measured (2-core AVX2, 2026-12-02): held-out PPL 96.75 vs unigram 314.79 (0.31x) in 45 s;
+    the bound is 0.5x."""
     proc = run_train(
         tmp_path / "demo",
-        "--config.train.steps=80",
+        "--config.train.steps=60",
+        "--config.train.warmup_steps=10",
         "--config.train.eval_every=0",
         config="experiments/configs/demo.py",
         timeout=900,
-        fast_compile=False,  # 80 steps: mostly running, 3x slower with the fast-compile flags
+        fast_compile=False,  # 60 steps: mostly running, 3x slower with the fast-compile flags
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     final = json.loads((tmp_path / "demo" / "final_metrics.json").read_text())
