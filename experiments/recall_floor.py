@@ -13,8 +13,6 @@ peak (the floor no implementation beats), and the time at the measured step time
 only: compile, data and evaluation come on top). Nothing is trained or written.
 """
 
-import time
-
 import jax
 import ml_collections
 from absl import flags
@@ -23,8 +21,10 @@ from experiments import recall_sweep
 from gpn_jax import cli
 
 
-def step_seconds(sweep, family: str, cell, steps: int, repeats: int) -> float:
-    """Best wall time per training step of one run of `family` in `cell` (seconds)."""
+def measure(sweep, family: str, cell, steps: int, repeats: int) -> tuple[float, float]:
+    """(best wall seconds per training step, training FLOPs per step by the model's own
+    accounting) of one run of `family` in `cell`."""
+    from gpn_jax.benchmarks.common import time_calls
     from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
     from gpn_jax.training import setup
@@ -32,35 +32,25 @@ def step_seconds(sweep, family: str, cell, steps: int, repeats: int) -> float:
     pairs, seq_len, width = cell
     fields = recall_sweep.model_fields(family, width, seq_len, sweep)
     config = recall_sweep.run_config(sweep, fields, pairs, seq_len, sweep.learning_rates[0], 0)
+    model = factory.build_model(fields)
     one = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
-    built = setup.build(
-        config, meshlib.make_mesh(one, jax.devices()[:1]), factory.build_model(fields)
-    )
+    built = setup.build(config, meshlib.make_mesh(one, jax.devices()[:1]), model)
     with jax.set_mesh(built.mesh):
         state = built.init_state(jax.random.PRNGKey(0))
         shape = (sweep.batch_size, seq_len)
         tokens = jax.random.randint(jax.random.PRNGKey(1), shape, 0, fields["vocab_size"])
         tokens = jax.device_put(tokens, built.batch_target().sharding)
         step = built.train_step.lower(state, tokens).compile()
-    state, metrics = step(state, tokens)  # warm-up
-    jax.block_until_ready(metrics)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
+
+    def run_steps(n: int):
+        nonlocal state
+        for _ in range(n):
             state, metrics = step(state, tokens)
-        jax.block_until_ready(metrics)
-        best = min(best, (time.perf_counter() - start) / steps)
-    return best
+        return metrics
 
-
-def step_flops(sweep, family: str, cell) -> float:
-    """Training FLOPs of one step (the model's own accounting)."""
-    from gpn_jax.models import factory
-
-    _, seq_len, width = cell
-    model = factory.build_model(recall_sweep.model_fields(family, width, seq_len, sweep))
-    return model.flops_per_token(seq_len)["train"] * sweep.batch_size * seq_len
+    jax.block_until_ready(run_steps(1))  # warm-up
+    seconds = min(time_calls(lambda: run_steps(steps), repeats)) / steps
+    return seconds, model.flops_per_token(seq_len)["train"] * sweep.batch_size * seq_len
 
 
 def floor(sweep, steps: int, repeats: int, peak: float, log=print) -> dict:
@@ -69,10 +59,7 @@ def floor(sweep, steps: int, repeats: int, peak: float, log=print) -> dict:
     rows, total_flops, total_s = [], 0.0, 0.0
     for cell in recall_sweep.cells(sweep):
         for family in recall_sweep.families(sweep):
-            s, f = (
-                step_seconds(sweep, family, cell, steps, repeats),
-                step_flops(sweep, family, cell),
-            )
+            s, f = measure(sweep, family, cell, steps, repeats)
             rows.append(dict(cell=cell, family=family, step_s=s, step_flops=f))
             total_flops += f * sweep.steps * runs_per_family
             total_s += s * sweep.steps * runs_per_family
