@@ -39,6 +39,12 @@ _HELDOUT_FRACTION = flags.DEFINE_float(
 _HELDOUT_DOCS = flags.DEFINE_integer(
     "heldout_docs", 0, "Hold out the first N documents instead (for pre-shuffled corpora)."
 )
+_HELDOUT_STRATIFIED = flags.DEFINE_bool(
+    "heldout_stratified",
+    False,
+    "With --heldout_fraction=p: hold out one of every 1/p documents of like difficulty (word-"
+    "unigram surprisal), so held-out is as hard as train (small corpora: reads them twice).",
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the held-out choice.")
 _SHARD_TOKENS = flags.DEFINE_integer("shard_tokens", 1 << 27, "Tokens per shard file.")
 _CHUNK = flags.DEFINE_integer("chunk_records", 256, "Records per tokenizing task.")
@@ -61,6 +67,7 @@ def _body():
         workers=_WORKERS.value,
         heldout_fraction=_HELDOUT_FRACTION.value,
         heldout_docs=_HELDOUT_DOCS.value,
+        heldout_stratified=_HELDOUT_STRATIFIED.value,
         seed=_SEED.value,
         shard_tokens=_SHARD_TOKENS.value,
         chunk_records=_CHUNK.value,

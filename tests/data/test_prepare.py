@@ -15,6 +15,7 @@ import tensorflow_datasets as tfds
 import zstandard
 
 from gpn_jax.data.pipeline import build_data
+from gpn_jax.data.prepare.heldout import document_difficulty, stratified_records
 from gpn_jax.data.prepare.inputs import open_source
 from gpn_jax.data.prepare.parallel import ordered_map
 from gpn_jax.data.prepare.run import (
@@ -160,6 +161,60 @@ def test_tokenizer_sample_is_bounded_and_has_no_heldout_document(tmp_path):
     assert 20 < len(sample) < 50 and sample == [d for d in docs if d in set(sample)]
 
 
+def test_document_difficulty_is_leave_one_out_word_surprisal(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", ["a a b", "b c", " ", "!"])
+    numbers, difficulty = document_difficulty(open_source(path), "text")
+    # corpus counts a 2, b 2, c 1, ! 1: 6 words, 4 kinds + the unseen one; each document is
+    # scored by add-one counts of the others (its own words removed).
+    expected = [
+        np.log(6 - 3 + 5) - np.log(2) / 3,  # a: 2-2+1, a: again, b: 2-1+1
+        np.log(6 - 2 + 5) - np.log(2) / 2,  # b: 2-1+1, c: 1-1+1
+        np.log(6 - 1 + 5),  # !: 1-1+1
+    ]
+    assert numbers.tolist() == [0, 1, 3]  # the blank record 2 is no document
+    np.testing.assert_allclose(difficulty, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3])
+def test_stratified_choice_takes_one_document_of_every_difficulty_stratum(fraction):
+    rng = np.random.default_rng(0)
+    numbers = np.arange(1000, 1095)
+    difficulty = rng.permutation(95).astype(float)  # document numbers[i] has rank difficulty[i]
+    chosen = stratified_records(numbers, difficulty, fraction, seed=3)
+    ranks = np.sort(difficulty[np.isin(numbers, chosen)].astype(int))
+    k = np.arange(len(ranks))
+    starts = np.ceil(np.round(k / fraction, 6))  # stratum k: ranks [ceil(k/p), ceil((k+1)/p))
+    ends = np.ceil(np.round((k + 1) / fraction, 6))
+    assert np.all((starts <= ranks) & (ranks < ends))  # one per stratum, none skipped
+    whole = int(95 * fraction)  # strata wholly within the 95 ranks give one each; the last,
+    assert len(chosen) in (whole, whole + 1)  # cut short, gives one or none
+    assert np.array_equal(chosen, stratified_records(numbers, difficulty, fraction, seed=3))
+    assert not np.array_equal(chosen, stratified_records(numbers, difficulty, fraction, seed=4))
+
+
+def test_stratified_heldout_split_is_as_hard_as_the_training_split(tmp_path, tokenizer_path):
+    rng = np.random.default_rng(0)
+    easy = [f"the cat sat on the mat. " * 12 + "the end." for _ in range(20)]
+    prose = corpus_docs(40)  # pydoc prose: harder than the cat, easier than noise
+    noise = [" ".join(f"q{rng.integers(1 << 40):x}" for _ in range(60)) for _ in range(20)]
+    docs = easy[:10] + prose[:20] + noise[:10] + easy[10:] + prose[20:] + noise[10:]
+    path = write_jsonl(tmp_path / "c.jsonl", docs)
+    out = tmp_path / "out"
+    m = prepare(path, out, tokenizer_path, heldout_fraction=0.25, heldout_stratified=True)
+    assert m["settings"]["heldout_stratified"] is True
+    tok = load_tokenizer(tokenizer_path)
+    held = split_documents(out, m, "heldout", tok)
+    # 80 documents ranked by difficulty: easy 0-19, prose 20-59, noise 60-79; strata of 4.
+    kinds = [sum(d in set(group) for d in held) for group in (easy, prose, noise)]
+    assert kinds == [5, 10, 5]
+    train = split_documents(out, m, "train", tok)
+    assert sorted(train + held) == sorted(docs) and len(train) == 60
+    o = Options(input=path, output="", vocab_size=V, heldout_fraction=0.25)
+    o.heldout_stratified = True
+    sample = training_sample(o, open_source(path))
+    assert sorted(sample) == sorted(train)  # the tokenizer never reads a held-out document
+
+
 def test_trained_tokenizer_is_saved_and_named_in_the_manifest(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", corpus_docs(80))
     out = tmp_path / "out"
@@ -255,6 +310,7 @@ def test_option_errors():
         (dict(), "exactly one"),
         (dict(vocab_size=V, heldout_fraction=1.0), "heldout_fraction"),
         (dict(vocab_size=V, shard_tokens=0), "shard_tokens"),
+        (dict(vocab_size=V, heldout_docs=3, heldout_stratified=True), "needs --heldout_fraction"),
     ):
         with pytest.raises(ValueError, match=msg):
             check_options(Options(input="x", output="y", **kw))
@@ -424,6 +480,14 @@ def test_bad_input_is_one_line_and_no_manifest(tmp_path, tokenizer_path, make):
     assert proc.stderr.startswith("gpn-prepare: error: ") and proc.stderr.count("\n") == 1
     assert expected in proc.stderr, proc.stderr
     assert not (out / "manifest.json").exists()
+
+
+def test_stratified_without_a_fraction_is_one_line(tmp_path, tokenizer_path):
+    inp = write_jsonl(tmp_path / "c.jsonl", corpus_docs(5))
+    args = [f"--input={inp}", f"--output={tmp_path / 'out'}", f"--tokenizer_path={tokenizer_path}"]
+    proc = cli(*args, "--heldout_stratified", "--heldout_docs=2")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "--heldout_stratified needs --heldout_fraction > 0" in proc.stderr
 
 
 def test_output_holding_another_corpus_is_refused(tmp_path, tokenizer_path):

@@ -11,7 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from gpn_jax.data.prepare import encode
-from gpn_jax.data.prepare.heldout import check_heldout, heldout_mask
+from gpn_jax.data.prepare.heldout import HeldoutChoice, check_heldout, heldout_choice
 from gpn_jax.data.prepare.inputs import Position, open_source
 from gpn_jax.data.prepare.manifest import (
     FORMAT,
@@ -46,6 +46,7 @@ class Options:
     workers: int = 0  # 0: every core this process may use
     heldout_fraction: float | None = None  # None: DEFAULT_HELDOUT_FRACTION unless heldout_docs
     heldout_docs: int = 0
+    heldout_stratified: bool = False
     seed: int = 0
     shard_tokens: int = 1 << 27
     chunk_records: int = 256
@@ -64,7 +65,7 @@ def check_options(o: Options) -> None:
         raise ValueError("--output is required")
     if bool(o.tokenizer_path) == bool(o.vocab_size):
         raise ValueError("give exactly one of --tokenizer_path (existing model) or --vocab_size")
-    check_heldout(o.heldout_fraction, o.heldout_docs)
+    check_heldout(o.heldout_fraction, o.heldout_docs, o.heldout_stratified)
     for name in ("shard_tokens", "chunk_records", "tokenizer_sample_docs"):
         if getattr(o, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(o, name)}")
@@ -79,7 +80,7 @@ def token_dtype(vocab_size: int) -> str:
 
 def settings_of(o: Options, source) -> dict:
     """Everything the output bytes depend on (not --workers, --chunk_records, --progress)."""
-    return {
+    settings = {
         "source": source.describe(),
         "text_field": o.text_field,
         "tokenizer": tokenizer_settings(o),
@@ -88,6 +89,9 @@ def settings_of(o: Options, source) -> dict:
         "seed": o.seed,
         "shard_tokens": o.shard_tokens,
     }
+    if o.heldout_stratified:  # only when set: outputs prepared before the option stay valid
+        settings["heldout_stratified"] = True
+    return settings
 
 
 def prepare_corpus(o: Options) -> dict:
@@ -100,8 +104,9 @@ def prepare_corpus(o: Options) -> dict:
     if manifest is not None:
         print(f"{o.output} is already prepared ({MANIFEST}); nothing to do")
         return manifest
-    tokenizer, origin = corpus_tokenizer(o, source, progress)
-    job = _Job(o, source, settings, tokenizer, origin, progress)
+    heldout = heldout_choice(o, source)
+    tokenizer, origin = corpus_tokenizer(o, source, progress, heldout)
+    job = _Job(o, source, settings, tokenizer, origin, progress, heldout)
     job.run()
     return job.finish()
 
@@ -110,8 +115,8 @@ class _Job:
     """One (possibly resumed) pass: read chunks from the saved position, tokenize them in
     order over the workers, append each to its split's writer, save progress after each."""
 
-    def __init__(self, o, source, settings, tokenizer, origin, progress):
-        self.o, self.source, self.settings = o, source, settings
+    def __init__(self, o, source, settings, tokenizer, origin, progress, heldout: HeldoutChoice):
+        self.o, self.source, self.settings, self.heldout = o, source, settings, heldout
         self.tokenizer, self.origin = tokenizer, origin
         self.dtype = token_dtype(tokenizer.vocab_size)
         p = progress or {}
@@ -147,15 +152,7 @@ class _Job:
                 bar.update(docs)
 
     def _write(self, first_record, end, tokens, lengths) -> int:
-        o = self.o
-        held = heldout_mask(
-            first_record,
-            lengths,
-            self.counts["documents"],
-            o.heldout_fraction,
-            o.heldout_docs,
-            o.seed,
-        )
+        held = self.heldout.mask(first_record, lengths, self.counts["documents"])
         in_heldout = np.repeat(held, lengths)
         done = self.writers["heldout"].append(tokens[in_heldout])
         done += self.writers["train"].append(tokens[~in_heldout])

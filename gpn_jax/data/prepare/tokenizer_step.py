@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from gpn_jax.data.prepare.encode import chunk_texts
-from gpn_jax.data.prepare.heldout import heldout_mask
+from gpn_jax.data.prepare.heldout import HeldoutChoice, heldout_choice
 from gpn_jax.data.prepare.inputs import Position
 from gpn_jax.data.prepare.manifest import TOKENIZER, sha256_file
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -21,7 +21,9 @@ def tokenizer_settings(opts) -> dict:
     return {"vocab_size": opts.vocab_size, "sample_docs": opts.tokenizer_sample_docs}
 
 
-def corpus_tokenizer(opts, source, progress: dict | None) -> tuple[Tokenizer, str]:
+def corpus_tokenizer(
+    opts, source, progress: dict | None, heldout: HeldoutChoice | None = None
+) -> tuple[Tokenizer, str]:
     """(tokenizer, where it came from), saved into the output directory."""
     out = os.path.join(opts.output, TOKENIZER)
     if opts.tokenizer_path:
@@ -32,7 +34,7 @@ def corpus_tokenizer(opts, source, progress: dict | None) -> tuple[Tokenizer, st
         tokenizer = load_tokenizer(out)  # trained before the restart
         origin = progress["tokenizer_origin"]
     else:
-        sample = training_sample(opts, source)
+        sample = training_sample(opts, source, heldout)
         if not sample:
             raise ValueError(f"empty corpus: no non-blank documents in {opts.input}")
         tokenizer = train_tokenizer(sample, opts.vocab_size, out)
@@ -44,15 +46,14 @@ def corpus_tokenizer(opts, source, progress: dict | None) -> tuple[Tokenizer, st
     return load_tokenizer(out), origin
 
 
-def training_sample(opts, source) -> list[str]:
+def training_sample(opts, source, heldout: HeldoutChoice | None = None) -> list[str]:
     """The first `tokenizer_sample_docs` non-blank training documents in reading order."""
+    heldout = heldout or heldout_choice(opts, source)
     sample, docs = [], 0
     for chunk in source.chunks(Position(), 1024):
         texts = chunk_texts(chunk, opts.text_field)
         lengths = np.array([1 if t.strip() else 0 for t in texts], np.int64)
-        held = heldout_mask(
-            chunk.first_record, lengths, docs, opts.heldout_fraction, opts.heldout_docs, opts.seed
-        )
+        held = heldout.mask(chunk.first_record, lengths, docs)
         sample += [t for t, n, h in zip(texts, lengths, held, strict=True) if n and not h]
         docs += int(lengths.sum())
         if len(sample) >= opts.tokenizer_sample_docs:
