@@ -87,7 +87,7 @@ class HeldoutChoice:
 def heldout_choice(opts, source) -> HeldoutChoice:
     """The choice `opts` asks for; the stratified one reads the corpus twice first."""
     records = None
-    if getattr(opts, "heldout_stratified", False):
+    if opts.heldout_stratified:
         numbers, difficulty = document_difficulty(source, opts.text_field)
         records = stratified_records(numbers, difficulty, opts.heldout_fraction, opts.seed)
     return HeldoutChoice(opts.heldout_fraction, opts.heldout_docs, opts.seed, records)
@@ -129,7 +129,8 @@ def stratified_records(
     (ties by record number), stratum k holds the ranks [ceil(k/p), ceil((k+1)/p)) (1/p of them,
     rounded) and gives one, at a place drawn from a hash of (seed, k); the last stratum, cut
     short by the end of the ranking, gives none if the place falls past it, so every document
-    is held out with probability p. The held-out documents spread over every level of
+    is held out with probability p (when 1/p is an integer; else 1/p rounded up or down,
+    its stratum's share). The held-out documents spread over every level of
     difficulty as the training documents do."""
     order = np.lexsort((numbers, difficulty))
     strata = np.arange(math.ceil(len(order) * fraction), dtype=np.uint64)
