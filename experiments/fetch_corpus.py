@@ -1,8 +1,8 @@
 """Fetches compare_small's English corpus from Debian's package archive and writes it as jsonl.
 
     python -m experiments.fetch_corpus --output=/tmp/docs
-    python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_bin \
-        --vocab_size=4096 --heldout_fraction=0.05 --seed=1
+    python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_strat \
+        --vocab_size=4096 --heldout_fraction=0.05 --heldout_stratified
 
 The corpus is the reStructuredText sources that two Debian documentation packages ship in
 their Sphinx trees (`usr/share/doc/<name>/html/_sources/**/*.rst.txt`): `python3.11-doc` (the
