@@ -194,7 +194,7 @@ def test_stratified_choice_takes_one_document_of_every_difficulty_stratum(fracti
 
 def test_stratified_heldout_split_is_as_hard_as_the_training_split(tmp_path, tokenizer_path):
     rng = np.random.default_rng(0)
-    easy = [f"the cat sat on the mat. " * 12 + "the end." for _ in range(20)]
+    easy = ["the cat sat on the mat. " * 12 + "the end." for _ in range(20)]
     prose = corpus_docs(40)  # pydoc prose: harder than the cat, easier than noise
     noise = [" ".join(f"q{rng.integers(1 << 40):x}" for _ in range(60)) for _ in range(20)]
     docs = easy[:10] + prose[:20] + noise[:10] + easy[10:] + prose[20:] + noise[10:]
