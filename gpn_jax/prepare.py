@@ -8,7 +8,9 @@
 Inputs: a file, directory or glob of .txt / .jsonl / .jsonl.gz / .jsonl.zst / .parquet, or
 `tfds:NAME[/CONFIG][:SPLIT]` (with --data_dir). Output: `train/data_NNNN.bin` and
 `heldout/data_NNNN.bin` (uint16 tokens if the vocabulary fits, else uint32; an eos after
-every document), `tokenizer.model` and `manifest.json` (written last). The shards are the
+every document), `tokenizer.model` and `manifest.json` (written last). Held-out documents are
+chosen by a hash of their number, or stratified by difficulty (`--heldout_stratified`, see
+`gpn_jax.data.prepare.heldout`), or are the first `--heldout_docs`. The shards are the
 same bytes whatever --workers is; rerunning the same command after a kill finishes the job
 without redoing finished shards. Bad input prints one line and exits with status 1.
 """

@@ -409,12 +409,14 @@ def cli(*args, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_killed_prepare_resumes_to_the_same_bytes(tmp_path, tokenizer_path):
+@pytest.mark.parametrize("stratified", [False, True])
+def test_killed_prepare_resumes_to_the_same_bytes(tmp_path, tokenizer_path, stratified):
     docs = corpus_docs(120)
     path = write_jsonl(tmp_path / "c.jsonl", docs)
-    reference = prepare(path, tmp_path / "ref", tokenizer_path)
+    reference = prepare(path, tmp_path / "ref", tokenizer_path, heldout_stratified=stratified)
     out = tmp_path / "out"
     args = [f"--input={path}", f"--output={out}", f"--tokenizer_path={tokenizer_path}"]
+    args += ["--heldout_stratified"] * stratified
     args += ["--heldout_fraction=0.1", "--shard_tokens=4000", "--chunk_records=7", "--workers=1"]
     killed = cli(*args, env={KILL_AFTER_SHARDS_ENV: "5"})
     assert killed.returncode == -9, killed.stderr[-2000:]
