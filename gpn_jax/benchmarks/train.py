@@ -18,6 +18,7 @@ from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
+from gpn_jax.training.host_memory import release_free_heap
 
 
 def _time(one, spec: dict) -> tuple[list, tuple, float]:
@@ -77,6 +78,7 @@ def run(spec: dict) -> dict:
         t0 = time.perf_counter()
         compiled = built.train_step.lower(state, tokens).compile()
         compile_s = time.perf_counter() - t0
+    release_free_heap()  # as the trainer does after its first step (`training.host_memory`)
     holder = {"state": state}
 
     def one():

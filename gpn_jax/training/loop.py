@@ -29,6 +29,7 @@ from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, setup, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
+from gpn_jax.training.host_memory import release_free_heap
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 
 FINAL_METRICS = "final_metrics.json"
@@ -295,6 +296,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True
     )
     window, window_start, pending = [], time.perf_counter(), None
+    first_call = True
 
     def settle(pending):
         """Reads a step's metrics (one step late, so the host never stalls dispatch)."""
@@ -318,6 +320,9 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
         run.state, metrics = run.train_step(run.state, batch)
+        if first_call:  # it compiled the step: return the compiler's freed heap (`host_memory`)
+            release_free_heap()
+            first_call = False
         step += 1
         bar.update(1)
         if pending is not None:
