@@ -267,3 +267,12 @@ def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, strid
     ev = evaluate_heldout(step, None, _Batches(), mesh, max_batches, stride)
     assert ev["loss"] == pytest.approx(np.mean(picked), abs=0)
     assert sorted(set(ev["tokens"].ravel().tolist())) == list(picked)
+
+
+def test_the_compilers_freed_heap_is_released_once_per_run(tmp_path, monkeypatch):
+    from gpn_jax.training import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "release_free_heap", lambda: calls.append(1) or True)
+    train_and_evaluate(tiny_config(steps=3, checkpoint_every=3), str(tmp_path))
+    assert calls == [1]  # after the first step's call (it compiled the step), not every step
