@@ -296,7 +296,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True
     )
     window, window_start, pending = [], time.perf_counter(), None
-    first_call = True
+    first = step
 
     def settle(pending):
         """Reads a step's metrics (one step late, so the host never stalls dispatch)."""
@@ -320,9 +320,8 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
         run.state, metrics = run.train_step(run.state, batch)
-        if first_call:  # it compiled the step: return the compiler's freed heap (`host_memory`)
-            release_free_heap()
-            first_call = False
+        if step == first:  # this call compiled the step: return the compiler's freed heap
+            release_free_heap()  # (`host_memory`)
         step += 1
         bar.update(1)
         if pending is not None:

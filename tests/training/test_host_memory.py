@@ -18,7 +18,7 @@ def _rss_bytes() -> int:
     platform.system() != "Linux" or host_memory._libc() is None, reason="needs glibc"
 )
 def test_freed_heap_pages_leave_the_resident_set():
-    libc = ctypes.CDLL("libc.so.6")
+    libc = host_memory._libc()
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     n, size = 20_000, 4096  # 80 MiB of small blocks: heap, not mmap
