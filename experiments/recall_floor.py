@@ -11,7 +11,14 @@ reaches and that as a fraction of the float32 matmul peak measured in the same r
 learning rate and seed at `steps` steps): the total FLOPs, the time they take at the measured
 peak (the floor no implementation beats), and the time at the measured step times (stepping
 only: compile, data and evaluation come on top). Nothing is trained or written.
+
+The steps are timed the way the sweep runs them: with the sweep's `workers` (0: one per CPU
+core) above 1, each step is timed in that many single-core worker processes at once
+(`gpn_jax.parallel.core_pool`, as the sweep's runs share the machine) and the grid's stepping
+time is the per-run time over the workers; with 1, in this process on every core.
 """
+
+import functools
 
 import jax
 import ml_collections
@@ -19,6 +26,7 @@ from absl import flags
 
 from experiments import recall_sweep
 from gpn_jax import cli
+from gpn_jax.parallel import core_pool
 
 
 def measure(sweep, family: str, cell, steps: int, repeats: int) -> tuple[float, float]:
@@ -53,23 +61,41 @@ def measure(sweep, family: str, cell, steps: int, repeats: int) -> tuple[float, 
     return seconds, model.flops_per_token(seq_len)["train"] * sweep.batch_size * seq_len
 
 
+def _measure_task(task: tuple) -> tuple[float, float]:
+    return measure(*task)
+
+
+def measure_side_by_side(sweep, family, cell, steps, repeats, workers) -> tuple[float, float]:
+    """`measure` in `workers` single-core processes at once: (mean seconds per step, FLOPs)."""
+    task = (sweep, family, cell, steps, repeats)
+    setup = functools.partial(recall_sweep.worker_setup, None)  # as the sweep's workers
+    pairs = core_pool.map_unordered(_measure_task, [task] * workers, workers, worker_setup=setup)
+    out = [r for _, r in pairs]
+    return sum(s for s, _ in out) / len(out), out[0][1]
+
+
 def floor(sweep, steps: int, repeats: int, peak: float, log=print) -> dict:
     """Per (cell, family) step time and FLOPs; the grid's totals (see the module doc)."""
     runs_per_family = len(sweep.learning_rates) * len(sweep.seeds)
+    workers = core_pool.auto_workers(sweep.get("workers", 0))
     rows, total_flops, total_s = [], 0.0, 0.0
     for cell in recall_sweep.cells(sweep):
         for family in recall_sweep.families(sweep):
-            s, f = measure(sweep, family, cell, steps, repeats)
+            if workers > 1:
+                s, f = measure_side_by_side(sweep, family, cell, steps, repeats, workers)
+            else:
+                s, f = measure(sweep, family, cell, steps, repeats)
             rows.append(dict(cell=cell, family=family, step_s=s, step_flops=f))
             total_flops += f * sweep.steps * runs_per_family
-            total_s += s * sweep.steps * runs_per_family
+            total_s += s * sweep.steps * runs_per_family / workers
             log(f"pairs={cell[0]} T={cell[1]} width={cell[2]} {family:12s} {s * 1e3:7.1f} ms/step "
                 f"{f / 1e9:6.3f} GFLOP/step {f / s / 1e9:6.1f} GFLOP/s ({f / s / peak:.0%} of peak)")  # fmt: skip
     log(f"grid: {total_flops / 1e12:.1f} TFLOP over {sweep.steps} steps x {runs_per_family} runs "
         f"per family and cell; at the matmul peak {peak / 1e9:.1f} GFLOP/s: "
         f"{total_flops / peak / 60:.1f} min; at the measured steps: {total_s / 60:.1f} min "
-        "(stepping only)")  # fmt: skip
-    return dict(rows=rows, total_flops=total_flops, floor_s=total_flops / peak, steps_s=total_s)
+        f"(stepping only, {workers} run(s) at a time)")  # fmt: skip
+    return dict(rows=rows, total_flops=total_flops, floor_s=total_flops / peak, steps_s=total_s,
+                workers=workers)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ CLI

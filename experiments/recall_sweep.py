@@ -11,12 +11,17 @@ rate with the best mean accuracy over seeds is kept, as Zoology and the Gated De
 report MQAR. Each run lives in `<workdir>/<cell>/<family>/lr<lr>_s<seed>`; a rerun reuses
 finished runs (`recall_result.json`), so the sweep can be stopped and resumed.
 
-Two ways to train the grid faster on 2 CPU cores were tried and measured (2026-12-01, 2-core
-AVX2 machine) and not kept: training the learning-rate x seed runs of a cell as one
-`jax.vmap`-ed program cost 0.8-1.7x per run what one run's step costs (XLA:CPU runs the
-batched matmuls off its fast path), and two runs side by side in single-threaded processes
-took 190 s where one after the other took 218 s (GPN+M and Gated DeltaNet, 2 seeds each, 600
-steps): XLA already spreads one of these steps over both cores.
+Runs train side by side, one single-core process per CPU core (`--config.workers`, 0 = one per
+core on CPU, 1 = one after the other in this process; `gpn_jax.parallel.core_pool`). These
+models' steps keep XLA:CPU's thread pool mostly waiting: on a 2-core AVX-512 machine
+(2026-12-02) GPN+M's step took 16.3 ms on both cores and 19.2 ms pinned to one, Gated
+DeltaNet's 38.3 and 40.1 ms, Transformer++'s 16.2 and 29.1 ms (`experiments.recall_floor`,
+plain and under `taskset -c 0` next to a second one), so two pinned runs train 1.1-1.9x as many
+steps per second as one on both cores. On a 2-core AVX2 machine (2026-12-01) the gain was
+smaller: two single-threaded runs side by side took 190 s where one after the other took 218 s.
+Training the learning-rate x seed runs of a cell as one `jax.vmap`-ed program was measured and
+not kept: it cost 0.8-1.7x per run what one run's step costs (XLA:CPU runs the batched matmuls
+off its fast path).
 
 `--config.report_only=True` only tabulates the finished runs (a partial grid; rows list the
 seeds they hold), so several processes can share the grid (e.g. one per `--config.families`
@@ -24,6 +29,8 @@ subset) and one more call writes the joint table. Outputs in the workdir: `recal
 (accuracy vs number of pairs, one line per family, one panel per (seq_len, width)).
 """
 
+import collections
+import functools
 import json
 import os
 import time
@@ -36,6 +43,8 @@ from gpn_jax.configs import common
 from gpn_jax.eval.recall import recall_eval
 from gpn_jax.io.files import atomic_write
 from gpn_jax.models import accounting, factory
+from gpn_jax.parallel import core_pool
+from gpn_jax.training import host_memory
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.restore import load_run
 
@@ -45,6 +54,7 @@ RESULT, TABLE_MD, TABLE_JSON, PLOT = (
     "recall_table.json",
     "recall_vs_pairs.png",
 )
+COMPILE_CACHE = "compile_cache"  # the pool workers' shared persistent compilation cache
 NAMES = {"gpn_m": "GPN+M", "gpn": "GPN", "gdn": "Gated DeltaNet", "transformer": "Transformer++"}
 
 
@@ -110,10 +120,9 @@ def run_config(sweep, fields: dict, pairs: int, seq_len: int, lr: float, seed: i
 # ------------------------------------------------------------------------------ runs
 def train_one(config, workdir: str, heldout: int) -> dict:
     """Trains (unless `workdir` holds a finished result) and scores one run."""
-    path = os.path.join(workdir, RESULT)
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
+    done = read_result(workdir)
+    if done is not None:
+        return done
     start = time.time()
     train_and_evaluate(config, workdir)
     r = recall_eval(load_run(workdir), heldout)
@@ -123,8 +132,9 @@ def train_one(config, workdir: str, heldout: int) -> dict:
         "chance": r["chance"],
         "params": n_params(config.model.to_dict()),
         "wall_s": round(time.time() - start, 1),
+        "cpus": core_pool.usable_cpus(),  # the cores it ran on (1 in a pool's worker)
     }
-    atomic_write(path, json.dumps(result, indent=2).encode())
+    atomic_write(os.path.join(workdir, RESULT), json.dumps(result, indent=2).encode())
     return result
 
 
@@ -152,22 +162,82 @@ def check_cells(sweep) -> None:
             raise ValueError(f"cell pairs={pairs} needs pairs <= keys ({sweep.n_keys})")
 
 
-def sweep_cell(sweep, workdir: str, cell, family: str, log) -> dict:
-    """Every (lr, seed) run of one family in one cell; the best learning rate's row (None when
-    `report_only` finds no finished run)."""
+def run_dir(workdir: str, cell, family: str, lr: float, seed: int) -> str:
     pairs, seq_len, width = cell
-    fields = model_fields(family, width, seq_len, sweep)
+    return os.path.join(workdir, f"p{pairs}_t{seq_len}_w{width}", family, f"lr{lr:g}_s{seed}")
+
+
+def read_result(wd: str) -> dict | None:
+    path = os.path.join(wd, RESULT)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def plan(sweep) -> list[tuple]:
+    """Every run of the grid as (cell, family, lr, seed), the headline cell first. Seeds vary
+    slowest within a family: runs side by side then differ in learning rate (a different
+    program each), and a later seed's run finds its program in the shared compile cache."""
+    return [(cell, family, lr, seed) for cell in cells(sweep) for family in families(sweep)
+            for seed in sweep.seeds for lr in sweep.learning_rates]  # fmt: skip
+
+
+def _train_task(task: tuple) -> dict:
+    """One run, here or in a worker process (`gpn_jax.parallel.core_pool`)."""
+    return train_one(*task)
+
+
+def worker_setup(cache_dir: str | None) -> None:
+    """A pool worker's setup, before it trains anything:
+
+    - freed buffers stay in the C heap for the next step (`host_memory.reuse_freed_heap`:
+      Gated DeltaNet's single-core step 64 -> 42 ms, its page faults 17x fewer);
+    - with `cache_dir`, compiles go through one persistent cache shared by all workers
+      (unless the user set their own): runs that differ only in seed compile the same
+      programs, so the first compiles them and the next reads them back.
+    """
+    import jax
+
+    host_memory.reuse_freed_heap()
+    if cache_dir and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def train_grid(sweep, workdir: str, log, on_group_done) -> None:
+    """Trains every unfinished run, `sweep.workers` at a time (0: one single-core process per
+    CPU core), logging each as it finishes; `on_group_done()` after the last run of a
+    (cell, family) finishes."""
+    todo = [run for run in plan(sweep) if read_result(run_dir(workdir, *run)) is None]
+    workers = core_pool.auto_workers(sweep.get("workers", 0))
+    fields = {(c, f): model_fields(f, c[2], c[1], sweep) for c, f, _, _ in todo}
+    tasks = []
+    for c, f, lr, seed in todo:
+        config = run_config(sweep, fields[c, f], c[0], c[1], lr, seed)
+        config.logging.progress_bar = workers == 1  # side by side, bars would overwrite each other
+        tasks.append((config, run_dir(workdir, c, f, lr, seed), sweep.heldout))
+    if todo:
+        log(f"{len(todo)} runs to train, {workers} at a time")
+    left = collections.Counter((c, f) for c, f, _, _ in todo)
+    setup = functools.partial(worker_setup, os.path.join(workdir, COMPILE_CACHE))
+    for i, r in core_pool.map_unordered(_train_task, tasks, workers, worker_setup=setup):
+        cell, family, lr, seed = todo[i]
+        log(f"pairs={cell[0]} T={cell[1]} width={cell[2]} {family} lr={lr:g} seed={seed}: "
+            f"acc {r['acc']:.4f} ({r['wall_s']} s)")  # fmt: skip
+        left[cell, family] -= 1
+        if not left[cell, family]:
+            on_group_done()
+
+
+def cell_row(sweep, workdir: str, cell, family: str) -> dict | None:
+    """One family's row in one cell from its finished runs: the learning rate with the best
+    mean accuracy over seeds (None when no run has finished)."""
+    pairs, seq_len, width = cell
     by_lr = {}
     for lr in sweep.learning_rates:
-        accs = []
-        for seed in sweep.seeds:
-            wd = os.path.join(workdir, f"p{pairs}_t{seq_len}_w{width}", family, f"lr{lr:g}_s{seed}")
-            if sweep.get("report_only") and not os.path.exists(os.path.join(wd, RESULT)):
-                continue  # tabulate finished runs only
-            r = train_one(run_config(sweep, fields, pairs, seq_len, lr, seed), wd, sweep.heldout)
-            log(f"pairs={pairs} T={seq_len} width={width} {family} lr={lr:g} seed={seed}: "
-                f"acc {r['acc']:.4f} ({r['wall_s']} s)")  # fmt: skip
-            accs.append(r["acc"])
+        results = [read_result(run_dir(workdir, cell, family, lr, s)) for s in sweep.seeds]
+        accs = [r["acc"] for r in results if r is not None]
         if accs:
             by_lr[lr] = accs
     if not by_lr:
@@ -176,25 +246,27 @@ def sweep_cell(sweep, workdir: str, cell, family: str, log) -> dict:
     accs = by_lr[best]
     return {
         "pairs": pairs, "seq_len": seq_len, "width": width, "family": family,
-        "model": NAMES[family], "params": n_params(fields), "best_lr": best,
-        "acc": sum(accs) / len(accs), "acc_by_seed": accs, "chance": 1.0 / sweep.n_keys,
-        "acc_by_lr": {f"{lr:g}": v for lr, v in by_lr.items()},
+        "model": NAMES[family], "params": n_params(model_fields(family, width, seq_len, sweep)),
+        "best_lr": best, "acc": sum(accs) / len(accs), "acc_by_seed": accs,
+        "chance": 1.0 / sweep.n_keys, "acc_by_lr": {f"{lr:g}": v for lr, v in by_lr.items()},
     }  # fmt: skip
 
 
 def recall_sweep(sweep, workdir: str, log=print) -> dict:
-    """Runs the whole grid; writes and returns the table ({'rows': [...], 'config': ...})."""
+    """Runs the whole grid (unless `report_only`), then tabulates every finished run; writes
+    and returns the table ({'rows': [...], 'config': ..., 'wall_s': ...})."""
     names = families(sweep)
     check_cells(sweep)
     os.makedirs(workdir, exist_ok=True)
-    start, rows = time.time(), []
-    for cell in cells(sweep):
-        for family in names:
-            row = sweep_cell(sweep, workdir, cell, family, log)
-            if row is not None:
-                rows.append(row)
-                write_outputs(workdir, rows, sweep, time.time() - start)  # partial tables too
-    return write_outputs(workdir, rows, sweep, time.time() - start)
+    start = time.time()
+
+    def tabulate() -> dict:  # every finished run so far (partial tables while training)
+        rows = [cell_row(sweep, workdir, cell, f) for cell in cells(sweep) for f in names]
+        return write_outputs(workdir, [r for r in rows if r], sweep, time.time() - start)
+
+    if not sweep.get("report_only"):
+        train_grid(sweep, workdir, log, on_group_done=tabulate)
+    return tabulate()
 
 
 # ------------------------------------------------------------------------------ outputs

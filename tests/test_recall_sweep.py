@@ -35,6 +35,7 @@ def test_bad_cells_fail_before_training(tmp_path):
 def test_tiny_sweep_keeps_the_best_lr_and_writes_outputs(tmp_path, monkeypatch):
     s = sweep_config.get_config("tiny")
     s.learning_rates = (3e-3, 1e-3)
+    s.workers = 1  # in this process, where the fake below stands in for training
     accs = {}  # fake accuracies per run directory: lr 1e-3 wins for gdn, 3e-3 for gpn_m
 
     def fake_train_one(config, workdir, heldout):
@@ -43,7 +44,11 @@ def test_tiny_sweep_keeps_the_best_lr_and_writes_outputs(tmp_path, monkeypatch):
         acc = (0.5 if lr == 3e-3 else 0.25) if fam == "gpn" else (0.2 if lr == 3e-3 else 0.6)
         acc += 0.01 * config.seed
         accs[workdir] = acc
-        return {"acc": acc, "acc_by_query": [acc], "chance": 0.25, "params": 1, "wall_s": 0.0}
+        result = {"acc": acc, "acc_by_query": [acc], "chance": 0.25, "params": 1, "wall_s": 0.0}
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, rs.RESULT), "w") as f:
+            json.dump(result, f)
+        return result
 
     monkeypatch.setattr(rs, "train_one", fake_train_one)
     table = rs.recall_sweep(s, str(tmp_path), log=lambda _: None)
@@ -84,6 +89,26 @@ def test_report_only_tabulates_finished_runs(tmp_path, monkeypatch):
     assert row["family"] == "gdn" and row["acc_by_seed"] == [0.7] and not calls
 
 
+@pytest.mark.slow
+def test_runs_train_side_by_side_one_core_each(tmp_path):
+    """Two workers (`gpn_jax.parallel.core_pool`): every run trains in a process pinned to one
+    core, the table holds every run, and a rerun trains nothing."""
+    s = sweep_config.get_config("tiny")
+    s.families, s.workers = "gpn_m", 2
+    cpus = sorted(rs.core_pool.usable_cpus())
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPU cores")
+    logs = []
+    (row,) = rs.recall_sweep(s, str(tmp_path), log=logs.append)["rows"]
+    assert logs[0] == "2 runs to train, 2 at a time" and len(logs) == 3
+    assert len(row["acc_by_seed"]) == 2
+    ran_on = [rs.read_result(rs.run_dir(str(tmp_path), (2, 8, 16), "gpn_m", 3e-3, seed))["cpus"]
+              for seed in (0, 1)]  # fmt: skip
+    assert all(len(c) == 1 and c[0] in cpus for c in ran_on)  # a worker's one core
+    logs.clear()
+    assert rs.recall_sweep(s, str(tmp_path), log=logs.append)["rows"] == [row] and not logs
+
+
 def test_compute_floor_counts_the_grid_and_times_every_family(capsys):
     """`experiments.recall_floor`: one timed step per family and cell; the grid's FLOPs are
     every run's steps x the model's own per-step count, and the floor is FLOPs / peak."""
@@ -91,6 +116,7 @@ def test_compute_floor_counts_the_grid_and_times_every_family(capsys):
 
     s = sweep_config.get_config("tiny")
     s.learning_rates = (3e-3, 1e-3)  # 2 lrs x 2 seeds: 4 runs per family and cell
+    s.workers = 1  # timed in this process
     out = recall_floor.floor(s, steps=1, repeats=1, peak=1e9)
     assert [r["family"] for r in out["rows"]] == ["gpn_m", "gdn"]
     assert all(r["step_s"] > 0 for r in out["rows"])
@@ -102,3 +128,47 @@ def test_compute_floor_counts_the_grid_and_times_every_family(capsys):
     assert out["total_flops"] == pytest.approx(expected, rel=1e-12)
     assert out["floor_s"] == pytest.approx(expected / 1e9, rel=1e-12)
     assert "GFLOP/step" in capsys.readouterr().out
+
+
+def test_pool_workers_share_one_compilation_cache(tmp_path):
+    """`worker_setup` points JAX's persistent cache at the sweep's directory, so a program
+    compiled by one run is read back by the next; a cache the user set wins. Run in a fresh
+    interpreter: JAX's cache settings are per process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jax, jax.numpy as jnp\n"
+        "from experiments import recall_sweep as rs\n"
+        "rs.worker_setup(sys.argv[1])\n"
+        "jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((8, 8))).block_until_ready()\n"
+        "print(jax.config.jax_compilation_cache_dir)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/ lives here
+    cache = tmp_path / "shared"
+    out = subprocess.run([sys.executable, "-c", code, str(cache)], env=env, check=True,
+                         capture_output=True, text=True, cwd=root)  # fmt: skip
+    assert out.stdout.strip() == str(cache) and os.listdir(cache)  # the program was written
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "users")
+    out = subprocess.run([sys.executable, "-c", code, str(cache) + "_unused"], env=env,
+                         check=True, capture_output=True, text=True, cwd=root)  # fmt: skip
+    assert out.stdout.strip() == str(tmp_path / "users")
+    assert not os.path.exists(str(cache) + "_unused")
+
+
+@pytest.mark.slow
+def test_compute_floor_times_steps_side_by_side_with_the_sweeps_workers():
+    """With 2 workers each step is timed in 2 single-core processes at once, and the grid's
+    stepping time is the runs' time over 2."""
+    from experiments import recall_floor
+
+    if len(rs.core_pool.usable_cpus()) < 2:
+        pytest.skip("needs 2 CPU cores")
+    s = sweep_config.get_config("tiny")
+    s.families, s.workers = "gpn_m", 2
+    out = recall_floor.floor(s, steps=1, repeats=1, peak=1e9)
+    (row,) = out["rows"]
+    assert out["workers"] == 2 and row["step_s"] > 0
+    runs = len(s.learning_rates) * len(s.seeds)
+    assert out["steps_s"] == pytest.approx(row["step_s"] * s.steps * runs / 2, rel=1e-12)

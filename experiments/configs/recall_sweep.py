@@ -9,6 +9,9 @@ examples every step, a learning-rate sweep (3e-3, 1e-3, 5e-4, 3e-4 — Zoology s
     python -m experiments.recall_sweep --config=experiments/configs/recall_sweep.py:tiny \\
         --workdir=/tmp/mqar_tiny                 # a smoke grid (tests)
 
+Runs train side by side, one single-core process per CPU core (`workers = 0`; `workers = 1`
+trains them one after the other in the calling process, on every core).
+
 Cells: every (pairs, seq_len, width) of the grid below; keys = values = `n_keys` ids. Widths
 set GPN+M's d_model (d_emb d/2, d_ffn `ffn_mult` d, `heads` memory heads of d_key d/(2 heads),
 d_value d/heads: H x dk and H x dv do not depend on `heads`, so the count moves only by the
@@ -46,6 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.gdn_layers = 2
     c.transformer_layers = 2
     c.report_only = False  # True: tabulate finished runs, train nothing
+    c.workers = 0  # runs side by side; 0: one single-core process per CPU core (1 on a GPU/TPU)
     if arg == "tiny":
         c.update(dict(families="gpn_m,gdn", pairs=(2,), seq_lens=(8,), widths=(16,), n_keys=4,
                       learning_rates=(3e-3,), seeds=(0, 1), steps=3, batch_size=8,

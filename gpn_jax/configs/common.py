@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging = ml_collections.ConfigDict()
     c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb
     c.logging.wandb_project = "gpn_jax"  # offline under <workdir>/wandb without WANDB_API_KEY
+    c.logging.progress_bar = True  # a tqdm bar on the lead host (False: metric rows only)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # -1: all remaining devices

@@ -292,9 +292,8 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     """The training loop proper; returns the step it ended on."""
     t = run.config.train
     step = int(run.state.step)
-    bar = tqdm(
-        total=t.steps, initial=step, disable=not run.is_lead, unit="step", dynamic_ncols=True
-    )
+    show = run.is_lead and run.config.logging.get("progress_bar", True)
+    bar = tqdm(total=t.steps, initial=step, disable=not show, unit="step", dynamic_ncols=True)
     window, window_start, pending = [], time.perf_counter(), None
     first = step
 

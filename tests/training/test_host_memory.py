@@ -38,3 +38,46 @@ def test_freed_heap_pages_leave_the_resident_set():
 def test_without_malloc_trim_it_is_a_no_op(monkeypatch):
     monkeypatch.setattr(host_memory, "_libc", lambda: None)
     assert host_memory.release_free_heap() is False
+
+
+_TOUCH_TWICE = """
+import ctypes, resource, sys
+from gpn_jax.training import host_memory
+if sys.argv[1] == "reuse":
+    assert host_memory.reuse_freed_heap() is True
+libc = host_memory._libc()
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 64 * 2**20  # a step-sized buffer: above glibc's 32 MiB ceiling for its mmap threshold
+for _ in range(2):  # allocate, touch, free: the second round is the next step's buffer
+    block = libc.malloc(size)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ctypes.memset(block, 1, size)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    libc.free(block)
+print(faults)
+"""
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or host_memory._libc() is None, reason="needs glibc"
+)
+def test_a_freed_buffer_is_reused_without_page_faults():
+    """By default a freed 64 MiB block is unmapped and the next one faults in all 16,384 of
+    its pages again; after `reuse_freed_heap` the heap keeps it and the next touch is free
+    (measured: 16,384 vs 0 faults). A fresh interpreter: mallopt settings are per process."""
+    import subprocess
+    import sys
+
+    def second_touch_faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _TOUCH_TWICE, mode], check=True,
+                             capture_output=True, text=True)  # fmt: skip
+        return int(out.stdout)
+
+    assert second_touch_faults("default") > 8_000  # half its pages, at least
+    assert second_touch_faults("reuse") < 1_000
+
+
+def test_without_mallopt_reuse_is_a_no_op(monkeypatch):
+    monkeypatch.setattr(host_memory, "_libc", lambda: None)
+    assert host_memory.reuse_freed_heap() is False

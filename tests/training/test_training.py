@@ -276,3 +276,11 @@ def test_the_compilers_freed_heap_is_released_once_per_run(tmp_path, monkeypatch
     monkeypatch.setattr(loop, "release_free_heap", lambda: calls.append(1) or True)
     train_and_evaluate(tiny_config(steps=3, checkpoint_every=3), str(tmp_path))
     assert calls == [1]  # after the first step's call (it compiled the step), not every step
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_the_progress_bar_follows_the_logging_config(tmp_path, capsys, shown):
+    config = tiny_config(steps=2, checkpoint_every=2)
+    config.logging.progress_bar = shown  # False: runs side by side (the MQAR sweep's workers)
+    train_and_evaluate(config, str(tmp_path))
+    assert ("step/s" in capsys.readouterr().err) == shown
