@@ -12,12 +12,11 @@ report MQAR. Each run lives in `<workdir>/<cell>/<family>/lr<lr>_s<seed>`; a rer
 finished runs (`recall_result.json`), so the sweep can be stopped and resumed.
 
 Runs train side by side, one single-core process per CPU core (`--config.workers`, 0 = one per
-core on CPU, 1 = one after the other in this process; `gpn_jax.parallel.core_pool`). These
-models' steps keep XLA:CPU's thread pool mostly waiting: on a 2-core AVX-512 machine
-(2026-12-02) GPN+M's step took 16.3 ms on both cores and 19.2 ms pinned to one, Gated
-DeltaNet's 38.3 and 40.1 ms, Transformer++'s 16.2 and 29.1 ms (`experiments.recall_floor`,
-plain and under `taskset -c 0` next to a second one), so two pinned runs train 1.1-1.9x as many
-steps per second as one on both cores. On a 2-core AVX2 machine (2026-12-01) the gain was
+core on CPU, 1 = one after the other in this process; `gpn_jax.parallel.core_pool`), each
+keeping freed buffers in its heap and all sharing one compile cache (`worker_setup`). Measured
+in alternation on a 2-core AVX-512 machine (2026-12-02, 2 seeds x 500 steps, before the heap
+setting): 2 workers vs 1 took 59 vs 89 s and 74 vs 96 s for Gated DeltaNet, 37 vs 48 s for
+GPN+M, 33 vs 37 s for Transformer++. On a 2-core AVX2 machine (2026-12-01) the gain was
 smaller: two single-threaded runs side by side took 190 s where one after the other took 218 s.
 Training the learning-rate x seed runs of a cell as one `jax.vmap`-ed program was measured and
 not kept: it cost 0.8-1.7x per run what one run's step costs (XLA:CPU runs the batched matmuls
