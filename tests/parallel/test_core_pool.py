@@ -77,6 +77,13 @@ def pid_then_sleep(path: str) -> None:
     time.sleep(120)
 
 
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -98,10 +105,10 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=root)
     deadline = time.time() + 60
-    while not all(os.path.exists(p) and open(p).read() for p in paths):
+    while not all(_read(p) for p in paths):
         assert time.time() < deadline and parent.poll() is None, "workers never started"
         time.sleep(0.1)
-    pids = [int(open(p).read()) for p in paths]
+    pids = [int(_read(p)) for p in paths]
     assert all(_alive(pid) for pid in pids)
     parent.kill()
     parent.wait()
