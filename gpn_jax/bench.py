@@ -9,7 +9,11 @@ Suites (the config's `suites`, or `--suites`):
             (jitted loss + gradients + clipped AdamW, after compile and warm-up), tokens/s,
             achieved FLOP/s from the analytic `model.flops_per_token`, MFU, peak memory;
   scaling   `config.scaling.model` vs T and vs B, remat off and on (segment ~ sqrt(T)); PNG plot;
-  generate  per-token decoding latency and tokens/s after 1k / 8k / 32k tokens of context.
+  generate  per-token decoding latency and tokens/s after 1k / 8k / 32k tokens of context;
+  alternate `config.alternate.models` in one process at the train suite's batch and window,
+            one step of each in turn per round (order rotated): the median per-round ratio of
+            step times against `config.alternate.reference`, which a shared machine's drift
+            over minutes does not move (`benchmarks.train.run_alternating`).
 
 Roofline: the header names the CPU's vector extensions (/proc/cpuinfo) and the memory
 bandwidth measured in the same run (a jitted JAX `x <- -x`, buffer donated, over a 256 MiB
@@ -79,7 +83,7 @@ _DEVICE_SPEC = flags.DEFINE_string(
 flags.mark_flags_as_required(["config"])
 
 PROG = "gpn-bench"
-SUITES = ("train", "scaling", "generate")
+SUITES = ("train", "scaling", "generate", "alternate")
 
 
 def sqrt_segment(T: int) -> int:
@@ -110,7 +114,29 @@ def build_specs(config, suites, workdir: str, profile: bool) -> list[dict]:
         specs += _scaling_specs(config.scaling, shared, model, config.name)
     if "generate" in suites:
         specs += _generate_specs(config.generate, shared, model)
+    if "alternate" in suites:
+        specs.append(_alternate_spec(config.alternate, config.train, shared, model))
     return specs
+
+
+def _alternate_spec(a, t, shared: dict, model) -> dict:
+    names = _names(a.models)
+    if a.reference not in names:
+        raise ValueError(
+            f"alternate.reference {a.reference!r} is not among alternate.models {names}"
+        )
+    if a.rounds < 1:
+        raise ValueError(f"alternate.rounds must be at least 1, got {a.rounds}")
+    return shared | dict(
+        suite="alternate",
+        name=",".join(names),
+        models={name: model(name) for name in names},
+        reference=a.reference,
+        batch_size=t.batch_size,
+        seq_len=t.seq_len,
+        warmup=a.warmup,
+        rounds=a.rounds,
+    )
 
 
 def _train_specs(t, shared: dict, model, workdir: str, profile: bool) -> list[dict]:
@@ -205,6 +231,11 @@ def run_spec(spec: dict, isolate: bool) -> dict:
 def _describe(spec: dict) -> str:
     if spec["suite"] == "generate":
         return f"generate {spec['name']} B={spec['batch_size']} contexts={spec['contexts']}"
+    if spec["suite"] == "alternate":
+        return (
+            f"alternate {spec['name']} B={spec['batch_size']} T={spec['seq_len']}, "
+            f"{spec['rounds']} rounds"
+        )
     extra = spec.get("overrides", {}).get("remat_segment")
     remat = f" remat={extra or 'off'}" if extra is not None else ""
     return f"{spec['suite']} {spec['name']} B={spec['batch_size']} T={spec['seq_len']}{remat}"
@@ -217,6 +248,11 @@ def _line(r: dict) -> str:
         return (
             f"ctx {r['context']:,}: {1e3 * r['latency_s']:.2f} ms/token, "
             f"{r['tokens_per_s']:,.1f} tokens/s"
+        )
+    if r["suite"] == "alternate":
+        return (
+            f"{r['model']}: {r['step_time_s']:.3f} s/step, {r['vs_reference']:.2f}x "
+            f"{r['reference']} (median of per-round ratios)"
         )
     return (
         f"{r['step_time_s']:.3f} s/step, {r['tokens_per_s']:,.0f} tokens/s, "
@@ -305,6 +341,7 @@ def _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs
         ("Training step", report.train_table(ok)),
         ("Scaling", report.scaling_table(ok)),
         ("Generation", report.generate_table(ok)),
+        ("Training step, alternated in one process", report.alternate_table(ok)),
         ("Roofline (per token)", roofline.table(ok, peak, max(bws), specs)),
     ):
         if table:

@@ -189,3 +189,40 @@ def test_cli_unknown_device_spec_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         "gpn-bench: error: unknown --device_spec ['b200']; choose from ['h100', 'h200', 'v5e', 'v5p']"
     )
+
+
+def test_alternated_steps_give_per_round_ratios(tmp_path):
+    config = bench_tiny.get_config()
+    config.alternate.update(dict(models="gpn,transformer", reference="transformer", rounds=3))
+    (spec,) = bench.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+    assert list(spec["models"]) == ["gpn", "transformer"] and spec["rounds"] == 3
+    records = bench.run_spec(spec, isolate=False)["records"]
+    assert [r["model"] for r in records] == ["gpn", "transformer"]
+    gpn, ref = records
+    for r in records:
+        assert r["suite"] == "alternate" and len(r["step_times_s"]) == 3
+        assert r["tokens_per_s"] == 2 * 32 / r["step_time_s"]
+    ratios = [a / b for a, b in zip(ref["step_times_s"], gpn["step_times_s"], strict=True)]
+    assert gpn["vs_reference"] == sorted(ratios)[1] and ref["vs_reference"] == 1.0
+    gpn["mfu"] = ref["mfu"] = 0.5
+    table = report.alternate_table(records)
+    assert "| GPN | 2 x 32 | 3 |" in table and "vs Transformer++ (median of rounds)" in table
+
+
+def test_alternation_rotates_the_order_each_round():
+    from gpn_jax.benchmarks import train
+
+    names = ["a", "b", "c"]
+    assert [train.rotated(names, r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+
+
+def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
+    config = bench_tiny.get_config()
+    config.alternate.update(dict(models="gpn_m,gdn", reference="transformer"))
+    with pytest.raises(ValueError, match="alternate.reference 'transformer' is not among"):
+        bench.build_specs(config, ["alternate"], str(tmp_path), profile=False)

@@ -1,4 +1,4 @@
-"""Training step side by side at B=16, T=512 (suite: train): GPN+M (fused and autodiff), GPN, Transformer++, GDN; models and sizes in `bench_common`.
+"""Training step side by side at B=16, T=512 (suites: train, alternate): GPN+M (fused and autodiff), GPN, Transformer++, GDN, each in its own process; then GPN+M and Transformer++ alternated step by step in one process (their ratio, robust to a shared machine's drift). Models and sizes in `bench_common`.
 
 python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=/tmp/gpn_bench --out=/tmp/gpn_bench/small.json
 """
@@ -10,4 +10,4 @@ from gpn_jax.configs import bench_common
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
-    return bench_common.base_config("bench_small", "train")
+    return bench_common.base_config("bench_small", "train,alternate")

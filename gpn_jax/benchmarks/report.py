@@ -42,6 +42,26 @@ def train_table(records: list[dict]) -> str:
     return "\n".join(out)
 
 
+def alternate_table(records: list[dict]) -> str:
+    """Markdown table of the `alternate` suite: step times of rounds run side by side in time and
+    the median per-round ratio against the reference."""
+    rows = [r for r in records if r.get("suite") == "alternate"]
+    if not rows:
+        return ""
+    ref = NAMES.get(rows[0]["reference"], rows[0]["reference"])
+    out = [
+        f"| model | B x T | rounds | step (median) | tokens/s | vs {ref} (median of rounds) | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {_name(r)} | {r['batch_size']} x {r['seq_len']} | {r['rounds']} "
+            f"| {r['step_time_s']:.3f} s | {r['tokens_per_s']:,.0f} | {r['vs_reference']:.2f}x "
+            f"| {100 * r['mfu']:.1f} % |"
+        )
+    return "\n".join(out)
+
+
 def scaling_table(records: list[dict]) -> str:
     rows = [r for r in records if r.get("suite") == "scaling"]
     if not rows:

@@ -1,4 +1,5 @@
-"""One training-step record: a model's jitted step (loss, gradients, clipped AdamW) timed.
+"""Training-step records: a model's jitted step (loss, gradients, clipped AdamW) timed (`run`),
+or several models' steps in turn in one process (`run_alternating`).
 
 Tokens are random (the cost of a step does not depend on them). The step is the trainer's
 (`training.setup.build`) on a one-device mesh. FLOPs are the analytic
@@ -53,15 +54,15 @@ def byte_accounting(model, B: int, T: int) -> dict:
     return out
 
 
-def run(spec: dict) -> dict:
-    """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
-    compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
+def _compiled_step(spec: dict, model_cfg: dict) -> tuple:
+    """(one: a function running one training step and returning its loss, the model, compile
+    seconds, RSS before building) for `model_cfg` at the spec's batch, window and dtype."""
     dtype = common.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
-    if spec["model"].get("family") == "transformer":
+    if model_cfg.get("family") == "transformer":
         overrides.setdefault("max_seq_len", T)
-    model = common.build_model(spec["model"], dtype, **overrides)
+    model = common.build_model(model_cfg, dtype, **overrides)
     rss0 = common.host_rss_bytes()
 
     config = recipe.base_config()
@@ -85,29 +86,102 @@ def run(spec: dict) -> dict:
         holder["state"], metrics = compiled(holder["state"], tokens)
         return metrics["loss"]
 
-    times, (mem, mem_kind), loss = _time(one, spec)
+    return one, model, compile_s, rss0
+
+
+def _throughput(spec: dict, model, times: list) -> dict:
+    """Step time (median), tokens/s and achieved FLOP/s of `times` (seconds per step)."""
+    B, T = spec["batch_size"], spec["seq_len"]
     flops_tok = model.flops_per_token(T)["train"]
     step_s = common.median(times)
     return {
-        "model": spec["name"],
-        "config": spec["config"],
-        "suite": spec.get("suite", "train"),
-        "family": spec["model"].get("family", "gpn"),
-        "scan_impl": getattr(model.config, "scan_impl", None),
-        "params": accounting.param_counts(model)["total"],
-        "batch_size": B,
-        "seq_len": T,
-        "remat_segment": getattr(model.config, "remat_segment", None),
-        "compute_dtype": dtype,
         "step_time_s": step_s,
         "step_time_min_s": min(times),
         "step_times_s": times,
-        "compile_s": compile_s,
         "tokens_per_s": B * T / step_s,
         "flops_per_token": flops_tok,
         "achieved_flops": flops_tok * B * T / step_s,
-        "peak_mem_bytes": mem,
-        "peak_mem_kind": mem_kind,
-        "baseline_rss_bytes": rss0,
-        "loss": loss,
-    } | byte_accounting(model, B, T)
+    }
+
+
+def run(spec: dict) -> dict:
+    """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
+    compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
+    one, model, compile_s, rss0 = _compiled_step(spec, spec["model"])
+    B, T = spec["batch_size"], spec["seq_len"]
+    times, (mem, mem_kind), loss = _time(one, spec)
+    return (
+        {
+            "model": spec["name"],
+            "config": spec["config"],
+            "suite": spec.get("suite", "train"),
+            "family": spec["model"].get("family", "gpn"),
+            "scan_impl": getattr(model.config, "scan_impl", None),
+            "params": accounting.param_counts(model)["total"],
+            "batch_size": B,
+            "seq_len": T,
+            "remat_segment": getattr(model.config, "remat_segment", None),
+            "compute_dtype": common.resolve_dtype(spec["compute_dtype"]),
+            "compile_s": compile_s,
+            "peak_mem_bytes": mem,
+            "peak_mem_kind": mem_kind,
+            "baseline_rss_bytes": rss0,
+            "loss": loss,
+        }
+        | _throughput(spec, model, times)
+        | byte_accounting(model, B, T)
+    )
+
+
+def rotated(names: list, r: int) -> list:
+    """`names` started at position r (mod its length): round r's order in `run_alternating`."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def run_alternating(spec: dict) -> list[dict]:
+    """Training steps of several models side by side in time, in this one process.
+
+    spec: models {name: config block}, reference (one of them), batch_size, seq_len, warmup,
+    rounds, compute_dtype, config. Every model is compiled and warmed up; then each round
+    runs one step of every model, the order rotated by one each round. Step times of one
+    round lie seconds apart, so a shared machine's drift over minutes (its matmul peak moved
+    from 462 to 348 GFLOP/s within about 4 minutes on 2026-12-02) slows every model alike, which
+    it does not across the `train` suite's one-process-per-model records run minutes apart. `vs_reference` is
+    the median over rounds of (reference step time / this model's step time) in the same
+    round. Peak memory is the process's, shared by all models: not reported per model.
+    """
+    names = list(spec["models"])
+    ref = spec["reference"]
+    if ref not in names:
+        raise ValueError(f"reference {ref!r} is not among the alternated models {names}")
+    steps, models = {}, {}
+    for name in names:
+        steps[name], models[name], _, _ = _compiled_step(spec, spec["models"][name])
+        for _ in range(spec.get("warmup", 1)):
+            jax.block_until_ready(steps[name]())
+    times = {name: [] for name in names}
+    for r in range(spec["rounds"]):
+        for name in rotated(names, r):
+            times[name] += common.time_calls(steps[name], 1)
+    B, T = spec["batch_size"], spec["seq_len"]
+    return [
+        {
+            "model": name,
+            "config": spec["config"],
+            "suite": "alternate",
+            "family": spec["models"][name].get("family", "gpn"),
+            "params": accounting.param_counts(models[name])["total"],
+            "batch_size": B,
+            "seq_len": T,
+            "compute_dtype": common.resolve_dtype(spec["compute_dtype"]),
+            "reference": ref,
+            "rounds": spec["rounds"],
+            "vs_reference": common.median(
+                [a / b for a, b in zip(times[ref], times[name], strict=True)]
+            ),
+            "peak_mem_bytes": None,
+        }
+        | _throughput(spec, models[name], times[name])
+        for name in names
+    ]

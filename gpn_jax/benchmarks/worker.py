@@ -15,6 +15,8 @@ def run_spec(spec: dict) -> dict:
 
     if spec["suite"] == "generate":
         records = generate.run(spec)
+    elif spec["suite"] == "alternate":
+        records = train.run_alternating(spec)
     else:
         records = [train.run(spec)]
     dtype = common.resolve_dtype(spec["compute_dtype"])

@@ -98,6 +98,11 @@ def base_config(name: str, suites: str) -> ml_collections.ConfigDict:
             steps=3,
         )
     )
+    # the train suite's ratio, robust to a shared machine's drift: these models in one process
+    # at the train suite's batch and window, one step of each in turn per round (bench.py)
+    c.alternate = ml_collections.ConfigDict(
+        dict(models="gpn_m,transformer", reference="transformer", rounds=8, warmup=1)
+    )
     # per-token decoding latency after long contexts
     c.generate = ml_collections.ConfigDict(
         dict(
