@@ -226,3 +226,18 @@ def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
     config.alternate.update(dict(models="gpn_m,gdn", reference="transformer"))
     with pytest.raises(ValueError, match="alternate.reference 'transformer' is not among"):
         bench.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+
+
+def test_loop_costs_times_the_fused_windows_matrix_shapes():
+    """`experiments/loop_costs.py` times products of the fused W0 and W2o: their widths must be
+    those `fast_window.fuse_params` builds for the bench's GPN+M."""
+    import jax
+
+    from experiments import loop_costs
+    from gpn_jax.configs import bench_common
+    from gpn_jax.core import fast_window
+
+    block = bench_common.models().gpn_m
+    params = common.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
+    fw = fast_window.fuse_params(params)
+    assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])

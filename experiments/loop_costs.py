@@ -1,0 +1,127 @@
+"""What one time step of the fused GPN+M window costs on this machine, part by part.
+
+    python experiments/loop_costs.py [--batch=16] [--steps=256]
+
+The fused window (`gpn_jax/core/fast_window.py`) leaves inside its per-token loops only what is
+truly recurrent: products of the B-row state with the fused weight matrices, and passes over
+the (B, H, K, U) memory matrix. This script times each kind alone in a `lax.scan` of `--steps`
+steps at the `bench_small` GPN+M sizes (`gpn_jax/configs/bench_common.py`), next to the
+machine's square-matmul peak and one large out-of-loop product, so a profile of the real step
+can be read against them:
+
+  * the forward's per-token products, B x D @ D x N for W0, W2o and the ground gate;
+  * the backward's input cotangents through the transposed matrices;
+  * one pass over a memory-sized array per step (read and write it once), for 1, 2 and 4
+    arrays of its size, which is what each elementwise stage of the write, the read and their
+    backward costs when it cannot fuse with a neighbouring matrix product;
+  * the products outside the loops, which have many rows: one segment's weight gradient of W0
+    (contraction over 32 steps x B rows) and one loss chunk's logits.
+
+Each figure is the best of 5 timings (a shared machine slows some of them). Nothing is asserted.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+from gpn_jax.configs import bench_common
+
+_BATCH = flags.DEFINE_integer("batch", 16, "Rows of the recurrent products (the batch B).")
+_STEPS = flags.DEFINE_integer("steps", 256, "Time steps per timed scan.")
+
+
+def best_time(fn, *args, reps: int = 5) -> float:
+    f = jax.jit(fn)
+    jax.block_until_ready(f(*args))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def recurrent_product(rows: int, n_in: int, n_out: int, steps: int) -> float:
+    """Seconds per step of x (rows, n_in) <- f(x @ W (n_in, n_out)) in a scan."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    w = jax.random.normal(k1, (n_in, n_out)) / n_in**0.5
+    x = jax.random.normal(k2, (rows, n_in))
+    reps = -(-n_in // n_out)
+
+    def loop(w, x):
+        def body(s, _):
+            y = jnp.tanh(s @ w)
+            return (jnp.tile(y, (1, reps))[:, :n_in] if reps > 1 else y[:, :n_in]), None
+
+        return jax.lax.scan(body, x, None, length=steps)[0]
+
+    return best_time(loop, w, x) / steps
+
+
+def memory_passes(shape: tuple, arrays: int, steps: int) -> float:
+    """Seconds per step of one read-and-write pass over `arrays` arrays of `shape`."""
+    ms = tuple(jnp.ones(shape) for _ in range(arrays))
+
+    def loop(ms):
+        def body(ms, t):
+            return tuple(m * 0.999 + t for m in ms), None
+
+        return jax.lax.scan(body, ms, jnp.arange(steps, dtype=jnp.float32) * 1e-6)[0]
+
+    return best_time(loop, ms) / steps
+
+
+def big_product(m: int, k: int, n: int) -> float:
+    a = jax.random.normal(jax.random.PRNGKey(1), (m, k))
+    b = jax.random.normal(jax.random.PRNGKey(2), (k, n))
+    return best_time(lambda a, b: a @ b, a, b)
+
+
+def fused_widths(m) -> tuple[int, int]:
+    """(columns of the fused W0: the write's [k | v | beta | a] and layer 0's
+    [w1 | w3 | wpg | wq | wrg], rows of W2o = [W2; Wo]) of a one-layer GPN+M config block."""
+    D, F, H, K, U = m.d_model, m.d_ffn, m.n_heads, m.d_key, m.d_value
+    return (H * K + H * U + 2 * H) + (2 * F + D + H * K + H * U), F + H * U
+
+
+def main(argv):
+    del argv
+    m = bench_common.models().gpn_m
+    B, S = _BATCH.value, _STEPS.value
+    D = m.d_model
+    n0, r = fused_widths(m)
+    print(f"{jax.devices()[0].device_kind}, {jax.device_count()} device(s), B={B}, {S} steps")
+    peak_s = big_product(2048, 2048, 2048)
+    print(f"square matmul 2048^3: {2 * 2048**3 / peak_s / 1e9:.0f} GFLOP/s (the bench's peak)")
+    sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fast_window.MIN_SEGMENT`)
+    for what, (i, c, o) in {
+        "W0's weight gradient per segment": (D, sb, n0),
+        "loss chunk's logits (32 positions)": (sb, m.d_emb, m.vocab_size),
+    }.items():
+        t = big_product(i, c, o)
+        print(
+            f"out of the loop, {what}: ({i} x {c}) @ ({c} x {o}) {2 * i * c * o / t / 1e9:.0f} GFLOP/s"
+        )
+    print("\n| per-step part | us / step | GFLOP/s |\n|---|---:|---:|")
+    for name, (i, o) in {
+        f"forward W0 ({D} x {n0})": (D, n0),
+        f"forward W2o ({r} x {D})": (r, D),
+        f"forward gate ({D} x {D})": (D, D),
+        f"backward W0^T ({n0} x {D})": (n0, D),
+        f"backward W2o^T ({D} x {r})": (D, r),
+    }.items():
+        s = recurrent_product(B, i, o, S)
+        print(f"| {name} | {1e6 * s:.0f} | {2 * B * i * o / s / 1e9:.0f} |")
+    shape = (B, m.n_heads, m.d_key, m.d_value)
+    mib = B * m.n_heads * m.d_key * m.d_value * 4 / 2**20
+    for n in (1, 2, 4):
+        s = memory_passes(shape, n, S)
+        print(
+            f"| {n} memory-sized pass(es), {n * mib:.0f} MiB read + written | {1e6 * s:.0f} | - |"
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)
