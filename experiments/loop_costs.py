@@ -28,9 +28,6 @@ from absl import app, flags
 
 from gpn_jax.configs import bench_common
 
-_BATCH = flags.DEFINE_integer("batch", 16, "Rows of the recurrent products (the batch B).")
-_STEPS = flags.DEFINE_integer("steps", 256, "Time steps per timed scan.")
-
 
 def best_time(fn, *args, reps: int = 5) -> float:
     f = jax.jit(fn)
@@ -89,7 +86,7 @@ def fused_widths(m) -> tuple[int, int]:
 def main(argv):
     del argv
     m = bench_common.models().gpn_m
-    B, S = _BATCH.value, _STEPS.value
+    B, S = flags.FLAGS.batch, flags.FLAGS.steps
     D = m.d_model
     n0, r = fused_widths(m)
     print(f"{jax.devices()[0].device_kind}, {jax.device_count()} device(s), B={B}, {S} steps")
@@ -124,4 +121,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # defined here, not on import: a test imports `fused_widths` next to other scripts' flags
+    flags.DEFINE_integer("batch", 16, "Rows of the recurrent products (the batch B).")
+    flags.DEFINE_integer("steps", 256, "Time steps per timed scan.")
     app.run(main)
