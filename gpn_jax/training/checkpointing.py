@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,7 +77,24 @@ class _BackgroundFailureFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or not record.exc_info:
             return True
-        return not ("/orbax/" in record.pathname or "orbax" in record.getMessage())
+        if "/orbax/" in record.pathname or "orbax" in record.getMessage():
+            return False
+        # asyncio's "Future exception was never retrieved", logged when a failed write's
+        # future is collected (often at exit): its own path and message name no orbax, its
+        # traceback does
+        return not _raised_in_orbax(record.exc_info[1])
+
+
+def _raised_in_orbax(e: BaseException | None) -> bool:
+    """Whether a frame of `e`'s traceback, or of an exception it was raised from or during,
+    is orbax's."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any("/orbax/" in f.filename for f in traceback.extract_tb(e.__traceback__)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 _FAILURE_FILTER = _BackgroundFailureFilter()

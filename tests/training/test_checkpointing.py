@@ -435,3 +435,47 @@ def test_after_a_failed_save_abandoned_fragment_writes_are_silent():
     messages = [str(w.message) for w in caught]
     other = "_abandoned.<locals>.async_serialize_from_host.<locals>.other_work"
     assert messages == [f"coroutine '{other}' was never awaited"], messages
+
+
+def _asyncio_record(exc: BaseException) -> logging.LogRecord:
+    """What asyncio logs when a failed future is collected without its result being read."""
+    return logging.LogRecord(
+        "asyncio",
+        logging.ERROR,
+        "/usr/lib/python3/asyncio/base_events.py",
+        1771,
+        "Future exception was never retrieved\nfuture: <Future finished exception=%r>",
+        (exc,),
+        (type(exc), exc, exc.__traceback__),
+    )
+
+
+def test_a_failed_orbax_writes_unretrieved_future_is_not_logged_again():
+    """The one-line CheckpointError already reports a failed save; asyncio's late log of one of
+    its write futures (its path and message name no orbax; its traceback does, through a chained
+    exception) is dropped, and the same log for an error raised elsewhere is kept."""
+    ns = {}
+    exec(
+        compile("def write():\n    raise OSError(27, 'File too large')\n", "/x/orbax/w.py", "exec"),
+        ns,
+    )
+
+    def worker(fn):
+        try:
+            fn()
+        except OSError as e:
+            raise RuntimeError("write failed") from e
+
+    def raised(fn):
+        try:
+            worker(fn)
+        except RuntimeError as e:
+            return e
+
+    def elsewhere():
+        raise OSError(27, "File too large")
+
+    from gpn_jax.training.checkpointing import _FAILURE_FILTER as f
+
+    assert not f.filter(_asyncio_record(raised(ns["write"])))
+    assert f.filter(_asyncio_record(raised(elsewhere)))
