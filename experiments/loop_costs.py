@@ -14,6 +14,10 @@ can be read against them:
   * one pass over a memory-sized array per step (read and write it once), for 1, 2 and 4
     arrays of its size, which is what each elementwise stage of the write, the read and their
     backward costs when it cannot fuse with a neighbouring matrix product;
+  * the forward W0 product again while each step also streams 2, 4 or 8 MiB of other data
+    (the pass's own time, measured alone, subtracted): how much slower the product gets when
+    its weights (10 MB) no longer stay in the cache from one step to the next, as in the real
+    step, which streams the memory state and the stacked activations between its products;
   * the products outside the loops, which have many rows: one segment's weight gradient of W0
     (contraction over 32 steps x B rows) and one loss chunk's logits.
 
@@ -40,21 +44,27 @@ def best_time(fn, *args, reps: int = 5) -> float:
     return best
 
 
-def recurrent_product(rows: int, n_in: int, n_out: int, steps: int) -> float:
-    """Seconds per step of x (rows, n_in) <- f(x @ W (n_in, n_out)) in a scan."""
+def recurrent_product(rows: int, n_in: int, n_out: int, steps: int, stream_mib: int = 0) -> float:
+    """Seconds per step of x (rows, n_in) <- f(x @ W (n_in, n_out)) in a scan. With
+    `stream_mib`, each step also reads and writes that many MiB of other data after the
+    product (as the real step's memory passes and stacked activations do), so the weights
+    must share the cache with it."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     w = jax.random.normal(k1, (n_in, n_out)) / n_in**0.5
     x = jax.random.normal(k2, (rows, n_in))
+    other = jnp.zeros((stream_mib * 2**18,))  # float32: 2^18 per MiB
     reps = -(-n_in // n_out)
 
-    def loop(w, x):
-        def body(s, _):
+    def loop(w, x, other):
+        def body(carry, _):
+            s, other = carry
             y = jnp.tanh(s @ w)
-            return (jnp.tile(y, (1, reps))[:, :n_in] if reps > 1 else y[:, :n_in]), None
+            s = jnp.tile(y, (1, reps))[:, :n_in] if reps > 1 else y[:, :n_in]
+            return (s, other * 0.999 + y[0, 0] if stream_mib else other), None
 
-        return jax.lax.scan(body, x, None, length=steps)[0]
+        return jax.lax.scan(body, (x, other), None, length=steps)[0]
 
-    return best_time(loop, w, x) / steps
+    return best_time(loop, w, x, other) / steps
 
 
 def memory_passes(shape: tuple, arrays: int, steps: int) -> float:
@@ -111,6 +121,14 @@ def main(argv):
     }.items():
         s = recurrent_product(B, i, o, S)
         print(f"| {name} | {1e6 * s:.0f} | {2 * B * i * o / s / 1e9:.0f} |")
+    for mib in (2, 4, 8):
+        both = recurrent_product(B, D, n0, S, stream_mib=mib)
+        alone = memory_passes((mib * 2**18,), 1, S)
+        s = both - alone
+        print(
+            f"| forward W0 while {mib} MiB stream per step (its {1e6 * alone:.0f} us subtracted) "
+            f"| {1e6 * s:.0f} | {2 * B * D * n0 / s / 1e9:.0f} |"
+        )
     shape = (B, m.n_heads, m.d_key, m.d_value)
     mib = B * m.n_heads * m.d_key * m.d_value * 4 / 2**20
     for n in (1, 2, 4):

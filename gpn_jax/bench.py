@@ -35,7 +35,9 @@ other jobs lower them (compare `load_average` in the output). Nothing here asser
 Outputs: `--out` (default <workdir>/<config name>.json): a JSON list, one record per
 model/config (keys include model, config, tokens_per_s, mfu, peak_mem_bytes);
 <workdir>/<config name>.md: the tables; <workdir>/<config name>_scaling.png: the plot;
-with `--profile`, <workdir>/profile/<model>/: a `jax.profiler` trace of one training step.
+with `--profile`, <workdir>/profile/<model>/: a `jax.profiler` trace of one training step, the
+step's optimised HLO (`train_step.hlo.txt`) and `ops.md`: its operations' self times per loop
+and the largest ones, with shapes and call counts (`gpn_jax/benchmarks/op_profile.py`).
 """
 
 import json
@@ -67,7 +69,9 @@ _SUITES = flags.DEFINE_string(
     "suites", "", "Comma-separated suites to run (default: the config's)."
 )
 _PROFILE = flags.DEFINE_bool(
-    "profile", False, "Save a jax.profiler trace of one training step per model."
+    "profile",
+    False,
+    "Save a jax.profiler trace of one training step per model, and its per-operation table.",
 )
 _ISOLATE = flags.DEFINE_bool(
     "isolate",

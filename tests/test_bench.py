@@ -65,6 +65,10 @@ def test_all_suites_in_process(tmp_path):
     assert "CPU vector extensions: " in text and "| gpn_m | " in text.split("## Roofline")[1]
     assert "| GPN+M (fused) |" in text and "## Generation" in text and "not run: KV cache" in text
     assert any(files for _, _, files in os.walk(tmp_path / "profile" / "gpn_m"))
+    ops = (tmp_path / "profile" / "gpn_m" / "ops.md").read_text()
+    # the fused window's loops ran: some operation sits inside a while loop of known trips
+    assert "## Per loop" in ops and "## Largest operations" in ops and " (x" in ops
+    assert (tmp_path / "profile" / "gdn" / "train_step.hlo.txt").read_text().startswith("HloModule")
 
 
 def test_one_record_in_its_own_process(tmp_path):

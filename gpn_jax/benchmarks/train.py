@@ -14,7 +14,7 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import common
+from gpn_jax.benchmarks import common, op_profile
 from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
@@ -22,9 +22,11 @@ from gpn_jax.training import setup
 from gpn_jax.training.host_memory import release_free_heap
 
 
-def _time(one, spec: dict) -> tuple[list, tuple, float]:
+def _time(one, spec: dict, hlo_text=None) -> tuple[list, tuple, float]:
     """(times of `spec['steps']` steps after the warm-up, peak memory, the loss of one more
-    step); then one profiled step when `spec['profile_dir']` is set."""
+    step); then one profiled step when `spec['profile_dir']` is set, summarised per operation
+    (`write_profile_tables`) when `hlo_text` (a function returning the step's optimised HLO) is
+    given."""
     for _ in range(spec.get("warmup", 1)):
         one()
     times = common.time_calls(one, spec["steps"])
@@ -34,7 +36,23 @@ def _time(one, spec: dict) -> tuple[list, tuple, float]:
         os.makedirs(spec["profile_dir"], exist_ok=True)
         with jax.profiler.trace(spec["profile_dir"]):
             jax.block_until_ready(one())
+        if hlo_text is not None:
+            write_profile_tables(spec["profile_dir"], hlo_text())
     return times, mem, loss
+
+
+def write_profile_tables(profile_dir: str, hlo_text: str) -> str:
+    """Next to the trace: the step's optimised HLO (`train_step.hlo.txt`) and `ops.md`, its
+    operations' self times per loop and the largest ones (`benchmarks.op_profile`).
+    Returns the path of `ops.md`."""
+    with open(os.path.join(profile_dir, "train_step.hlo.txt"), "w") as f:
+        f.write(hlo_text)
+    rows = op_profile.summarize(op_profile.trace_events(profile_dir), hlo_text)
+    path = os.path.join(profile_dir, "ops.md")
+    with open(path, "w") as f:
+        f.write("## Per loop\n\n" + op_profile.loop_table(rows, hlo_text))
+        f.write("\n## Largest operations\n\n" + op_profile.table(rows))
+    return path
 
 
 def byte_accounting(model, B: int, T: int) -> dict:
@@ -56,7 +74,8 @@ def byte_accounting(model, B: int, T: int) -> dict:
 
 def _compiled_step(spec: dict, model_cfg: dict) -> tuple:
     """(one: a function running one training step and returning its loss, the model, compile
-    seconds, RSS before building) for `model_cfg` at the spec's batch, window and dtype."""
+    seconds, RSS before building, the compiled step) for `model_cfg` at the spec's batch,
+    window and dtype."""
     dtype = common.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
@@ -86,7 +105,7 @@ def _compiled_step(spec: dict, model_cfg: dict) -> tuple:
         holder["state"], metrics = compiled(holder["state"], tokens)
         return metrics["loss"]
 
-    return one, model, compile_s, rss0
+    return one, model, compile_s, rss0, compiled
 
 
 def _throughput(spec: dict, model, times: list) -> dict:
@@ -107,9 +126,9 @@ def _throughput(spec: dict, model, times: list) -> dict:
 def run(spec: dict) -> dict:
     """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
     compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
-    one, model, compile_s, rss0 = _compiled_step(spec, spec["model"])
+    one, model, compile_s, rss0, compiled = _compiled_step(spec, spec["model"])
     B, T = spec["batch_size"], spec["seq_len"]
-    times, (mem, mem_kind), loss = _time(one, spec)
+    times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
     return (
         {
             "model": spec["name"],
@@ -157,7 +176,7 @@ def run_alternating(spec: dict) -> list[dict]:
         raise ValueError(f"reference {ref!r} is not among the alternated models {names}")
     steps, models = {}, {}
     for name in names:
-        steps[name], models[name], _, _ = _compiled_step(spec, spec["models"][name])
+        steps[name], models[name], *_ = _compiled_step(spec, spec["models"][name])
         for _ in range(spec.get("warmup", 1)):
             jax.block_until_ready(steps[name]())
     times = {name: [] for name in names}
