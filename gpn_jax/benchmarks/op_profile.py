@@ -47,7 +47,7 @@ class Row:
     loops: tuple[str, ...]  # enclosing while loops, outermost first: "while.95 (x16)"
 
 
-def hlo_ops(text: str) -> tuple[dict[str, Op], dict[str, tuple[str, str]]]:
+def hlo_ops(text: str) -> tuple[dict[str, Op], dict[str, tuple[str, str, str]]]:
     """(instruction name -> Op, body computation -> (its while instruction, trip count or '?',
     the while's JAX op_name or '')) from an optimised HLO module's text."""
     ops, bodies, comp = {}, {}, None
@@ -73,13 +73,17 @@ def hlo_ops(text: str) -> tuple[dict[str, Op], dict[str, tuple[str, str]]]:
     return ops, bodies
 
 
+def _loop_label(loop: str, trips: str) -> str:
+    return f"{loop} (x{trips})"
+
+
 def enclosing_loops(op: Op, ops: dict[str, Op], bodies: dict) -> tuple[str, ...]:
     """The while loops around `op`, outermost first (a body computation's loop is the while
     that names it; that while's own computation may be another loop's body)."""
     loops, comp = [], op.computation
     while comp in bodies:
         loop, trips, _ = bodies[comp]
-        loops.insert(0, f"{loop} (x{trips})")
+        loops.insert(0, _loop_label(loop, trips))
         comp = ops[loop].computation
     return tuple(loops)
 
@@ -151,7 +155,7 @@ def table(rows: list[Row], top: int = 25) -> str:
 def loop_table(rows: list[Row], hlo_text: str) -> str:
     """Self time per innermost enclosing loop (or the step's top level), with each loop's JAX
     op_name (e.g. `.../transpose(jvp())/while`: a loop of the backward pass)."""
-    names = {f"{w} (x{t})": op for w, t, op in hlo_ops(hlo_text)[1].values()}
+    names = {_loop_label(w, t): op for w, t, op in hlo_ops(hlo_text)[1].values()}
     per = collections.defaultdict(float)
     for r in rows:
         per[r.loops[-1] if r.loops else "top level"] += r.self_us
