@@ -36,7 +36,11 @@ def _body():
     # Imported only now: JAX and the training stack (flax, orbax, grain) take seconds to load,
     # and a bad config above is reported without them.
     from gpn_jax.parallel import distributed
+    from gpn_jax.training import host_memory
     from gpn_jax.training.loop import train_and_evaluate
+
+    if config.train.get("reuse_step_memory", True):
+        host_memory.inline_cpu_steps()  # before JAX starts its CPU client
 
     distributed.initialize(
         coordinator_address=_COORDINATOR.value,

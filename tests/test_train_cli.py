@@ -152,6 +152,9 @@ def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     final = json.loads((tmp_path / "demo" / "final_metrics.json").read_text())
     assert final["heldout_ppl"] < 0.5 * final["unigram_ppl"], final
+    # the launcher ran the steps inline (`train.reuse_step_memory`, `training.host_memory`)
+    first = json.loads((tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["run_info"]["cpu_steps_inline"] is True
 
 
 @pytest.mark.parametrize(

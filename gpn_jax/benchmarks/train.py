@@ -19,7 +19,7 @@ from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
-from gpn_jax.training.host_memory import release_free_heap
+from gpn_jax.training.host_memory import steady_step_memory
 
 
 def _time(one, spec: dict, hlo_text=None) -> tuple[list, tuple, float]:
@@ -72,10 +72,11 @@ def byte_accounting(model, B: int, T: int) -> dict:
     return out
 
 
-def _compiled_step(spec: dict, model_cfg: dict) -> tuple:
+def compiled_step(spec: dict, model_cfg: dict) -> tuple:
     """(one: a function running one training step and returning its loss, the model, compile
     seconds, RSS before building, the compiled step) for `model_cfg` at the spec's batch,
-    window and dtype."""
+    window and dtype. The heap around steps as the trainer's (`training.host_memory`; spec
+    `reuse_step_memory`, default True: freed buffers kept for the next step)."""
     dtype = common.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
@@ -98,7 +99,7 @@ def _compiled_step(spec: dict, model_cfg: dict) -> tuple:
         t0 = time.perf_counter()
         compiled = built.train_step.lower(state, tokens).compile()
         compile_s = time.perf_counter() - t0
-    release_free_heap()  # as the trainer does after its first step (`training.host_memory`)
+    steady_step_memory(spec.get("reuse_step_memory", True))
     holder = {"state": state}
 
     def one():
@@ -126,7 +127,7 @@ def _throughput(spec: dict, model, times: list) -> dict:
 def run(spec: dict) -> dict:
     """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
     compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
-    one, model, compile_s, rss0, compiled = _compiled_step(spec, spec["model"])
+    one, model, compile_s, rss0, compiled = compiled_step(spec, spec["model"])
     B, T = spec["batch_size"], spec["seq_len"]
     times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
     return (
@@ -176,7 +177,7 @@ def run_alternating(spec: dict) -> list[dict]:
         raise ValueError(f"reference {ref!r} is not among the alternated models {names}")
     steps, models = {}, {}
     for name in names:
-        steps[name], models[name], *_ = _compiled_step(spec, spec["models"][name])
+        steps[name], models[name], *_ = compiled_step(spec, spec["models"][name])
         for _ in range(spec.get("warmup", 1)):
             jax.block_until_ready(steps[name]())
     times = {name: [] for name in names}

@@ -28,6 +28,10 @@ def main(argv):
     spec_path, out_path = argv[1], argv[2]
     with open(spec_path) as f:  # json: data only
         spec = json.load(f)
+    if spec["suite"] != "generate" and spec.get("reuse_step_memory", True):  # as the trainer
+        from gpn_jax.training import host_memory
+
+        host_memory.inline_cpu_steps()  # (before JAX starts; `training.host_memory`)
     result = run_spec(spec)
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -62,6 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
     # contiguous stream ('streams' layout), the final carry of a step is the next step's
     # initial carry (no gradient through it), reset at every document start. GPN/GPN+M/GDN.
     c.train.carry_state = False
+    # CPU backend: each step runs on the calling thread and its freed buffers stay in the C heap
+    # for the next step, so a step does not page-fault its temporaries in afresh
+    # (gpn_jax.training.host_memory; the `gpn-train` launcher, before JAX starts).
+    c.train.reuse_step_memory = True
 
     c.logging = ml_collections.ConfigDict()
     c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb

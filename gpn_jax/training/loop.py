@@ -29,7 +29,7 @@ from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, setup, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
-from gpn_jax.training.host_memory import release_free_heap
+from gpn_jax.training.host_memory import cpu_steps_inline, steady_step_memory
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 
 FINAL_METRICS = "final_metrics.json"
@@ -319,8 +319,8 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
         run.state, metrics = run.train_step(run.state, batch)
-        if step == first:  # this call compiled the step: return the compiler's freed heap
-            release_free_heap()  # (`host_memory`)
+        if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
+            steady_step_memory(t.get("reuse_step_memory", True))
         step += 1
         bar.update(1)
         if pending is not None:
@@ -399,7 +399,7 @@ def _metric_writer(run: _Run) -> MetricWriter:
     return MetricWriter(
         run.workdir,
         writers=parse_writers(run.config),
-        info=run_info(run.config, run.workdir),
+        info=run_info(run.config, run.workdir) | {"cpu_steps_inline": cpu_steps_inline()},
         wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
     )
 

@@ -269,13 +269,18 @@ def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, strid
     assert sorted(set(ev["tokens"].ravel().tolist())) == list(picked)
 
 
-def test_the_compilers_freed_heap_is_released_once_per_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reuse", [True, False])
+def test_the_heap_around_steps_is_set_up_once_per_run(tmp_path, monkeypatch, reuse):
+    """The compiler's freed heap released, and the steps' buffers kept or not as the config
+    says (`train.reuse_step_memory`, `training.host_memory`)."""
     from gpn_jax.training import loop
 
     calls = []
-    monkeypatch.setattr(loop, "release_free_heap", lambda: calls.append(1) or True)
-    train_and_evaluate(tiny_config(steps=3, checkpoint_every=3), str(tmp_path))
-    assert calls == [1]  # after the first step's call (it compiled the step), not every step
+    monkeypatch.setattr(loop, "steady_step_memory", lambda r: calls.append(r) or r)
+    config = tiny_config(steps=3, checkpoint_every=3)
+    config.train.reuse_step_memory = reuse
+    train_and_evaluate(config, str(tmp_path))
+    assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
 
 
 @pytest.mark.parametrize("shown", [True, False])
