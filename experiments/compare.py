@@ -49,6 +49,7 @@ from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import distributed
+from gpn_jax.training import host_memory
 from gpn_jax.training.loop import FINAL_METRICS, prepare_workdir, train_and_evaluate
 
 RUN_CONFIG = "compare_run_config.json"  # the run config a model's subdirectory was trained with
@@ -586,8 +587,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _body():
-    distributed.initialize()
     config = cli.config_or_exit(_CONFIG, "gpn-compare")
+    if config.get("train", {}).get("reuse_step_memory", True):  # as the gpn-train launcher
+        host_memory.inline_cpu_steps()  # (before JAX starts; `training.host_memory`)
+    distributed.initialize()
     start = time.perf_counter()
     result = compare(
         config, _WORKDIR.value, _LAMBADA.value, _TASKS.value, _INCLUDE.value, _SEEDS.value
