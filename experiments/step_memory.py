@@ -39,7 +39,8 @@ def _spec(model: str, reuse: bool) -> dict:
         batch_size=t.batch_size,
         seq_len=t.seq_len,
         reuse_step_memory=reuse,
-    ) | {"model": bench_common.models()[model].to_dict()}
+        model=bench_common.models()[model].to_dict(),
+    )
 
 
 def worker(model: str, setting: str) -> None:
@@ -54,7 +55,8 @@ def worker(model: str, setting: str) -> None:
 
     from gpn_jax.benchmarks import train
 
-    one = train.compiled_step(_spec(model, reuse), _spec(model, reuse)["model"])[0]
+    spec = _spec(model, reuse)
+    one = train.compiled_step(spec, spec["model"])[0]
     for _ in range(2):
         jax.block_until_ready(one())
     print("ready", flush=True)

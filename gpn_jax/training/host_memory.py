@@ -8,8 +8,7 @@ so the process's resident memory counts both. Measured on the CPU bench's GPN+M 
 and the peak while running the step 1.12 -> 0.90 GiB. Nothing else in the stack does this
 (jax and XLA leave the allocator alone), so the trainer and the bench call
 `release_free_heap` once, after the step's first call compiled it (`steady_step_memory`).
-A no-op returning False
-where the C library has no `malloc_trim` (macOS, musl).
+A no-op returning False where the C library has no `malloc_trim` (macOS, musl).
 
 Between steps the opposite holds: by default glibc maps every block above its mmap threshold
 (128 KiB, rising to at most 32 MiB as mapped blocks are freed) afresh and unmaps it when
