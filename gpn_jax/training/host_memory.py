@@ -28,12 +28,15 @@ the calling thread instead, which allocates from the main heap and frees everyth
 call returns; `steady_step_memory` then keeps every freed block in the heap, whatever its size
 (`reuse_freed_heap(None)`: Transformer++'s and Gated DeltaNet's steps hold 2.2 and 3.1 GiB of
 temporaries, above what glibc's thresholds can express). The trainer
-(`train.reuse_step_memory`, default on) and the bench's training records do both.
+(`train.reuse_step_memory`, default on) and the bench's training records do both. Most steps,
+not all: the runtime can still free a step's buffers a moment after the call returns (when its
+last task ended on a pool thread), and the next step then maps its own; with a busy process
+beside it, 4 of 64 calls of a test step did (`tests/training/test_host_memory.py`).
 
 Measured with `python experiments/step_memory.py --model=M` (the `bench_small` step, B 16 x
 T 512, in two processes stepped in turn; 2-core AVX-512, 2026-12-03), default -> both:
 
-    GPN+M          minor faults 112,772 -> 0 a step, step time ratio 0.949 (12 rounds) and
+    GPN+M          minor faults 112,772 -> 0 a step (medians), step time ratio 0.949 (12 rounds) and
                    1.004 (8 rounds) in two runs, peak RSS 0.93 / 0.89 -> 0.89 GiB
     Transformer++  683,142 -> 98,310 faults, system time 3.23 -> 0.18 s a step, ratio 0.619
                    (8 of 8 rounds faster), peak RSS 2.72 -> 2.69 GiB

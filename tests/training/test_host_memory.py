@@ -102,11 +102,11 @@ assert host_memory.steady_step_memory() is True
 assert host_memory.cpu_steps_inline() is (sys.argv[1] == "inline")
 f(x).block_until_ready()  # grows the heap to the step's size
 faults = []
-for _ in range(3):
+for _ in range(9):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(max(faults))
+print(sorted(faults)[len(faults) // 2])  # the median call
 """
 
 
@@ -115,9 +115,12 @@ print(max(faults))
 )
 def test_inline_steps_reuse_their_temporaries_without_page_faults():
     """A jitted step with a 128 MiB temporary, after `steady_step_memory`: dispatched as JAX
-    does by default its temporaries still fault in afresh every call (allocated on a runtime
-    thread, freed after the call returns; measured 65,537 faults a call), run inline
-    (`inline_cpu_steps`) they are the last call's (measured: 0-2)."""
+    does by default its temporaries still fault in afresh (allocated on a runtime thread,
+    freed after the call returns; measured 65,537 faults a call), run inline
+    (`inline_cpu_steps`) they are the last call's (measured: 0-7). Not every call: the
+    runtime can still free a step's buffers a moment after the call returns, and the next
+    call then maps its own (with a busy-loop process beside it, 4 of 64 inline calls faulted
+    all 65,536 pages), so the median of 9 calls is compared."""
     import subprocess
     import sys
 
