@@ -108,9 +108,12 @@ def cpu_steps_inline() -> bool:
 
 def steady_step_memory(reuse: bool = True) -> bool:
     """After a step has compiled: the compiler's freed heap goes back to the OS and, with
-    `reuse` on the CPU backend, the steps' freed buffers stay in the heap for the next step
-    (effective with `inline_cpu_steps`, the module doc); True where reuse was set up."""
+    `reuse` on the CPU backend with steps inline (`inline_cpu_steps`), the steps' freed buffers
+    stay in the heap for the next step; True where reuse was set up. Not without inline steps:
+    the runtime thread would then allocate the next step's buffers before freeing the last
+    one's, and the kept heap doubles the peak RSS (the module doc)."""
     import jax
 
     released = release_free_heap()
-    return reuse and released and jax.default_backend() == "cpu" and reuse_freed_heap(None)
+    on_cpu = jax.default_backend() == "cpu"
+    return reuse and released and on_cpu and cpu_steps_inline() and reuse_freed_heap(None)
