@@ -291,26 +291,28 @@ class WriteIn(NamedTuple):
     w: Array  # (..., hb, U) beta (v - kM): the write's rank-one row
 
 
-def _write_in(dm: Dims, zk_prev, zw, a, M) -> WriteIn:
+def _write_in(dm: Dims, zk_prev, zw, a, M, kM=None) -> WriteIn:
     """The write's terms from the previous key pre-activation and this step's [v | beta | a]
-    columns (every head's write is local to it)."""
+    columns (every head's write is local to it); `kM` when the forward kept it (one pass over
+    M fewer)."""
     zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
     M = M.astype(jnp.float32)
     k = _unit_heads(dm, zk_prev)
     v = _heads(zv, dm.hb)
     beta = jax.nn.sigmoid(zb)
     sp = jax.nn.softplus(za)
-    kM = jnp.einsum("...hk,...hku->...hu", k, M)
+    if kM is None:
+        kM = jnp.einsum("...hk,...hku->...hu", k, M)
     w = beta[..., None] * (v - kM)
     return WriteIn(k, v, beta, za, sp, jnp.exp(-a * sp), M, kM, w)
 
 
-def _write(dm: Dims, zk_prev, zw, a, M):
+def _write(dm: Dims, zk_prev, zw, a, M, kM=None):
     """Gated delta write, computed in float32 and returned in M's dtype (`memory_dtype`
-    storage), with its log-decay g."""
-    wi = _write_in(dm, zk_prev, zw, a, M)
+    storage), with its log-decay g and k . M."""
+    wi = _write_in(dm, zk_prev, zw, a, M, kM)
     Mn = wi.e[..., None, None] * wi.M + wi.k[..., :, None] * wi.w[..., None, :]
-    return Mn.astype(M.dtype), -a * wi.sp
+    return Mn.astype(M.dtype), -a * wi.sp, wi.kM
 
 
 def _write_bwd(dm: Dims, wi: WriteIn, zk_prev, a, dMn, dg):
@@ -489,6 +491,7 @@ class Res(NamedTuple):
     zpg: list  # tp > 1, per layer: (B, D) predict-gate pre-activation (its own projection)
     read: list  # tp > 1 with memory, per layer: (r @ Wo (B, D), read norm scale (B, 1))
     o: list  # with memory, per layer: (B, [tp,] hu) its memory read
+    kM: Array | None  # with memory: (B, [tp,] hb, U) the write's k . M (M after the reset)
 
 
 def _step(dm: Dims, fw: dict, carry, xg: Array):
@@ -496,11 +499,11 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
     s, zk, M = carry
     x = rms(s)
     Z0 = _cols(x, fw["W0"]) + fw["b0"]
-    Mn, g, zk_new = None, None, None
+    Mn, g, zk_new, kM = None, None, None, None
     Zl = Z0
     if dm.memory:
         zk_new, zw, Zl = _split(Z0, [dm.hk, dm.hu + 2 * dm.hb, Z0.shape[-1] - dm.write_cols])
-        Mn, g = _write(dm, zk, zw, fw["a"], M)
+        Mn, g, kM = _write(dm, zk, zw, fw["a"], M)
     c, cs, Zs, zpgs, reads, os = s, [], [], [], [], []
     for i in range(dm.n_layers):
         if i:
@@ -524,7 +527,7 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
             c = pg * c + _rows(X2, fw["W2o"][i])
     zg = mm(rms(c), fw["Wg"]) + fw["bg"]
     s_new = jax.nn.sigmoid(zg) * c + xg
-    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads, os)
+    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads, os, kM)
 
 
 def _reset(dm: Dims, fw: dict, carry, keep_B):
@@ -619,7 +622,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     if dm.memory:  # the write's terms again (M' itself is never formed: `_read_bwd`)
         zw = res.Z0[..., dm.hk : dm.write_cols]
         M_in = _f32(Mprev) if keep is None else _f32(Mprev) * _rowwise(keep, Mprev)
-        wi = _write_in(dm, res.zk, zw, fw["a"], M_in)
+        wi = _write_in(dm, res.zk, zw, fw["a"], M_in, res.kM)
         dMs = [dM]
     # ground: s' = sigmoid(zg) * p + xg
     sg = jax.nn.sigmoid(res.zg)
@@ -695,7 +698,7 @@ def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
         r, kp = x
         zw = r.Z0[..., dm.hk : dm.write_cols]
         M_in = M if kp is None else M * _rowwise(kp, M)
-        return _write(dm, r.zk, zw, fw["a"], M_in)[0], M
+        return _write(dm, r.zk, zw, fw["a"], M_in, r.kM)[0], M
 
     return jax.lax.scan(body, M0, (res, keep_SxB), unroll=dm.unroll)[1]
 
