@@ -19,9 +19,15 @@ recurrent:
   (not T products with contraction B, which is what autodiff of a scan does).
 * **Memory.** The (B, H, K, U) memory is never stored per step: the forward keeps it
   every S steps, the backward recomputes it within a segment from the stored write
-  inputs (cheap: elementwise plus two (K x U) contractions per head). With
-  `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
-  rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
+  inputs and each write's k . M (kept by the forward, (B, H, U) a step: the recompute is
+  elementwise). With `remat_segment` > 0 nothing else is stored per step either: each
+  segment's forward is rerun in the backward (one extra forward of the loop, memory
+  O(T/S + S) per step-state).
+* **Few passes over the memory.** Each (B, H, K, U) pass costs about as much as a 16-row
+  matmul on CPU, so the backward step touches it as little as it can: it never forms the
+  written M' = e M + k w^T (a read's query cotangent M' do is e (M do) + k (w . do), and
+  the forward kept each read o), and the write's reverse is written out (`_write_bwd`)
+  rather than taken from `jax.vjp`, whose outer products come out transposed and copied.
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
