@@ -19,15 +19,9 @@ recurrent:
   (not T products with contraction B, which is what autodiff of a scan does).
 * **Memory.** The (B, H, K, U) memory is never stored per step: the forward keeps it
   every S steps, the backward recomputes it within a segment from the stored write
-  inputs and each write's k . M (kept by the forward, (B, H, U) a step: the recompute is
-  elementwise). With `remat_segment` > 0 nothing else is stored per step either: each
-  segment's forward is rerun in the backward (one extra forward of the loop, memory
-  O(T/S + S) per step-state).
-* **Few passes over the memory.** Each (B, H, K, U) pass costs about as much as a 16-row
-  matmul on CPU, so the backward step touches it as little as it can: it never forms the
-  written M' = e M + k w^T (a read's query cotangent M' do is e (M do) + k (w . do), and
-  the forward kept each read o), and the write's reverse is written out (`_write_bwd`)
-  rather than taken from `jax.vjp`, whose outer products come out transposed and copied.
+  inputs (cheap: elementwise plus two (K x U) contractions per head). With
+  `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
+  rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
@@ -278,127 +272,60 @@ def _rowwise(v_B: Array, x: Array) -> Array:
     return v_B.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
 
 
-def _unit_heads(dm: Dims, z: Array) -> Array:
-    """A memory key or query, l2n(relu(z)) per head: (..., hb, K) from (..., hk)."""
-    return l2n(jax.nn.relu(_heads(z, dm.hb)))
+def _write(dm: Dims, zk_prev, zw, a, M):
+    """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns
+    (per block of heads: every head's write is local to it).
 
-
-class WriteIn(NamedTuple):
-    """A write's inputs and intermediates, float32, per block of heads: M' = e M + k w^T."""
-
-    k: Array  # (..., hb, K) unit key (of s_prev)
-    v: Array  # (..., hb, U)
-    beta: Array  # (..., hb)
-    za: Array  # (..., hb) decay pre-activation; g = -a softplus(za)
-    sp: Array  # (..., hb) softplus(za)
-    e: Array  # (..., hb) exp(g)
-    M: Array  # (..., hb, K, U) the memory before the write
-    kM: Array  # (..., hb, U) k . M: the old memory's prediction of v
-    w: Array  # (..., hb, U) beta (v - kM): the write's rank-one row
-
-
-def _write_in(dm: Dims, zk_prev, zw, a, M, kM=None) -> WriteIn:
-    """The write's terms from the previous key pre-activation and this step's [v | beta | a]
-    columns (every head's write is local to it); `kM` when the forward kept it (one pass over
-    M fewer)."""
+    Computed in float32, returned in M's dtype (`memory_dtype` storage)."""
+    M_in, M = M, M.astype(jnp.float32)
     zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
-    M = M.astype(jnp.float32)
-    k = _unit_heads(dm, zk_prev)
+    k = l2n(jax.nn.relu(_heads(zk_prev, dm.hb)))
     v = _heads(zv, dm.hb)
     beta = jax.nn.sigmoid(zb)
-    sp = jax.nn.softplus(za)
-    if kM is None:
-        kM = jnp.einsum("...hk,...hku->...hu", k, M)
-    w = beta[..., None] * (v - kM)
-    return WriteIn(k, v, beta, za, sp, jnp.exp(-a * sp), M, kM, w)
-
-
-def _write(dm: Dims, zk_prev, zw, a, M, kM=None):
-    """Gated delta write, computed in float32 and returned in M's dtype (`memory_dtype`
-    storage), with its log-decay g and k . M."""
-    wi = _write_in(dm, zk_prev, zw, a, M, kM)
-    Mn = wi.e[..., None, None] * wi.M + wi.k[..., :, None] * wi.w[..., None, :]
-    return Mn.astype(M.dtype), -a * wi.sp, wi.kM
-
-
-def _write_bwd(dm: Dims, wi: WriteIn, zk_prev, a, dMn, dg):
-    """Reverse of `_write` from the whole cotangent of M' (the carry's and the reads') and
-    that of g: (dzk_prev, dzw, da, dM), float32.
-
-    Written out instead of `jax.vjp`: the vjp of its einsums forms each outer product
-    transposed (K and U swapped, then copied back), and each (B, H, K, U) pass costs about
-    as much as a 16-row matmul here."""
-    dw = jnp.einsum("...hk,...hku->...hu", wi.k, dMn)
-    dkM = -wi.beta[..., None] * dw
-    dk = jnp.einsum("...hku,...hu->...hk", dMn, wi.w) + jnp.einsum("...hku,...hu->...hk", wi.M, dkM)
-    dM = wi.e[..., None, None] * dMn + wi.k[..., :, None] * dkM[..., None, :]
-    dg = dg + wi.e * jnp.sum(dMn * wi.M, axis=(-2, -1))
-    dbeta = jnp.sum(dw * (wi.v - wi.kM), axis=-1)
-    dzv = (wi.beta[..., None] * dw).reshape(*dw.shape[:-2], dm.hu)
-    dzw = [dzv, dbeta * wi.beta * (1 - wi.beta), -a * dg * jax.nn.sigmoid(wi.za)]
-    _, key_vjp = jax.vjp(partial(_unit_heads, dm), zk_prev)
-    da = -jnp.sum(dg * wi.sp, axis=0)
-    return key_vjp(dk)[0], jnp.concatenate(dzw, axis=-1), da, dM
+    g = -a * jax.nn.softplus(za)
+    k_M = jnp.einsum("...hk,...hku->...hu", k, M)
+    delta = jnp.einsum("...hk,...hu->...hku", k, beta[..., None] * (v - k_M))
+    return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
 def _read_out(dm: Dims, zq, Mn):
     """Each head's memory read o, (B, [tp,] hu) per block."""
-    q = _unit_heads(dm, zq)
+    q = l2n(jax.nn.relu(_heads(zq, dm.hb)))
     o = jnp.einsum("...hk,...hku->...hu", q, Mn.astype(jnp.float32))
     return o.reshape(*q.shape[:-2], dm.hu)
 
 
-def _read_bwd(dm: Dims, wi: WriteIn, zq, do):
-    """Reverse of a read o = q . M' without forming M': q's cotangent M' do is
-    e (M do) + k (w . do). Returns (dzq, the M' cotangent q do^T (..., hb, K, U))."""
-    do = _heads(do, dm.hb)
-    dq = wi.e[..., None] * jnp.einsum("...hku,...hu->...hk", wi.M, do)
-    dq = dq + wi.k * jnp.sum(wi.w * do, axis=-1, keepdims=True)
-    q, q_vjp = jax.vjp(partial(_unit_heads, dm), zq)
-    return q_vjp(dq)[0], q[..., :, None] * do[..., None, :]
-
-
-def _query(dm: Dims, Z: Array) -> Array:
-    """A layer's query pre-activation columns (memory only)."""
-    return _split(Z, dm.layer_cols())[-2]
-
-
-def _with_query_grad(dm: Dims, dZ: Array, dzq: Array) -> Array:
-    """dZ with its query columns (zero: the layer reads o, not zq) set to dzq."""
-    parts = _split(dZ, dm.layer_cols())
-    parts[-2] = dzq
-    return jnp.concatenate(parts, axis=-1)
-
-
-def _layer_pre(dm: Dims, Z, o):
-    """tp == 1. From a layer's fused projection and its memory read o (None without memory):
-    X2 = [silu(gate) * up | silu(zrg) * rms(o)] and pg."""
+def _layer_pre(dm: Dims, Z, Mn):
+    """tp == 1. From a layer's fused projection: X2 = [silu(gate) * up | silu(zrg) * rms(q . M')]
+    and pg."""
     gate, up, zpg, *read = _split(Z, dm.layer_cols())
     h = jax.nn.silu(gate) * up
     pg = jax.nn.sigmoid(zpg)
     if not dm.memory:
         return h, pg
-    _, zrg = read
+    zq, zrg = read
+    o = _read_out(dm, zq, Mn)
     return jnp.concatenate([h, jax.nn.silu(zrg) * rms(o)], axis=-1), pg
 
 
-def _layer_local(dm: Dims, Z, o):
-    """tp > 1. From a layer's column blocks and its read o: (h, r) with r = silu(zrg) * o not
-    yet scaled by the read norm (whose sum of squares spans every block); local to a block."""
+def _layer_local(dm: Dims, Z, Mn):
+    """tp > 1. From a layer's column blocks: (h, r, o) with r = silu(zrg) * o not yet scaled
+    by the read norm (whose sum of squares spans every block); all local to a block."""
     gate, up, *read = _split(Z, dm.layer_cols())
     h = jax.nn.silu(gate) * up
     if not dm.memory:
-        return h, None
-    _, zrg = read
-    return h, jax.nn.silu(zrg) * o
+        return h, None, None
+    zq, zrg = read
+    o = _read_out(dm, zq, Mn)
+    return h, jax.nn.silu(zrg) * o, o
 
 
-def _layer_split(dm: Dims, fw: dict, i: int, Z, o):
+def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
     """tp > 1. A layer's ffn + read output (B, D) and, with memory, (r @ Wo, scale) for the
     backward. As `core.gpn.memory_read`, the read norm's per-row scale rsqrt(mean(o^2) + eps)
     multiplies the row-parallel product, so the three partial sums (h @ W2, r @ Wo, sum o^2)
     are independent: XLA reduces them in the layer's one all-reduce."""
-    h, r = _layer_local(dm, Z, o)
+    h, r, o = _layer_local(dm, Z, Mn)
     y = _rows(h, fw["W2"][i])
     if not dm.memory:
         return y, None
@@ -496,8 +423,6 @@ class Res(NamedTuple):
     zg: Array  # (B, D) ground gate pre-activation
     zpg: list  # tp > 1, per layer: (B, D) predict-gate pre-activation (its own projection)
     read: list  # tp > 1 with memory, per layer: (r @ Wo (B, D), read norm scale (B, 1))
-    o: list  # with memory, per layer: (B, [tp,] hu) its memory read
-    kM: Array | None  # with memory: (B, [tp,] hb, U) the write's k . M (M after the reset)
 
 
 def _step(dm: Dims, fw: dict, carry, xg: Array):
@@ -505,35 +430,31 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
     s, zk, M = carry
     x = rms(s)
     Z0 = _cols(x, fw["W0"]) + fw["b0"]
-    Mn, g, zk_new, kM = None, None, None, None
+    Mn, g, zk_new = None, None, None
     Zl = Z0
     if dm.memory:
         zk_new, zw, Zl = _split(Z0, [dm.hk, dm.hu + 2 * dm.hb, Z0.shape[-1] - dm.write_cols])
-        Mn, g, kM = _write(dm, zk, zw, fw["a"], M)
-    c, cs, Zs, zpgs, reads, os = s, [], [], [], [], []
+        Mn, g = _write(dm, zk, zw, fw["a"], M)
+    c, cs, Zs, zpgs, reads = s, [], [], [], []
     for i in range(dm.n_layers):
         if i:
             x = rms(c)
             Zl = _cols(x, fw["Wl"][i - 1]) + fw["bl"][i - 1]
             cs.append(c)
             Zs.append(Zl)
-        o = None
-        if dm.memory:
-            o = _read_out(dm, _query(dm, Zl), Mn)
-            os.append(o)
         if dm.split:
             zpg = mm(x, fw["Wpg"][i]) + fw["bpg"][i]
-            y, read = _layer_split(dm, fw, i, Zl, o)
+            y, read = _layer_split(dm, fw, i, Zl, Mn)
             c = jax.nn.sigmoid(zpg) * c + y
             zpgs.append(zpg)
             if read is not None:
                 reads.append(read)
         else:
-            X2, pg = _layer_pre(dm, Zl, o)
+            X2, pg = _layer_pre(dm, Zl, Mn)
             c = pg * c + _rows(X2, fw["W2o"][i])
     zg = mm(rms(c), fw["Wg"]) + fw["bg"]
     s_new = jax.nn.sigmoid(zg) * c + xg
-    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads, os, kM)
+    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads)
 
 
 def _reset(dm: Dims, fw: dict, carry, keep_B):
@@ -599,17 +520,16 @@ def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
 
 
 # ----------------------------------------------------------------------------- backward
-def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, dc):
+def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
     """tp > 1. Reverse of `_layer_split` (+ the predict gate) from its output cotangent dc
-    (B, D): (dZ, do, X2 = [h | scale * r] for W2o's gradient, pg). With the read scale after
+    (B, D): (dZ, dM', X2 = [h | scale * r] for W2o's gradient, pg). With the read scale after
     Wo its derivative needs only dc and the saved (r @ Wo, scale), all replicated, and local
     products: no reduction here (the layer's one all-reduce is its input cotangent)."""
     pg = jax.nn.sigmoid(res.zpg[i])
     dX2 = _cols(dc, fwT["W2o"][i])  # (B, tp, fb + hu): [dh | d(r @ Wo)]
-    o = res.o[i] if dm.memory else None
-    (h, r), pre = jax.vjp(partial(_layer_local, dm), Z, o)
+    (h, r, o), pre = jax.vjp(partial(_layer_local, dm), Z, _f32(Mn))
     if not dm.memory:
-        dZ, _ = pre((dX2, None))
+        dZ, _ = pre((dX2, None, None))
         return dZ, None, h, pg
     y_r, scale = res.read[i]
     dh, dr = _split(dX2, [dm.fb, dm.hu])
@@ -617,19 +537,14 @@ def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, dc):
     # d scale = sum_d dc * y_r, d sum(o^2) = -scale^3 / (2 HU) d scale, d o = 2 o d sum(o^2)
     dss = -0.5 * jnp.sum(dc * y_r, axis=-1, keepdims=True) * scale**3 / (dm.h * dm.u)
     sb = scale[..., None]  # (B, 1, 1) against the blocks
-    dZ, do = pre((dh, sb * dr))
-    return dZ, do + 2 * o * dss[..., None], jnp.concatenate([h, sb * r], axis=-1), pg
+    dZ, dMn = pre((dh, sb * dr, 2 * o * dss[..., None]))
+    return dZ, dMn, jnp.concatenate([h, sb * r], axis=-1), pg
 
 
 def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
-    """Reverse of one step. bc = (ds, dzk, dM, da): cotangents of (s', key of s, M', a)."""
-    ds, dzk, dM, da = bc
+    """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'."""
+    ds, dzk, dM, Mn, da = bc
     res, Mprev, dp_out, dg_out, keep = xs  # Mprev: before this step's reset (`_reset`)
-    if dm.memory:  # the write's terms again (M' itself is never formed: `_read_bwd`)
-        zw = res.Z0[..., dm.hk : dm.write_cols]
-        M_in = _f32(Mprev) if keep is None else _f32(Mprev) * _rowwise(keep, Mprev)
-        wi = _write_in(dm, res.zk, zw, fw["a"], M_in, res.kM)
-        dMs = [dM]
     # ground: s' = sigmoid(zg) * p + xg
     sg = jax.nn.sigmoid(res.zg)
     dzg = ds * res.p * sg * (1 - sg)
@@ -644,18 +559,15 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
         c_in = res.c[i - 1] if i else res.s
         Zl = res.Z[i - 1] if i else Z_layer0
         if dm.split:
-            dZl, do, X2, pg = _layer_split_bwd(dm, fwT, i, res, Zl, dc)
+            dZl, dMn, X2, pg = _layer_split_bwd(dm, fwT, i, res, Zl, Mn, dc)
             dZpgs.insert(0, dc * c_in * pg * (1 - pg))
         else:
-            o = res.o[i] if dm.memory else None
-            (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, o)
-            dZl, do = pre((_cols(dc, fwT["W2o"][i]), dc * c_in))
+            (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
+            dZl, dMn = pre((_cols(dc, fwT["W2o"][i]), dc * c_in))
         X2s.insert(0, X2)
         dYs.insert(0, dc)
         if dm.memory:
-            dzq, dMn = _read_bwd(dm, wi, _query(dm, Zl), do)
-            dZl = _with_query_grad(dm, dZl, dzq)
-            dMs.append(dMn)
+            dM = dM + dMn
         dc = dc * pg
         if i:
             xc, rms_c = jax.vjp(rms, c_in)
@@ -669,7 +581,10 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
             dZ_layer0 = dZl
     # write: M' = write(key of s_prev, [v | beta | a] of s, M)
     if dm.memory:
-        dzk_prev, dzw, da_t, dMprev = _write_bwd(dm, wi, res.zk, fw["a"], sum(dMs), dg_out)
+        zw = res.Z0[..., dm.hk : dm.write_cols]
+        M_in = _f32(Mprev) if keep is None else _f32(Mprev) * _rowwise(keep, Mprev)
+        _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], M_in)
+        dzk_prev, dzw, da_t, dMprev = wr((dM, dg_out))
         dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
         da = da + da_t
     else:
@@ -687,7 +602,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
             emit["dbk"] = (1 - k) * dzk_prev
             dzk_prev, dMprev = dzk_prev * k, dMprev * _rowwise(keep, dMprev)
         ds_prev = ds_prev * keep[:, None]
-    return (ds_prev, dzk_prev, dMprev, da), emit
+    return (ds_prev, dzk_prev, dMprev, Mprev, da), emit
 
 
 def _f32(M: Array | None) -> Array | None:
@@ -704,7 +619,7 @@ def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
         r, kp = x
         zw = r.Z0[..., dm.hk : dm.write_cols]
         M_in = M if kp is None else M * _rowwise(kp, M)
-        return _write(dm, r.zk, zw, fw["a"], M_in, r.kM)[0], M
+        return _write(dm, r.zk, zw, fw["a"], M_in)[0], M
 
     return jax.lax.scan(body, M0, (res, keep_SxB), unroll=dm.unroll)[1]
 
@@ -729,7 +644,7 @@ def _window_bwd(dm: Dims, saved, cts):
     fwh = _with_halves(dm, fw)
 
     def seg(carry, xs):
-        ds, dzk, dM, da, gw = carry
+        ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         if dm.remat:
             _, (_, res, Ms) = _scan_steps(dm, fwh, start, xg_seg, "resM", keep_seg)
@@ -737,9 +652,9 @@ def _window_bwd(dm: Dims, saved, cts):
             Ms = _recompute_memory(dm, fw, start[2], res, keep_seg)
         else:
             Ms = None
-        (ds, dzk, dM, da), e = jax.lax.scan(
+        (ds, dzk, dM, Mn, da), e = jax.lax.scan(
             partial(_bstep, dm, fw, fwT),
-            (ds, dzk, dM, da),
+            (ds, dzk, dM, Mn, da),
             (res, Ms, dp_seg, dg_seg, keep_seg),
             reverse=True,
             unroll=dm.unroll,
@@ -766,17 +681,18 @@ def _window_bwd(dm: Dims, saved, cts):
             for g, x, d, w in zip(gw["Wpg"], gate_inputs, e["dZpg"], fw["Wpg"], strict=True)
         ]
         gw["bpg"] = [g + _bias_grad(d) for g, d in zip(gw["bpg"], e["dZpg"], strict=True)]
-        return (ds, dzk, dM, da, gw), e["dxg"]
+        return (ds, dzk, dM, Mn, da, gw), e["dxg"]
 
     init = (
         dsT,
         _along(dm, jnp.zeros(zk_shape, jnp.float32), 1, batch=True) if dm.memory else None,
         _along(dm, dMT, 1, batch=True),
+        _along(dm, MT, 1, batch=True),
         _along(dm, jnp.zeros(fw["a"].shape, jnp.float32), 0),
         gW,
     )
     xs = (starts, res_all, dP, dG, _segments(xg, S), _segments(keep, S))
-    (ds0, dzk0, dM0, da, gw), dxg = jax.lax.scan(seg, init, xs, reverse=True)
+    (ds0, dzk0, dM0, _, da, gw), dxg = jax.lax.scan(seg, init, xs, reverse=True)
     dfw = {k: jax.tree.map(lambda g, w: g.astype(w.dtype), gw[k], fw[k]) for k in gw}
     dfw["a"] = da
     return dfw, ds0, dzk0, dM0, _unsegment(dxg)
