@@ -245,3 +245,22 @@ def test_loop_costs_times_the_fused_windows_matrix_shapes():
     params = common.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
     fw = fast_window.fuse_params(params)
     assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])
+
+
+def test_window_ab_loads_each_revisions_window():
+    """`experiments/window_ab.py` compiles the bench step with the fused window of each git
+    revision it is given: the checked-out file as a module of its own, and a clear exit for a
+    revision that does not exist."""
+    import tempfile
+
+    from experiments import window_ab
+    from gpn_jax.core import fast_window
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = window_ab.load_window("worktree", tmp)
+        assert mod is not fast_window and mod.__file__ == fast_window.__file__
+        assert mod.default_segment(512) == fast_window.default_segment(512)
+        committed = window_ab.load_window("HEAD", tmp)  # from `git show`, into tmp
+        assert committed.__file__.startswith(tmp) and callable(committed.scan_window_fused)
+        with pytest.raises(SystemExit, match="no gpn_jax/core/fast_window.py at revision 'nope'"):
+            window_ab.load_window("nope", tmp)

@@ -209,3 +209,25 @@ def test_default_segment_divides():
     for T in (1, 7, 64, 100, 512, 4096):
         S = fast_window.default_segment(T)
         assert T % S == 0 and 1 <= S <= max(fast_window.MIN_SEGMENT, int(np.sqrt(T)))
+
+
+def test_weight_gradients_contract_without_transposed_copies():
+    """A segment's weight and bias gradients sum over its stacked (steps, batch) rows as one
+    product each, with neither operand copied transposed first (an einsum over (s, b) lowers to
+    a dot contracting (b, s), and XLA then copies both operands; see `_wgrad`)."""
+    x = jnp.ones((8, 4, 16))
+    dz = jnp.ones((8, 4, 24))
+    w = jnp.ones((16, 24))
+
+    def grads(x, dz):
+        return fast_window._wgrad(x, dz, w), fast_window._bias_grad(dz)
+
+    gw, gb = jax.jit(grads)(x, dz)
+    np.testing.assert_array_equal(gw, np.full((16, 24), 32.0))
+    np.testing.assert_array_equal(gb, np.full((24,), 32.0))
+    hlo = jax.jit(grads).lower(x, dz).compile().as_text()
+    moved = [line.strip() for line in hlo.splitlines() if " transpose(" in line or " copy(" in line]
+    assert not moved, moved
+    # the einsum it replaced does copy them (so the check above can fail)
+    einsum = jax.jit(lambda x, dz: jnp.einsum("sbi,sbo->io", x, dz)).lower(x, dz).compile()
+    assert " transpose(" in einsum.as_text()

@@ -1,0 +1,108 @@
+"""Versions of the fused window compared in one process: their training steps taken in turn.
+
+    python experiments/window_ab.py --revs=b465618,HEAD [--rounds=40] [--model=gpn_m]
+
+Each of `--revs` (git revisions; `worktree` for the checked-out file) gives its own
+`gpn_jax/core/fast_window.py`, loaded as a module of its own; the `bench_small` training step of
+`--model` (`gpn_jax/configs/bench_common.py`) is compiled once with each, as the trainer runs it
+(`gpn_jax.benchmarks.train.compiled_step`, steps inline). After two warm-up steps each, every
+round takes one step of each version, the order rotated and reversed from round to round, so
+that a shared machine's drift slows all of them alike (separate runs minutes apart can differ
+by more than the change being measured). Printed: each version's median and best step time,
+then each version's median over rounds of its step time over the first version's, and in how
+many rounds it was faster. Nothing is asserted.
+"""
+
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+_REVS = flags.DEFINE_list("revs", ["HEAD~1", "HEAD"], "Git revisions; `worktree`: the file as is.")
+_ROUNDS = flags.DEFINE_integer("rounds", 40, "Steps of each version, taken in turn.")
+_MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/configs/bench_small.py.")
+
+PATH = "gpn_jax/core/fast_window.py"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_window(rev: str, tmp: str):
+    """The fast_window module of `rev`, imported under a name of its own."""
+    if rev == "worktree":
+        source = os.path.join(ROOT, PATH)
+    else:
+        text = subprocess.run(
+            ["git", "show", f"{rev}:{PATH}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if text.returncode:
+            raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}: {text.stderr.strip()}")
+        source = os.path.join(tmp, f"fast_window_{len(os.listdir(tmp))}.py")
+        with open(source, "w") as f:
+            f.write(text.stdout)
+    spec = importlib.util.spec_from_file_location(f"window_{rev}", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compiled_steps(revs: list[str], model: str) -> list:
+    """One step function per revision, each compiled with that revision's window."""
+    from gpn_jax.benchmarks import train
+    from gpn_jax.configs import bench_common
+    from gpn_jax.models import gpn as gpn_model
+
+    t = bench_common.base_config("bench_small", "train").train
+    cfg = bench_common.models()[model].to_dict()
+    spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
+    steps, original = [], gpn_model.fast_window
+    with tempfile.TemporaryDirectory() as tmp:
+        for rev in revs:
+            gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
+            try:
+                steps.append(train.compiled_step(spec, cfg)[0])
+            finally:
+                gpn_model.fast_window = original
+    return steps
+
+
+def main(argv):
+    del argv
+    from gpn_jax.training import host_memory
+
+    host_memory.inline_cpu_steps()  # before JAX starts, as the trainer's launcher
+    import jax
+
+    revs = _REVS.value
+    if len(revs) < 2:
+        raise SystemExit("window_ab: --revs needs two revisions or more")
+    steps = compiled_steps(revs, _MODEL.value)
+    for one in steps:
+        for _ in range(2):
+            jax.block_until_ready(one())
+    times = [[] for _ in steps]
+    n = len(steps)
+    for r in range(_ROUNDS.value):
+        order = [(r + j) % n for j in range(n)]
+        for k in order[::-1] if r % 2 else order:
+            t0 = time.perf_counter()
+            jax.block_until_ready(steps[k]())
+            times[k].append(time.perf_counter() - t0)
+    print(f"{_MODEL.value}, bench_small training step, {_ROUNDS.value} rounds")
+    for rev, ts in zip(revs, times, strict=True):
+        print(f"  {rev:12s} step median {statistics.median(ts):.3f} s (best {min(ts):.3f})")
+    for rev, ts in zip(revs[1:], times[1:], strict=True):
+        ratios = [a / b for a, b in zip(ts, times[0], strict=True)]
+        faster = sum(x < 1 for x in ratios)
+        print(
+            f"  {rev} / {revs[0]}: median {statistics.median(ratios):.3f} "
+            f"({faster} of {len(ratios)} rounds faster)"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))
