@@ -1,6 +1,7 @@
 """Versions of the fused window compared in one process: their training steps taken in turn.
 
     python experiments/window_ab.py --revs=b465618,HEAD [--rounds=40] [--model=gpn_m]
+    python experiments/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out file) gives its own
 `gpn_jax/core/fast_window.py`, loaded as a module of its own; the `bench_small` training step of
@@ -8,12 +9,16 @@ Each of `--revs` (git revisions; `worktree` for the checked-out file) gives its 
 (`gpn_jax.benchmarks.train.compiled_step`, steps inline). After two warm-up steps each, every
 round takes one step of each version, the order rotated and reversed from round to round, so
 that a shared machine's drift slows all of them alike (separate runs minutes apart can differ
-by more than the change being measured). Printed: each version's median and best step time,
-then each version's median over rounds of its step time over the first version's, and in how
-many rounds it was faster. Nothing is asserted.
+by more than the change being measured). `--xla_options` pairs each revision with XLA
+compile options of its own (a JSON list, one object per revision; the option names are XLA's
+`DebugOptions` fields, e.g. `xla_cpu_experimental_ynn_fusion_type`), so one revision can be
+compared against itself compiled differently. Printed: each version's median and best step
+time, then each version's median over rounds of its step time over the first version's, and in
+how many rounds it was faster. Nothing is asserted.
 """
 
 import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -26,6 +31,9 @@ from absl import app, flags
 _REVS = flags.DEFINE_list("revs", ["HEAD~1", "HEAD"], "Git revisions; `worktree`: the file as is.")
 _ROUNDS = flags.DEFINE_integer("rounds", 40, "Steps of each version, taken in turn.")
 _MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/configs/bench_small.py.")
+_XLA_OPTIONS = flags.DEFINE_string(
+    "xla_options", "", "JSON list of XLA compile options, one object per revision; '': none."
+)
 
 PATH = "gpn_jax/core/fast_window.py"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +58,26 @@ def load_window(rev: str, tmp: str):
     return module
 
 
-def compiled_steps(revs: list[str], model: str) -> list:
-    """One step function per revision, each compiled with that revision's window."""
+def xla_options(text: str, n: int) -> list[dict]:
+    """`--xla_options` as one dict per revision (all empty for ''), or a one-line exit."""
+    if not text:
+        return [{}] * n
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"window_ab: --xla_options is not JSON: {e}") from None
+    if not isinstance(options, list) or not all(isinstance(o, dict) for o in options):
+        raise SystemExit("window_ab: --xla_options must be a JSON list of objects")
+    if len(options) != n:
+        raise SystemExit(f"window_ab: --xla_options has {len(options)} objects for {n} revisions")
+    return options
+
+
+def compiled_steps(revs: list[str], model: str, options: list[dict] | None = None) -> list:
+    """One step function per revision, each compiled with that revision's window (and its XLA
+    options, if given)."""
+    import jax
+
     from gpn_jax.benchmarks import train
     from gpn_jax.configs import bench_common
     from gpn_jax.models import gpn as gpn_model
@@ -59,12 +85,16 @@ def compiled_steps(revs: list[str], model: str) -> list:
     t = bench_common.base_config("bench_small", "train").train
     cfg = bench_common.models()[model].to_dict()
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
+    options = options or [{}] * len(revs)
     steps, original = [], gpn_model.fast_window
     with tempfile.TemporaryDirectory() as tmp:
-        for rev in revs:
+        for rev, opts in zip(revs, options, strict=True):
             gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
             try:
-                steps.append(train.compiled_step(spec, cfg)[0])
+                steps.append(train.compiled_step(spec | dict(compiler_options=opts), cfg)[0])
+            except jax.errors.JaxRuntimeError as e:  # e.g. an option XLA does not know
+                first = str(e).strip().splitlines()[0]
+                raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
             finally:
                 gpn_model.fast_window = original
     return steps
@@ -80,7 +110,9 @@ def main(argv):
     revs = _REVS.value
     if len(revs) < 2:
         raise SystemExit("window_ab: --revs needs two revisions or more")
-    steps = compiled_steps(revs, _MODEL.value)
+    options = xla_options(_XLA_OPTIONS.value, len(revs))
+    steps = compiled_steps(revs, _MODEL.value, options)
+    revs = [r + (f" {json.dumps(o)}" if o else "") for r, o in zip(revs, options, strict=True)]
     for one in steps:
         for _ in range(2):
             jax.block_until_ready(one())

@@ -264,3 +264,34 @@ def test_window_ab_loads_each_revisions_window():
         assert committed.__file__.startswith(tmp) and callable(committed.scan_window_fused)
         with pytest.raises(SystemExit, match="no gpn_jax/core/fast_window.py at revision 'nope'"):
             window_ab.load_window("nope", tmp)
+
+
+def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
+    """`--xla_options` gives each revision's step its own XLA options: here YNNPACK for dots
+    only leaves fewer YNNPACK fusions in the compiled step than the default (which also gives
+    it reductions); malformed lists and options XLA refuses end in one line."""
+    import re
+
+    from experiments import window_ab
+    from gpn_jax.benchmarks import train
+
+    assert window_ab.xla_options("", 2) == [{}, {}]
+    dots_only = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+    assert window_ab.xla_options(json.dumps([{}, dots_only]), 2) == [{}, dots_only]
+    for text, message in [
+        ("[{}", "is not JSON"),
+        ('[{}, "x"]', "a JSON list of objects"),
+        ("[{}]", "1 objects for 2 revisions"),
+    ]:
+        with pytest.raises(SystemExit, match=message):
+            window_ab.xla_options(text, 2)
+
+    cfg = bench_tiny.get_config().models.gpn_m.to_dict()
+    spec = dict(compute_dtype="float32", batch_size=2, seq_len=8)
+    fusions = []
+    for options in ({}, dots_only):
+        compiled = train.compiled_step(spec | dict(compiler_options=options), cfg)[4]
+        fusions.append(len(re.findall(r'"kind":"__ynn_fusion"', compiled.as_text())))
+    assert fusions[0] > fusions[1] > 0, fusions
+    with pytest.raises(SystemExit, match=r"^window_ab: XLA refused .*no_such_option"):
+        window_ab.compiled_steps(["worktree"], "gpn_m", [{"xla_cpu_no_such_option": True}])

@@ -76,7 +76,8 @@ def compiled_step(spec: dict, model_cfg: dict) -> tuple:
     """(one: a function running one training step and returning its loss, the model, compile
     seconds, RSS before building, the compiled step) for `model_cfg` at the spec's batch,
     window and dtype. The heap around steps as the trainer's (`training.host_memory`; spec
-    `reuse_step_memory`, default True: freed buffers kept for the next step)."""
+    `reuse_step_memory`, default True: freed buffers kept for the next step). Spec
+    `compiler_options` (optional): XLA options for this compilation only."""
     dtype = common.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
@@ -97,7 +98,8 @@ def compiled_step(spec: dict, model_cfg: dict) -> tuple:
             built.batch_target().sharding,
         )
         t0 = time.perf_counter()
-        compiled = built.train_step.lower(state, tokens).compile()
+        options = spec.get("compiler_options") or None  # XLA debug options, e.g. window_ab
+        compiled = built.train_step.lower(state, tokens).compile(compiler_options=options)
         compile_s = time.perf_counter() - t0
     steady_step_memory(spec.get("reuse_step_memory", True))
     holder = {"state": state}
