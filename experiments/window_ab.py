@@ -73,9 +73,9 @@ def xla_options(text: str, n: int) -> list[dict]:
     return options
 
 
-def compiled_steps(revs: list[str], model: str, options: list[dict] | None = None) -> list:
-    """One step function per revision, each compiled with that revision's window (and its XLA
-    options, if given)."""
+def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
+    """One step function per revision, each compiled with that revision's window and its XLA
+    options (`xla_options`)."""
     import jax
 
     from gpn_jax.benchmarks import train
@@ -85,7 +85,6 @@ def compiled_steps(revs: list[str], model: str, options: list[dict] | None = Non
     t = bench_common.base_config("bench_small", "train").train
     cfg = bench_common.models()[model].to_dict()
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
-    options = options or [{}] * len(revs)
     steps, original = [], gpn_model.fast_window
     with tempfile.TemporaryDirectory() as tmp:
         for rev, opts in zip(revs, options, strict=True):
