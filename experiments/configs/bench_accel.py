@@ -1,0 +1,37 @@
+"""The accelerator figure of the README (issue #16, item 4): the paper's 130M GPN+M training step
+(`gpn_m_1l_130m.py`'s model, T = 2048, its remat segment of 64) in bfloat16 on a GPU / TPU, at
+the largest batch of `train.batch_sizes` that fits (`experiments/accel_bench.py` tries them
+largest first). `:tiny` is a toy version of the same run for CPU tests.
+
+python experiments/accel_bench.py --workdir=/tmp/gpn_accel
+
+Candidate batches from `python -m gpn_jax.aot --config=experiments/configs/gpn_m_1l_130m.py
+--devices=1 --mesh=data=1,fsdp=1,tensor=1 --config.train.seq_len=2048
+--config.train.batch_size=B` (XLA:CPU's memory analysis, an estimate of the accelerator's; run
+2026-12-03): 38.8 GiB at B = 128, 74.9 at 256, 111.0 at 384 per device.
+"""
+
+import ml_collections
+
+from experiments.configs import gpn_m_1l_130m
+from gpn_jax.configs import bench_common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    if arg not in (None, "", "tiny"):
+        raise ValueError(f"unknown config variant {arg!r}; the only variant is ':tiny'")
+    c = bench_common.base_config("bench_accel", "train")
+    c.compute_dtype = "auto"  # bfloat16 on GPU / TPU (float32 on CPU)
+    c.models = ml_collections.ConfigDict({"gpn_m_130m": gpn_m_1l_130m.get_config().model})
+    c.train.update(dict(models="gpn_m_130m", seq_len=2048, warmup=1, steps=3))
+    c.train.batch_sizes = (384, 256, 128)  # tried largest first; batch_size: the one being run
+    c.train.batch_size = c.train.batch_sizes[0]
+    if arg == "tiny":
+        c.models = ml_collections.ConfigDict({"gpn_m_130m": bench_common.models().gpn_m})
+        c.models.gpn_m_130m.update(
+            dict(vocab_size=256, d_model=32, d_emb=16, d_ffn=48, n_heads=2, d_key=8, d_value=8)
+        )
+        c.models.gpn_m_130m.loss_chunk = 16
+        c.peak.update(dict(size=256, reps=2))
+        c.train.update(dict(seq_len=32, warmup=1, steps=1, batch_sizes=(4, 2), batch_size=4))
+    return c
