@@ -13,11 +13,10 @@ A candidate that runs out of device memory is reported and the next one is tried
 failure stops the script with its one-line error, so that a bug never passes for "did not fit".
 
 It takes `gpn_jax.bench`'s flags (`--profile`, `--isolate`, `--out` as there); its suite is
-always `train`. The run writes <workdir>/bench_accel.{json,md} for the batch that ran. Its last line gives the
-figure: device, batch, tokens/s, MFU, and the fraction of this device's roofline bound.
-
-On the lent H200 (`/work/.library/device`: no network there, JAX 0.11 installed), carry the
-wheels of the two packages its image lacks, ml-collections and zstandard (README, Speed).
+always `train`. The run writes <workdir>/bench_accel.{json,md} for the batch that ran; its last
+line is the figure: device, batch, tokens/s, MFU, and the fraction of the device's roofline
+bound. It needs only what `gpn_jax.bench` imports: on an offline machine whose image already
+holds JAX, Flax and Optax, install the wheels of ml-collections and zstandard if they are missing.
 """
 
 import os
@@ -28,15 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gpn_jax import bench, cli  # noqa: E402 - after the path to this checkout
 
 PROG = "accel_bench"
-# What XLA says when an allocation does not fit (GPU: "RESOURCE_EXHAUSTED: Out of memory while
-# trying to allocate ..."; TPU: "RESOURCE_EXHAUSTED: ... Ran out of memory in memory space hbm").
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "ran out of memory")
+# What XLA says when an allocation does not fit, lower-cased (GPU: "RESOURCE_EXHAUSTED: Out of
+# memory while trying to allocate ..."; TPU: "... Ran out of memory in memory space hbm").
+OOM_MARKERS = ("resource_exhausted", "out of memory")
 
 
 def out_of_memory(error: str) -> bool:
     """True when a failed record's error says the device ran out of memory."""
-    low = error.lower()
-    return any(m.lower() in low for m in OOM_MARKERS)
+    return any(m in error.lower() for m in OOM_MARKERS)
 
 
 def largest_that_runs(config, workdir: str, device_spec: str, run) -> list[dict]:
