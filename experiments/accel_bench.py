@@ -77,10 +77,10 @@ def _run_bench(config, workdir: str, device_spec: str) -> list[dict]:
 
 
 def _body():
-    if bench.flags.FLAGS.suites not in ("", "train"):
+    f = bench.flags.FLAGS
+    if f.suites not in ("", "train"):
         raise ValueError("accel_bench runs the train suite only; drop --suites")
     config = cli.config_or_exit(bench._CONFIG, PROG)
-    f = bench.flags.FLAGS
     records = largest_that_runs(config, f.workdir, f.device_spec, _run_bench)
     print(f"\n{PROG}: largest batch that ran: {figure(records)}", flush=True)
 

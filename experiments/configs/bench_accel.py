@@ -3,7 +3,8 @@
 the largest batch of `train.batch_sizes` that fits (`experiments/accel_bench.py` tries them
 largest first). `:tiny` is a toy version of the same run for CPU tests.
 
-python experiments/accel_bench.py --workdir=/tmp/gpn_accel
+python experiments/accel_bench.py --config=experiments/configs/bench_accel.py \
+    --workdir=/tmp/gpn_accel --device_spec=h100,h200
 
 Candidate batches from `python -m gpn_jax.aot --config=experiments/configs/gpn_m_1l_130m.py
 --devices=1 --mesh=data=1,fsdp=1,tensor=1 --config.train.seq_len=2048
@@ -13,25 +14,21 @@ Candidate batches from `python -m gpn_jax.aot --config=experiments/configs/gpn_m
 
 import ml_collections
 
-from experiments.configs import gpn_m_1l_130m
+from experiments.configs import bench_tiny, gpn_m_1l_130m
 from gpn_jax.configs import bench_common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg not in (None, "", "tiny"):
         raise ValueError(f"unknown config variant {arg!r}; the only variant is ':tiny'")
-    c = bench_common.base_config("bench_accel", "train")
-    c.compute_dtype = "auto"  # bfloat16 on GPU / TPU (float32 on CPU)
+    c = bench_common.base_config("bench_accel", "train")  # compute_dtype auto: bf16 on GPU/TPU
     c.models = ml_collections.ConfigDict({"gpn_m_130m": gpn_m_1l_130m.get_config().model})
     c.train.update(dict(models="gpn_m_130m", seq_len=2048, warmup=1, steps=3))
     c.train.batch_sizes = (384, 256, 128)  # tried largest first; batch_size: the one being run
     c.train.batch_size = c.train.batch_sizes[0]
     if arg == "tiny":
-        c.models = ml_collections.ConfigDict({"gpn_m_130m": bench_common.models().gpn_m})
-        c.models.gpn_m_130m.update(
-            dict(vocab_size=256, d_model=32, d_emb=16, d_ffn=48, n_heads=2, d_key=8, d_value=8)
-        )
-        c.models.gpn_m_130m.loss_chunk = 16
-        c.peak.update(dict(size=256, reps=2))
+        tiny = bench_tiny.get_config()  # its toy GPN+M and matmul-peak sizes
+        c.models = ml_collections.ConfigDict({"gpn_m_130m": tiny.models.gpn_m})
+        c.peak = tiny.peak
         c.train.update(dict(seq_len=32, warmup=1, steps=1, batch_sizes=(4, 2), batch_size=4))
     return c
