@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from gpn_jax.core import gpn, loss
+from gpn_jax.core import gpn, loss, native_matmul
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
 
@@ -98,6 +98,7 @@ class Dims:
     unroll: int = UNROLL
     tp: int = 1  # column blocks of the fused matrices (the tensor axis size; module doc)
     tp_axis: str | None = None  # the mesh axis the blocks are split over; None: unconstrained
+    native: bool = False  # loops multiply by `native_matmul`-packed weights (`_loop_weights`)
 
     @property
     def split(self) -> bool:
@@ -335,16 +336,20 @@ def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
     return y + scale * y_r, (y_r, scale)
 
 
-def _cols(x: Array, w: Array) -> Array:
+def _cols(x: Array, w: Array | native_matmul.Packed) -> Array:
     """x (B, D) @ w (D, ...) in w's dtype, float32 out: (B, ...)."""
+    if isinstance(w, native_matmul.Packed):
+        return native_matmul.matmul(x, w)
     return jax.lax.dot_general(
         x.astype(w.dtype), w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
 
-def _rows(x: Array, w: Array) -> Array:
+def _rows(x: Array, w: Array | native_matmul.Packed) -> Array:
     """x (B, ...) contracted with w (..., D) over all of w's leading axes, float32 out: (B, D).
     With blocks split over `tensor` the contraction spans them: a partial sum per device."""
+    if isinstance(w, native_matmul.Packed):
+        return native_matmul.matmul(x, w)
     n = w.ndim - 1
     dims = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
     return jax.lax.dot_general(
@@ -384,6 +389,16 @@ def _with_halves(dm: Dims, fw: dict) -> dict:
         "W2": [w[:, : dm.fb] for w in fw["W2o"]],
         "Wo": [w[:, dm.fb :] for w in fw["W2o"]],
     }
+
+
+def _loop_weights(dm: Dims, fw: dict) -> dict:
+    """The matrices a per-token loop multiplies by (`fw`'s or `_transposed(fw)`'s), packed once
+    outside the loop for the native kernel when `dm.native` (one device, float32)."""
+    if not dm.native:
+        return fw
+    single = {k: native_matmul.pack(fw[k]) for k in ("W0", "Wg")}
+    per_layer = {k: [native_matmul.pack(w) for w in fw[k]] for k in ("Wl", "W2o")}
+    return fw | single | per_layer
 
 
 def _wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
@@ -452,7 +467,7 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
         else:
             X2, pg = _layer_pre(dm, Zl, Mn)
             c = pg * c + _rows(X2, fw["W2o"][i])
-    zg = mm(rms(c), fw["Wg"]) + fw["bg"]
+    zg = _cols(rms(c), fw["Wg"]) + fw["bg"]
     s_new = jax.nn.sigmoid(zg) * c + xg
     return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads)
 
@@ -496,14 +511,14 @@ def _unsegment(x: Array) -> Array:
 
 
 def _window_primal(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
-    fw = _with_halves(dm, fw)
+    fw = _loop_weights(dm, _with_halves(dm, fw))
     (sT, _, MT), (P, G) = _scan_steps(dm, fw, (s0, zk0, M0), xg, "out", keep)
     return sT, MT, P, G
 
 
 def _window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
     S = dm.segment
-    fwh = _with_halves(dm, fw)
+    fwh = _loop_weights(dm, _with_halves(dm, fw))
 
     def seg(carry, xs):
         xg_seg, keep_seg = xs
@@ -549,7 +564,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
     sg = jax.nn.sigmoid(res.zg)
     dzg = ds * res.p * sg * (1 - sg)
     xp, rms_p = jax.vjp(rms, res.p)
-    dc = dp_out + ds * sg + rms_p(mm(dzg, fwT["Wg"]))[0]
+    dc = dp_out + ds * sg + rms_p(_cols(dzg, fwT["Wg"]))[0]
     emit = {"Xg": xp, "dZg": dzg, "dxg": ds}
     # predict layers, last to first: c_{i+1} = pg * c_i + X2 @ W2o
     Z_layer0 = res.Z0[..., dm.write_cols :]
@@ -640,8 +655,8 @@ def _window_bwd(dm: Dims, saved, cts):
     names = ("W0", "b0", "Wl", "bl", "W2o", "Wg", "bg", "Wpg", "bpg")
     gW = {k: _zeros_like_tree(dm, k, fw[k]) for k in names}
     zk_shape = (B, *fw["b0"][..., : dm.hk].shape)
-    fwT = _transposed(fw)
-    fwh = _with_halves(dm, fw)
+    fwT = _loop_weights(dm, _transposed(fw))
+    fwh = _loop_weights(dm, _with_halves(dm, fw))
 
     def seg(carry, xs):
         ds, dzk, dM, Mn, da, gw = carry
@@ -772,6 +787,7 @@ def dims_of(
         unroll=UNROLL if unroll is None else unroll,
         tp=tp,
         tp_axis=tp_axis if tp > 1 else None,
+        native=tp == 1 and lp["wpg"].dtype == jnp.float32 and native_matmul.available(),
     )
 
 

@@ -1,0 +1,144 @@
+"""The fused window's per-token products on CPU as a compiled kernel (`native/small_matmul.cc`).
+
+Inside the fused window's loops every token multiplies the B-row state by the same fused
+weight matrices (W0, W2o, the ground gate and their transposes). XLA:CPU runs each such product
+through a general matrix multiply that re-packs the weight matrix on every call; here the
+matrix is packed once per window (`pack`: column tiles, each contiguous) and a small kernel
+streams it (`matmul`), its tiles shared out between the calling thread and XLA's intra-op pool.
+`python experiments/window_ab.py` measures what it gains (README, Speed).
+
+The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
+FFI headers jaxlib ships, into a cache keyed by the source, the flags, jaxlib's version and this
+CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native. Compiling at
+install time instead would make `pip install` need a compiler and jaxlib's headers in its build
+environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
+one warning. GPN_JAX_NATIVE=0 turns the kernel off.
+"""
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+Array = jax.Array
+
+SOURCE = Path(__file__).parent / "native" / "small_matmul.cc"
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+TARGET = "gpn_small_matmul"
+
+
+def _cpu_id() -> str:
+    """What `-march=native` depends on: the CPU's model and flags (Linux), else the machine."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keep = ("model name", "flags", "cpu family", "model\t")
+    return "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(keep)}))
+
+
+def library_path() -> Path:
+    """Where the kernel compiled for this source, these flags, this jaxlib and this CPU lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), jaxlib.__version__.encode()):
+        key.update(part)
+    key.update(_cpu_id().encode())
+    root = os.environ.get("GPN_JAX_NATIVE_CACHE")
+    cache = Path(root) if root else Path.home() / ".cache" / "gpn_jax" / "native"
+    return cache / f"small_matmul_{key.hexdigest()[:16]}.so"
+
+
+def build(out: Path) -> None:
+    """Compiles the kernel to `out` atomically (a temporary file renamed into place), so that
+    processes racing to build it each load a whole library."""
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (c++ or $CXX) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def _tile() -> int:
+    """Columns per packed tile of the loaded kernel (0: no kernel; one warning why)."""
+    try:
+        path = library_path()
+        if not path.exists():
+            build(path)
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.GpnSmallMatmul), platform="cpu")
+        return int(lib.GpnSmallMatmulTile())
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logging.warning("gpn_jax: native matmul kernel unavailable, using XLA's products (%s)", e)
+        return 0
+
+
+def available() -> bool:
+    """True when the computation being traced should use the kernel: on by default, CPU only,
+    and one device (the kernel does not say how XLA should partition it over a mesh)."""
+    if os.environ.get("GPN_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
+        return False
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        return False
+    return _tile() > 0
+
+
+def status() -> str:
+    """What the fused window's per-token products run on here, for benchmark headers."""
+    if os.environ.get("GPN_JAX_NATIVE", "1") == "0":
+        return "XLA's (GPN_JAX_NATIVE=0)"
+    if jax.default_backend() != "cpu":
+        return "XLA's (not a CPU)"
+    tile = _tile()
+    return f"native kernel ({tile}-column tiles)" if tile else "XLA's (no native kernel)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A float32 (K, N) matrix as the kernel reads it: `tiles` (ceil(N / tile), K, tile)."""
+
+    tiles: Array
+    n: int  # W's columns
+
+
+jax.tree_util.register_dataclass(Packed, data_fields=["tiles"], meta_fields=["n"])
+
+
+def pack(w_KxN: Array) -> Packed:
+    """W (K, N) float32 in column tiles of the kernel's width, zero-padded past N."""
+    tile = _tile()
+    K, N = w_KxN.shape
+    n_tiles = -(-N // tile)
+    padded = jnp.pad(w_KxN.astype(jnp.float32), ((0, 0), (0, n_tiles * tile - N)))
+    return Packed(padded.reshape(K, n_tiles, tile).transpose(1, 0, 2), N)
+
+
+def matmul(x: Array, w: Packed) -> Array:
+    """x (..., K) @ W float32 (..., N) for a `pack`ed W."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, K).astype(jnp.float32)
+    out = jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32)
+    y = jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(rows, w.tiles)
+    return y.reshape(*lead, w.n)
