@@ -841,15 +841,18 @@ def _ce_chunk_grads(x, W, bias, E, tgt):
         tgt, logits.shape[-1], dtype=logits.dtype
     )
     dz = mm(dlog, E)
-    if E.dtype == jnp.float32:
-        # (E, V) then transposed: with the (C, B, V) cotangent as the right operand XLA:CPU
-        # does not materialise its transpose (a 16-bit dot with a transposed output is not
-        # supported there, hence the plain form for other dtypes)
-        dE = _wgrad(z, dlog, E.T).T
-    else:
-        dE = _wgrad(dlog, z, E)
+    # float32: dE's transpose (Ee, V), with the (C, B, V) cotangent as the right operand, which
+    # XLA:CPU then does not copy transposed, accumulated as such over the chunks (`_ce_fwd`;
+    # transposing each chunk's, XLA folds the transpose back into a slower product); a 16-bit dot
+    # with a transposed output is not supported there, hence the plain form for other dtypes
+    dE = _wgrad(z, dlog, E.T) if _dE_transposed(E) else _wgrad(dlog, z, E)
     dW = _wgrad(x, dz, W)
     return jnp.sum(lse - picked), (_mm_t(dz, W), dW, _bias_grad(dz), dE)
+
+
+def _dE_transposed(E: Array) -> bool:
+    """Whether `_ce_chunk_grads` gives the embedding's gradient as its transpose (Ee, V)."""
+    return E.dtype == jnp.float32
 
 
 def _ce_primal(c, W, bias, E, P, tgt):
@@ -874,9 +877,10 @@ def _ce_fwd(c, W, bias, E, P, tgt):
     f32 = lambda a: jnp.zeros(a.shape, jnp.float32)
     (total, dW, db, dE), dP = jax.lax.scan(
         body,
-        (jnp.zeros((), jnp.float32), f32(W), f32(bias), f32(E)),
+        (jnp.zeros((), jnp.float32), f32(W), f32(bias), f32(E.T if _dE_transposed(E) else E)),
         (_segments(P, c), _segments(tgt, c)),
     )
+    dE = dE.T if _dE_transposed(E) else dE
     return total, (dW, db, dE, _unsegment(dP), W, bias, E, tgt)
 
 
