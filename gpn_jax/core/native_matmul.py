@@ -12,7 +12,11 @@ FFI headers jaxlib ships, into a cache keyed by the source, the flags, jaxlib's 
 CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native. Compiling at
 install time instead would make `pip install` need a compiler and jaxlib's headers in its build
 environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
-one warning. GPN_JAX_NATIVE=0 turns the kernel off.
+one warning.
+
+GPN_JAX_NATIVE: `auto` (default) uses the kernel on CPUs with AVX-512, the only kind it has been
+measured on so far (README, Speed); `1` uses it on any CPU (its AVX2 and SSE builds compute the
+same products, tested, but their speed is unmeasured); `0` never.
 """
 
 import ctypes
@@ -36,6 +40,25 @@ Array = jax.Array
 SOURCE = Path(__file__).parent / "native" / "small_matmul.cc"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGET = "gpn_small_matmul"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def _setting() -> str:
+    value = os.environ.get("GPN_JAX_NATIVE", "auto")
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"GPN_JAX_NATIVE must be auto, 0 or 1, got {value!r}")
+    return value
 
 
 def _cpu_id() -> str:
@@ -94,10 +117,18 @@ def _tile() -> int:
         return 0
 
 
+def _wanted() -> bool:
+    setting = _setting()
+    if setting == "auto":
+        return jax.default_backend() == "cpu" and "avx512f" in _cpu_flags()
+    return setting == "1" and jax.default_backend() == "cpu"
+
+
 def available() -> bool:
-    """True when the computation being traced should use the kernel: on by default, CPU only,
-    and one device (the kernel does not say how XLA should partition it over a mesh)."""
-    if os.environ.get("GPN_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
+    """True when the computation being traced should use the kernel: per GPN_JAX_NATIVE (module
+    doc), on CPU, and on one device (the kernel does not say how XLA should partition it over
+    a mesh)."""
+    if not _wanted():
         return False
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
@@ -107,10 +138,15 @@ def available() -> bool:
 
 def status() -> str:
     """What the fused window's per-token products run on here, for benchmark headers."""
-    if os.environ.get("GPN_JAX_NATIVE", "1") == "0":
-        return "XLA's (GPN_JAX_NATIVE=0)"
     if jax.default_backend() != "cpu":
         return "XLA's (not a CPU)"
+    if not _wanted():
+        why = (
+            "no AVX-512; GPN_JAX_NATIVE=1 for the kernel"
+            if _setting() == "auto"
+            else "GPN_JAX_NATIVE=0"
+        )
+        return f"XLA's ({why})"
     tile = _tile()
     return f"native kernel ({tile}-column tiles)" if tile else "XLA's (no native kernel)"
 

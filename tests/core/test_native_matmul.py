@@ -1,5 +1,6 @@
 """The per-token product kernel (`gpn_jax.core.native_matmul`): equal to the product it replaces,
-used by the fused window by default on one CPU device, and XLA's products where it cannot be."""
+used by the fused window on one CPU device (by default where the CPU has AVX-512), and XLA's
+products where it cannot be or is not wanted."""
 
 import dataclasses
 import logging
@@ -67,14 +68,15 @@ def _fused_grad_hlo(model, params, x, carry) -> str:
 
 
 @needs_compiler
-def test_fused_window_multiplies_through_the_kernel_by_default(monkeypatch):
-    """Float32 on one device: the loops' products are the kernel's; GPN_JAX_NATIVE=0 gives
-    XLA's, with the same loss and gradients. Measured (2026-12-03, AVX-512): the losses equal,
+def test_fused_window_multiplies_through_the_kernel(monkeypatch):
+    """Float32 on one device with GPN_JAX_NATIVE=1: the loops' products are the kernel's;
+    GPN_JAX_NATIVE=0 gives XLA's, with the same loss and gradients. Measured (2026-12-03, AVX-512): the losses equal,
     the gradients within 1.0e-6 of their norms (the fused window on XLA's products against
     plain autodiff: 1.1e-6); the bounds allow 20x."""
     model = _model()
     params = model.init(jax.random.PRNGKey(0))
     x, carry = tokens(9), random_carry(model)
+    monkeypatch.setenv("GPN_JAX_NATIVE", "1")
     assert native_matmul.TARGET in _fused_grad_hlo(model, params, x, carry)
     (_, (loss, _)), grads = loss_and_grads(model, params, x, carry)
     monkeypatch.setenv("GPN_JAX_NATIVE", "0")
@@ -84,8 +86,9 @@ def test_fused_window_multiplies_through_the_kernel_by_default(monkeypatch):
     assert_rel_close(grads, grads_xla, 2e-5, "kernel against XLA's products")
 
 
-def test_bfloat16_compute_and_meshes_keep_xlas_products():
+def test_bfloat16_compute_and_meshes_keep_xlas_products(monkeypatch):
     """The kernel is float32 and one device's: bf16 compute and a 2-device mesh trace without it."""
+    monkeypatch.setenv("GPN_JAX_NATIVE", "1")
     model = _model(compute_dtype="bfloat16")
     params = model.init(jax.random.PRNGKey(0))
     x, carry = tokens(9), random_carry(model)
@@ -100,6 +103,7 @@ def test_bfloat16_compute_and_meshes_keep_xlas_products():
 def test_without_a_compiler_the_window_keeps_xlas_products(
     fresh_kernel, monkeypatch, tmp_path, caplog
 ):
+    monkeypatch.setenv("GPN_JAX_NATIVE", "1")
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     monkeypatch.setenv("GPN_JAX_NATIVE_CACHE", str(tmp_path / "cache"))
     with caplog.at_level(logging.WARNING):
@@ -124,3 +128,34 @@ def test_a_failed_build_names_the_command(tmp_path, monkeypatch):
         native_matmul.build(tmp_path / "k.so")
     assert not (tmp_path / "k.so").exists()
     assert list(tmp_path.iterdir()) == []  # no partial library left behind
+
+
+@pytest.mark.parametrize(
+    "setting,flags,on",
+    [
+        ("auto", {"avx2", "avx512f"}, True),
+        ("auto", {"avx2", "fma"}, False),
+        ("1", {"avx2"}, True),
+        ("0", {"avx512f"}, False),
+    ],
+)
+def test_by_default_only_cpus_with_avx512_use_the_kernel(monkeypatch, setting, flags, on):
+    """`auto` uses it where it was measured (AVX-512); `1` anywhere; `0` nowhere. The status line
+    the bench prints says which, and how to change it."""
+    monkeypatch.setenv("GPN_JAX_NATIVE", setting)
+    monkeypatch.setattr(native_matmul, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(native_matmul, "_tile", lambda: 48)  # as if built: no compiler needed
+    assert native_matmul.available() is on
+    status = native_matmul.status()
+    if on:
+        assert status == "native kernel (48-column tiles)"
+    elif setting == "auto":
+        assert status == "XLA's (no AVX-512; GPN_JAX_NATIVE=1 for the kernel)"
+    else:
+        assert status == "XLA's (GPN_JAX_NATIVE=0)"
+
+
+def test_a_bad_setting_is_named(monkeypatch):
+    monkeypatch.setenv("GPN_JAX_NATIVE", "yes")
+    with pytest.raises(ValueError, match=r"GPN_JAX_NATIVE must be auto, 0 or 1, got 'yes'"):
+        native_matmul.available()
