@@ -330,13 +330,13 @@ def _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs
     import jax
 
     from gpn_jax.benchmarks import common, report, roofline
-    from gpn_jax.core import native_matmul
+    from gpn_jax.native import small_matmul
 
     peak = max(peaks)
     sections = [
         f"{config.name}: {machine}, {dtype}, jax {jax.__version__}, python {pyplatform.python_version()}",
         f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
-        f"products: {native_matmul.status()}",
+        f"products: {small_matmul.status()}",
         f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
         f"(samples {', '.join(f'{p / 1e9:.0f}' for p in peaks)}); load average at end {_load()}",
         f"memory bandwidth measured in this run (`common.memory_bandwidth`: jitted JAX x <- -x "
@@ -373,7 +373,7 @@ def run(
     device_spec: str = "",
 ) -> list[dict]:
     from gpn_jax.benchmarks import common, roofline
-    from gpn_jax.core import native_matmul
+    from gpn_jax.native import small_matmul
 
     specs_hw = roofline.parse_device_specs(device_spec)
     unknown = sorted(set(suites) - set(SUITES))
@@ -390,7 +390,7 @@ def run(
     )
     print(
         f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
-        f"products: {native_matmul.status()}",
+        f"products: {small_matmul.status()}",
         flush=True,
     )
     peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]

@@ -69,9 +69,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from gpn_jax.core import gpn, loss, native_matmul
+from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
+from gpn_jax.native import small_matmul
 
 Array = jax.Array
 
@@ -98,7 +99,7 @@ class Dims:
     unroll: int = UNROLL
     tp: int = 1  # column blocks of the fused matrices (the tensor axis size; module doc)
     tp_axis: str | None = None  # the mesh axis the blocks are split over; None: unconstrained
-    native: bool = False  # loops multiply by `native_matmul`-packed weights (`_loop_weights`)
+    native: bool = False  # loops multiply by `small_matmul`-packed weights (`_loop_weights`)
 
     @property
     def split(self) -> bool:
@@ -336,20 +337,20 @@ def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
     return y + scale * y_r, (y_r, scale)
 
 
-def _cols(x: Array, w: Array | native_matmul.Packed) -> Array:
+def _cols(x: Array, w: Array | small_matmul.Packed) -> Array:
     """x (B, D) @ w (D, ...) in w's dtype, float32 out: (B, ...)."""
-    if isinstance(w, native_matmul.Packed):
-        return native_matmul.matmul(x, w)
+    if isinstance(w, small_matmul.Packed):
+        return small_matmul.matmul(x, w)
     return jax.lax.dot_general(
         x.astype(w.dtype), w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
 
-def _rows(x: Array, w: Array | native_matmul.Packed) -> Array:
+def _rows(x: Array, w: Array | small_matmul.Packed) -> Array:
     """x (B, ...) contracted with w (..., D) over all of w's leading axes, float32 out: (B, D).
     With blocks split over `tensor` the contraction spans them: a partial sum per device."""
-    if isinstance(w, native_matmul.Packed):
-        return native_matmul.matmul(x, w)
+    if isinstance(w, small_matmul.Packed):
+        return small_matmul.matmul(x, w)
     n = w.ndim - 1
     dims = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
     return jax.lax.dot_general(
@@ -396,8 +397,8 @@ def _loop_weights(dm: Dims, fw: dict) -> dict:
     outside the loop for the native kernel when `dm.native` (one device, float32)."""
     if not dm.native:
         return fw
-    single = {k: native_matmul.pack(fw[k]) for k in ("W0", "Wg")}
-    per_layer = {k: [native_matmul.pack(w) for w in fw[k]] for k in ("Wl", "W2o")}
+    single = {k: small_matmul.pack(fw[k]) for k in ("W0", "Wg")}
+    per_layer = {k: [small_matmul.pack(w) for w in fw[k]] for k in ("Wl", "W2o")}
     return fw | single | per_layer
 
 
@@ -787,7 +788,7 @@ def dims_of(
         unroll=UNROLL if unroll is None else unroll,
         tp=tp,
         tp_axis=tp_axis if tp > 1 else None,
-        native=tp == 1 and lp["wpg"].dtype == jnp.float32 and native_matmul.available(),
+        native=tp == 1 and lp["wpg"].dtype == jnp.float32 and small_matmul.available(),
     )
 
 

@@ -1,4 +1,4 @@
-"""The per-token product kernel (`gpn_jax.core.native_matmul`): equal to the product it replaces,
+"""The per-token product kernel (`gpn_jax.native.small_matmul`): equal to the product it replaces,
 used by the fused window on one CPU device (by default where the CPU has AVX-512), and XLA's
 products where it cannot be or is not wanted."""
 
@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.core import fast_window, native_matmul
+from gpn_jax.core import fast_window
 from gpn_jax.models.gpn import GPN, GPNConfig
+from gpn_jax.native import small_matmul
 from tests.core.test_fast_window import loss_and_grads, random_carry, tokens
 from tests.tolerance import assert_rel_close, rel_err
 
@@ -25,10 +26,10 @@ needs_compiler = pytest.mark.skipif(
 
 @pytest.fixture
 def fresh_kernel():
-    """`native_matmul`'s load forgotten before and after the test (the next use loads again)."""
-    native_matmul._tile.cache_clear()
+    """`small_matmul`'s load forgotten before and after the test (the next use loads again)."""
+    small_matmul._tile.cache_clear()
     yield
-    native_matmul._tile.cache_clear()
+    small_matmul._tile.cache_clear()
 
 
 @needs_compiler
@@ -42,7 +43,7 @@ def test_product_equals_float64_to_round_off(M, K, N):
     product (3e-8 to 4e-7); a wrong tile, tail or stride errs by O(1)."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(M * 1000 + N))
     x, w = jax.random.normal(k1, (M, K)), jax.random.normal(k2, (K, N))
-    got = jax.jit(lambda x, w: native_matmul.matmul(x, native_matmul.pack(w)))(x, w)
+    got = jax.jit(lambda x, w: small_matmul.matmul(x, small_matmul.pack(w)))(x, w)
     assert got.shape == (M, N) and got.dtype == jnp.float32
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     assert rel_err(got, want) < 1e-5
@@ -52,7 +53,7 @@ def test_product_equals_float64_to_round_off(M, K, N):
 def test_product_keeps_leading_axes():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 10))
     w = jax.random.normal(jax.random.PRNGKey(1), (10, 50))
-    got = native_matmul.matmul(x, native_matmul.pack(w))
+    got = small_matmul.matmul(x, small_matmul.pack(w))
     assert got.shape == (2, 3, 50)
     assert rel_err(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) < 1e-5
 
@@ -77,10 +78,10 @@ def test_fused_window_multiplies_through_the_kernel(monkeypatch):
     params = model.init(jax.random.PRNGKey(0))
     x, carry = tokens(9), random_carry(model)
     monkeypatch.setenv("GPN_JAX_NATIVE", "1")
-    assert native_matmul.TARGET in _fused_grad_hlo(model, params, x, carry)
+    assert small_matmul.TARGET in _fused_grad_hlo(model, params, x, carry)
     (_, (loss, _)), grads = loss_and_grads(model, params, x, carry)
     monkeypatch.setenv("GPN_JAX_NATIVE", "0")
-    assert native_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
+    assert small_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
     (_, (loss_xla, _)), grads_xla = loss_and_grads(model, params, x, carry)
     assert abs(float(loss) - float(loss_xla)) <= 1e-6 * abs(float(loss_xla))
     assert_rel_close(grads, grads_xla, 2e-5, "kernel against XLA's products")
@@ -92,10 +93,10 @@ def test_bfloat16_compute_and_meshes_keep_xlas_products(monkeypatch):
     model = _model(compute_dtype="bfloat16")
     params = model.init(jax.random.PRNGKey(0))
     x, carry = tokens(9), random_carry(model)
-    assert native_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
+    assert small_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
     mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
     with jax.set_mesh(mesh):
-        assert not native_matmul.available()
+        assert not small_matmul.available()
         dm = fast_window.dims_of(params, 9)
     assert not dm.native
 
@@ -107,14 +108,14 @@ def test_without_a_compiler_the_window_keeps_xlas_products(
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     monkeypatch.setenv("GPN_JAX_NATIVE_CACHE", str(tmp_path / "cache"))
     with caplog.at_level(logging.WARNING):
-        assert not native_matmul.available()
+        assert not small_matmul.available()
     assert "native matmul kernel unavailable" in caplog.text
     assert "no C++ compiler" in caplog.text
     model = _model()
     params = model.init(jax.random.PRNGKey(0))
     assert not fast_window.dims_of(params, 9).native
     x, carry = tokens(9), random_carry(model)
-    assert native_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
+    assert small_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
     ref = dataclasses.replace(model.config, scan_impl="autodiff")
     (_, (loss, _)), grads = loss_and_grads(model, params, x, carry)
     (_, (loss_ref, _)), grads_ref = loss_and_grads(GPN(ref), params, x, carry)
@@ -125,7 +126,7 @@ def test_without_a_compiler_the_window_keeps_xlas_products(
 def test_a_failed_build_names_the_command(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", shutil.which("false") or "false")
     with pytest.raises(RuntimeError, match=r"small_matmul\.cc .*failed"):
-        native_matmul.build(tmp_path / "k.so")
+        small_matmul.build(tmp_path / "k.so")
     assert not (tmp_path / "k.so").exists()
     assert list(tmp_path.iterdir()) == []  # no partial library left behind
 
@@ -143,10 +144,10 @@ def test_by_default_only_cpus_with_avx512_use_the_kernel(monkeypatch, setting, f
     """`auto` uses it where it was measured (AVX-512); `1` anywhere; `0` nowhere. The status line
     the bench prints says which, and how to change it."""
     monkeypatch.setenv("GPN_JAX_NATIVE", setting)
-    monkeypatch.setattr(native_matmul, "_cpu_flags", lambda: flags)
-    monkeypatch.setattr(native_matmul, "_tile", lambda: 48)  # as if built: no compiler needed
-    assert native_matmul.available() is on
-    status = native_matmul.status()
+    monkeypatch.setattr(small_matmul, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(small_matmul, "_tile", lambda: 48)  # as if built: no compiler needed
+    assert small_matmul.available() is on
+    status = small_matmul.status()
     if on:
         assert status == "native kernel (48-column tiles)"
     elif setting == "auto":
@@ -158,4 +159,4 @@ def test_by_default_only_cpus_with_avx512_use_the_kernel(monkeypatch, setting, f
 def test_a_bad_setting_is_named(monkeypatch):
     monkeypatch.setenv("GPN_JAX_NATIVE", "yes")
     with pytest.raises(ValueError, match=r"GPN_JAX_NATIVE must be auto, 0 or 1, got 'yes'"):
-        native_matmul.available()
+        small_matmul.available()

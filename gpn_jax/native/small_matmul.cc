@@ -1,6 +1,6 @@
 // Y (M, N) = X (M, K) @ W for the fused window's per-token products (gpn_jax/core/fast_window.py):
 // few rows (M is the batch), and W the same for every token of a training step, so it is packed
-// once per step (gpn_jax/core/native_matmul.py) into column tiles that each stream in order.
+// once per step (gpn_jax/native/small_matmul.py) into column tiles that each stream in order.
 //
 // Why a kernel of our own: XLA:CPU runs these products through a general matrix multiply that
 // re-packs W on every call, i.e. every token (W0 is 10 MB at the bench's sizes), and splits the

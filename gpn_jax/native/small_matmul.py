@@ -1,4 +1,4 @@
-"""The fused window's per-token products on CPU as a compiled kernel (`native/small_matmul.cc`).
+"""The fused window's per-token products on CPU as a compiled kernel (`small_matmul.cc`).
 
 Inside the fused window's loops every token multiplies the B-row state by the same fused
 weight matrices (W0, W2o, the ground gate and their transposes). XLA:CPU runs each such product
@@ -37,7 +37,7 @@ import jaxlib
 
 Array = jax.Array
 
-SOURCE = Path(__file__).parent / "native" / "small_matmul.cc"
+SOURCE = Path(__file__).with_suffix(".cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGET = "gpn_small_matmul"
 
