@@ -11,6 +11,8 @@ can be read against them:
 
   * the forward's per-token products, B x D @ D x N for W0, W2o and the ground gate;
   * the backward's input cotangents through the transposed matrices;
+  * both kinds again through the compiled kernel the fused window uses where it can
+    (`gpn_jax/native/small_matmul.py`; its column is empty where the kernel is not available);
   * one pass over a memory-sized array per step (read and write it once), for 1, 2 and 4
     arrays of its size, which is what each elementwise stage of the write, the read and their
     backward costs when it cannot fuse with a neighbouring matrix product;
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gpn_jax.configs import bench_common
+from gpn_jax.native import small_matmul
 
 
 def best_time(fn, *args, reps: int = 5) -> float:
@@ -44,11 +47,14 @@ def best_time(fn, *args, reps: int = 5) -> float:
     return best
 
 
-def recurrent_product(rows: int, n_in: int, n_out: int, steps: int, stream_mib: int = 0) -> float:
+def recurrent_product(
+    rows: int, n_in: int, n_out: int, steps: int, stream_mib: int = 0, native: bool = False
+) -> float:
     """Seconds per step of x (rows, n_in) <- f(x @ W (n_in, n_out)) in a scan. With
     `stream_mib`, each step also reads and writes that many MiB of other data after the
     product (as the real step's memory passes and stacked activations do), so the weights
-    must share the cache with it."""
+    must share the cache with it. `native`: the product through the fused window's kernel, W
+    packed once outside the loop as the window packs it."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     w = jax.random.normal(k1, (n_in, n_out)) / n_in**0.5
     x = jax.random.normal(k2, (rows, n_in))
@@ -56,9 +62,12 @@ def recurrent_product(rows: int, n_in: int, n_out: int, steps: int, stream_mib: 
     reps = -(-n_in // n_out)
 
     def loop(w, x, other):
+        if native:
+            w = small_matmul.pack(w)
+
         def body(carry, _):
             s, other = carry
-            y = jnp.tanh(s @ w)
+            y = jnp.tanh(small_matmul.matmul(s, w) if native else s @ w)
             s = jnp.tile(y, (1, reps))[:, :n_in] if reps > 1 else y[:, :n_in]
             return (s, other * 0.999 + y[0, 0] if stream_mib else other), None
 
@@ -111,7 +120,10 @@ def main(argv):
         print(
             f"out of the loop, {what}: ({i} x {c}) @ ({c} x {o}) {2 * i * c * o / t / 1e9:.0f} GFLOP/s"
         )
-    print("\n| per-step part | us / step | GFLOP/s |\n|---|---:|---:|")
+    native = small_matmul.available()
+    print(f"\nthe kernel's column: {small_matmul.status()}")
+    print("\n| per-step part | us / step | GFLOP/s | kernel: us / step | GFLOP/s |")
+    print("|---|---:|---:|---:|---:|")
     for name, (i, o) in {
         f"forward W0 ({D} x {n0})": (D, n0),
         f"forward W2o ({r} x {D})": (r, D),
@@ -120,21 +132,28 @@ def main(argv):
         f"backward W2o^T ({D} x {r})": (D, r),
     }.items():
         s = recurrent_product(B, i, o, S)
-        print(f"| {name} | {1e6 * s:.0f} | {2 * B * i * o / s / 1e9:.0f} |")
+        kernel = "| - | -"
+        if native:
+            k = recurrent_product(B, i, o, S, native=True)
+            kernel = f"| {1e6 * k:.0f} | {2 * B * i * o / k / 1e9:.0f}"
+        print(f"| {name} | {1e6 * s:.0f} | {2 * B * i * o / s / 1e9:.0f} {kernel} |")
     for mib in (2, 4, 8):
-        both = recurrent_product(B, D, n0, S, stream_mib=mib)
         alone = memory_passes((mib * 2**18,), 1, S)
-        s = both - alone
+        cells = []
+        for use in (False, True) if native else (False,):
+            s = recurrent_product(B, D, n0, S, stream_mib=mib, native=use) - alone
+            cells.append(f"{1e6 * s:.0f} | {2 * B * D * n0 / s / 1e9:.0f}")
         print(
             f"| forward W0 while {mib} MiB stream per step (its {1e6 * alone:.0f} us subtracted) "
-            f"| {1e6 * s:.0f} | {2 * B * D * n0 / s / 1e9:.0f} |"
+            f"| {' | '.join(cells)}{'' if native else ' | - | -'} |"
         )
     shape = (B, m.n_heads, m.d_key, m.d_value)
     mib = B * m.n_heads * m.d_key * m.d_value * 4 / 2**20
     for n in (1, 2, 4):
         s = memory_passes(shape, n, S)
         print(
-            f"| {n} memory-sized pass(es), {n * mib:.0f} MiB read + written | {1e6 * s:.0f} | - |"
+            f"| {n} memory-sized pass(es), {n * mib:.0f} MiB read + written | {1e6 * s:.0f} "
+            "| - | - | - |"
         )
 
 
