@@ -8,8 +8,8 @@ streams it (`matmul`), its tiles shared out between the calling thread and XLA's
 `python experiments/window_ab.py` measures what it gains (README, Speed).
 
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
-FFI headers jaxlib ships, into a cache keyed by the source, the flags, jaxlib's version and this
-CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native. Compiling at
+FFI headers jaxlib ships, into a cache keyed by the source, the flags, those headers, JAX's
+version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native. Compiling at
 install time instead would make `pip install` need a compiler and jaxlib's headers in its build
 environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
 one warning.
@@ -33,7 +33,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 
 Array = jax.Array
 
@@ -72,10 +71,13 @@ def _cpu_id() -> str:
 
 
 def library_path() -> Path:
-    """Where the kernel compiled for this source, these flags, this jaxlib and this CPU lives."""
+    """Where the kernel compiled for this source, these flags, this JAX (and its FFI headers)
+    and this CPU lives."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), jaxlib.__version__.encode()):
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), jax.__version__.encode()):
         key.update(part)
+    for header in sorted((Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api").glob("*.h")):
+        key.update(header.read_bytes())
     key.update(_cpu_id().encode())
     root = os.environ.get("GPN_JAX_NATIVE_CACHE")
     cache = Path(root) if root else Path.home() / ".cache" / "gpn_jax" / "native"
