@@ -22,6 +22,9 @@ recurrent:
   inputs (cheap: elementwise plus two (K x U) contractions per head). With
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
   rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
+* **Per-token products on CPU.** On one CPU device in float32 (by default where the CPU has
+  AVX-512: `gpn_jax.native.small_matmul`), the loops' fused matrices are packed once per
+  window (`_loop_weights`) and multiplied by a compiled kernel instead of XLA's dots.
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
