@@ -10,6 +10,7 @@ import pytest
 from experiments.configs import bench_tiny
 from gpn_jax import bench
 from gpn_jax.benchmarks import common, report, roofline
+from gpn_jax.native import small_matmul
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
 
@@ -63,6 +64,7 @@ def test_all_suites_in_process(tmp_path):
     assert train[1]["bytes_per_token"]["mixer"] > 0  # the baselines have byte models too
     text = (tmp_path / "bench_tiny.md").read_text()
     assert "CPU vector extensions: " in text and "| gpn_m | " in text.split("## Roofline")[1]
+    assert f"the fused window's per-token products: {small_matmul.status()}" in text
     assert "| GPN+M (fused) |" in text and "## Generation" in text and "not run: KV cache" in text
     assert any(files for _, _, files in os.walk(tmp_path / "profile" / "gpn_m"))
     ops = (tmp_path / "profile" / "gpn_m" / "ops.md").read_text()
