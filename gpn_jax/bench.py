@@ -325,18 +325,27 @@ def _scaling_lines(ok: list[dict], workdir: str, name: str) -> list[str]:
     return lines
 
 
+def _cpu_line() -> str:
+    """The header's CPU line: its vector extensions and what the window's products run on."""
+    from gpn_jax.benchmarks import common
+    from gpn_jax.native import small_matmul
+
+    return (
+        f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
+        f"products: {small_matmul.status()}"
+    )
+
+
 def _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs=()) -> str:
     """The printed / saved report: header, one table per suite, roofline, scaling slopes, checks."""
     import jax
 
-    from gpn_jax.benchmarks import common, report, roofline
-    from gpn_jax.native import small_matmul
+    from gpn_jax.benchmarks import report, roofline
 
     peak = max(peaks)
     sections = [
         f"{config.name}: {machine}, {dtype}, jax {jax.__version__}, python {pyplatform.python_version()}",
-        f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
-        f"products: {small_matmul.status()}",
+        _cpu_line(),
         f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
         f"(samples {', '.join(f'{p / 1e9:.0f}' for p in peaks)}); load average at end {_load()}",
         f"memory bandwidth measured in this run (`common.memory_bandwidth`: jitted JAX x <- -x "
@@ -373,7 +382,6 @@ def run(
     device_spec: str = "",
 ) -> list[dict]:
     from gpn_jax.benchmarks import common, roofline
-    from gpn_jax.native import small_matmul
 
     specs_hw = roofline.parse_device_specs(device_spec)
     unknown = sorted(set(suites) - set(SUITES))
@@ -388,11 +396,7 @@ def run(
         f"load average {_load()}",
         flush=True,
     )
-    print(
-        f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
-        f"products: {small_matmul.status()}",
-        flush=True,
-    )
+    print(_cpu_line(), flush=True)
     peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
     bws = [common.memory_bandwidth()]
     print(

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax.models import factory
+from gpn_jax.native import cpu
 
 
 def platform() -> str:
@@ -62,19 +63,11 @@ _VECTOR_FLAGS = (
 def cpu_vector_extensions(cpuinfo: str | None = None) -> str:
     """The CPU's vector extensions that matter for matmul speed ('avx2 fma', 'avx512f ... amx_bf16'),
     from the first `flags` / `Features` line of /proc/cpuinfo; elsewhere the machine name."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            cpuinfo = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            have = set(value.split())
-            found = [x for x in _VECTOR_FLAGS if x in have]
-            return " ".join(found) or "none of " + " ".join(_VECTOR_FLAGS[:5])
-    return f"unknown ({pyplatform.machine() or 'no /proc/cpuinfo'})"
+    have = cpu.flags(cpu.cpuinfo() if cpuinfo is None else cpuinfo)
+    if have is None:
+        return f"unknown ({pyplatform.machine() or 'no /proc/cpuinfo'})"
+    found = [x for x in _VECTOR_FLAGS if x in have]
+    return " ".join(found) or "none of " + " ".join(_VECTOR_FLAGS[:5])
 
 
 def resolve_dtype(name: str) -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from gpn_jax.native import cpu
+
 Array = jax.Array
 
 SOURCE = Path(__file__).with_suffix(".cc")
@@ -42,15 +44,7 @@ TARGET = "gpn_small_matmul"
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+    return cpu.flags(cpu.cpuinfo()) or set()
 
 
 def _setting() -> str:
@@ -62,9 +56,8 @@ def _setting() -> str:
 
 def _cpu_id() -> str:
     """What `-march=native` depends on: the CPU's model and flags (Linux), else the machine."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = cpu.cpuinfo()
+    if not text:
         return platform.machine() + platform.processor()
     keep = ("model name", "flags", "cpu family", "model\t")
     return "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(keep)}))
@@ -121,9 +114,9 @@ def _tile() -> int:
 
 def _wanted() -> bool:
     setting = _setting()
-    if setting == "auto":
-        return jax.default_backend() == "cpu" and "avx512f" in _cpu_flags()
-    return setting == "1" and jax.default_backend() == "cpu"
+    if setting == "0" or jax.default_backend() != "cpu":
+        return False
+    return setting == "1" or "avx512f" in _cpu_flags()
 
 
 def available() -> bool:

@@ -2,7 +2,6 @@
 used by the fused window on one CPU device (by default where the CPU has AVX-512), and XLA's
 products where it cannot be or is not wanted."""
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -13,9 +12,8 @@ import numpy as np
 import pytest
 
 from gpn_jax.core import fast_window
-from gpn_jax.models.gpn import GPN, GPNConfig
 from gpn_jax.native import small_matmul
-from tests.core.test_fast_window import loss_and_grads, random_carry, tokens
+from tests.core.test_fast_window import loss_and_grads, pair, random_carry, tokens
 from tests.tolerance import assert_rel_close, rel_err
 
 needs_compiler = pytest.mark.skipif(
@@ -59,8 +57,8 @@ def test_product_keeps_leading_axes():
 
 
 def _model(**kw):
-    base = dict(vocab_size=37, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
-    return GPN(GPNConfig(**(base | dict(scan_impl="fused", n_layers=2) | kw)))
+    """test_fast_window's small GPN+M, L = 2, fused (`pair`'s second)."""
+    return pair(n_layers=2, **kw)[1]
 
 
 def _fused_grad_hlo(model, params, x, carry) -> str:
@@ -116,9 +114,9 @@ def test_without_a_compiler_the_window_keeps_xlas_products(
     assert not fast_window.dims_of(params, 9).native
     x, carry = tokens(9), random_carry(model)
     assert small_matmul.TARGET not in _fused_grad_hlo(model, params, x, carry)
-    ref = dataclasses.replace(model.config, scan_impl="autodiff")
+    ref = pair(n_layers=2)[0]  # the same model, plain autodiff
     (_, (loss, _)), grads = loss_and_grads(model, params, x, carry)
-    (_, (loss_ref, _)), grads_ref = loss_and_grads(GPN(ref), params, x, carry)
+    (_, (loss_ref, _)), grads_ref = loss_and_grads(ref, params, x, carry)
     assert abs(float(loss) - float(loss_ref)) <= 1e-6 * abs(float(loss_ref))
     assert_rel_close(grads, grads_ref, 2e-5, "fused window on XLA's products")
 
