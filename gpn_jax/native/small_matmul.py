@@ -14,9 +14,9 @@ install time instead would make `pip install` need a compiler and jaxlib's heade
 environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
 one warning.
 
-GPN_JAX_NATIVE: `auto` (default) uses the kernel on CPUs with AVX-512, the only kind it has been
-measured on so far (README, Speed); `1` uses it on any CPU (its AVX2 and SSE builds compute the
-same products, tested, but their speed is unmeasured); `0` never.
+GPN_JAX_NATIVE: `auto` (default) uses the kernel on x86 CPUs with AVX-512 or with AVX2 and FMA,
+the kinds it has been measured faster on (README, Speed); `1` uses it on any CPU (its SSE and
+generic builds compute the same products, tested, but their speed is unmeasured); `0` never.
 """
 
 import ctypes
@@ -116,7 +116,13 @@ def _wanted() -> bool:
     setting = _setting()
     if setting == "0" or jax.default_backend() != "cpu":
         return False
-    return setting == "1" or "avx512f" in _cpu_flags()
+    return setting == "1" or _measured_faster(_cpu_flags())
+
+
+def _measured_faster(flags: set[str]) -> bool:
+    """The vector units the kernel was measured faster than XLA's products on: AVX-512 (Zen 5)
+    and AVX2 with FMA (Zen 3)."""
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
 def available() -> bool:
@@ -137,7 +143,7 @@ def status() -> str:
         return "XLA's (not a CPU)"
     if not _wanted():
         why = (
-            "no AVX-512; GPN_JAX_NATIVE=1 for the kernel"
+            "neither AVX-512 nor AVX2+FMA; GPN_JAX_NATIVE=1 for the kernel"
             if _setting() == "auto"
             else "GPN_JAX_NATIVE=0"
         )
