@@ -3,8 +3,10 @@
     python experiments/window_ab.py --revs=b465618,HEAD [--rounds=40] [--model=gpn_m]
     python experiments/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
-Each of `--revs` (git revisions; `worktree` for the checked-out file) gives its own
-`gpn_jax/core/fast_window.py`, loaded as a module of its own; the `bench_small` training step of
+Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
+`gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
+kernel `gpn_jax/native/small_matmul.cc` where it has one and the kernel is used here
+(`GPN_JAX_NATIVE`), built and registered under a name of its own; the `bench_small` training step of
 `--model` (`gpn_jax/configs/bench_common.py`) is compiled once with each, as the trainer runs it
 (`gpn_jax.benchmarks.train.compiled_step`, steps inline). After two warm-up steps each, every
 round takes one step of each version, the order rotated and reversed from round to round, so
@@ -18,6 +20,7 @@ how many rounds it was faster. Nothing is asserted.
 """
 
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -36,22 +39,33 @@ _XLA_OPTIONS = flags.DEFINE_string(
 )
 
 PATH = "gpn_jax/core/fast_window.py"
+KERNEL = "gpn_jax/native/small_matmul.cc"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KERNELS = itertools.count()  # kernels registered by this process
+
+
+def revision_file(rev: str, path: str, tmp: str) -> str | None:
+    """Where `rev`'s version of `path` is (copied into tmp from `git show`); None if it has none."""
+    if rev == "worktree":
+        source = os.path.join(ROOT, path)
+        return source if os.path.exists(source) else None
+    text = subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if text.returncode:
+        return None
+    stem, ext = os.path.splitext(os.path.basename(path))
+    source = os.path.join(tmp, f"{stem}_{len(os.listdir(tmp))}{ext}")
+    with open(source, "w") as f:
+        f.write(text.stdout)
+    return source
 
 
 def load_window(rev: str, tmp: str):
     """The fast_window module of `rev`, imported under a name of its own."""
-    if rev == "worktree":
-        source = os.path.join(ROOT, PATH)
-    else:
-        text = subprocess.run(
-            ["git", "show", f"{rev}:{PATH}"], cwd=ROOT, capture_output=True, text=True
-        )
-        if text.returncode:
-            raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}: {text.stderr.strip()}")
-        source = os.path.join(tmp, f"fast_window_{len(os.listdir(tmp))}.py")
-        with open(source, "w") as f:
-            f.write(text.stdout)
+    source = revision_file(rev, PATH, tmp)
+    if source is None:
+        raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}")
     spec = importlib.util.spec_from_file_location(f"window_{rev}", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,6 +87,27 @@ def xla_options(text: str, n: int) -> list[dict]:
     return options
 
 
+def load_kernel(rev: str, tmp: str) -> tuple[str, int] | None:
+    """`rev`'s per-token product kernel, built and registered as an FFI target of its own:
+    (target, tile width). None where `rev` has none or the kernel is not used here."""
+    import ctypes
+    from pathlib import Path
+
+    import jax
+
+    from gpn_jax.native import small_matmul
+
+    source = revision_file(rev, KERNEL, tmp)
+    if source is None or not small_matmul.available():
+        return None
+    out = Path(tmp) / f"kernel_{len(os.listdir(tmp))}.so"
+    small_matmul.build(out, Path(source))
+    lib = ctypes.cdll.LoadLibrary(str(out))
+    target = f"{small_matmul.TARGET}_ab{next(_KERNELS)}"  # FFI targets live as long as JAX
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.GpnSmallMatmul), platform="cpu")
+    return target, int(lib.GpnSmallMatmulTile())
+
+
 def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     """One step function per revision, each compiled with that revision's window and its XLA
     options (`xla_options`)."""
@@ -85,17 +120,23 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     t = bench_common.base_config("bench_small", "train").train
     cfg = bench_common.models()[model].to_dict()
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
-    steps, original = [], gpn_model.fast_window
+    from gpn_jax.native import small_matmul
+
+    steps, original = [], (gpn_model.fast_window, small_matmul.TARGET, small_matmul._tile)
     with tempfile.TemporaryDirectory() as tmp:
         for rev, opts in zip(revs, options, strict=True):
             gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
+            kernel = load_kernel(rev, tmp)
+            if kernel is not None:  # read when the step is traced, as the window
+                small_matmul.TARGET, tile = kernel
+                small_matmul._tile = lambda tile=tile: tile
             try:
                 steps.append(train.compiled_step(spec | dict(compiler_options=opts), cfg)[0])
             except jax.errors.JaxRuntimeError as e:  # e.g. an option XLA does not know
                 first = str(e).strip().splitlines()[0]
                 raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
             finally:
-                gpn_model.fast_window = original
+                gpn_model.fast_window, small_matmul.TARGET, small_matmul._tile = original
     return steps
 
 

@@ -268,6 +268,33 @@ def test_window_ab_loads_each_revisions_window():
             window_ab.load_window("nope", tmp)
 
 
+def test_window_ab_builds_each_revisions_kernel(monkeypatch):
+    """Each revision's own product kernel is built and registered under an FFI target of its
+    own, whose products are the kernel's; a revision without one (or no such revision) has
+    none."""
+    import tempfile
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from experiments import window_ab
+
+    monkeypatch.setenv("GPN_JAX_NATIVE", "1")
+    if not small_matmul.available():
+        pytest.skip("no C++ compiler for the kernel")
+    with tempfile.TemporaryDirectory() as tmp:
+        assert window_ab.revision_file("HEAD", "gpn_jax/native/none.cc", tmp) is None
+        assert window_ab.load_kernel("nope", tmp) is None
+        target, tile = window_ab.load_kernel("worktree", tmp)
+        assert target != small_matmul.TARGET and tile == small_matmul._tile()
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((7, 33), dtype=np.float32)
+        w = rng.standard_normal((33, 2 * tile + 3), dtype=np.float32)
+        monkeypatch.setattr(small_matmul, "TARGET", target)
+        y = small_matmul.matmul(jnp.asarray(x), small_matmul.pack(jnp.asarray(w)))
+        np.testing.assert_allclose(np.asarray(y), x.astype(np.float64) @ w, rtol=0, atol=1e-4)
+
+
 def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
     """`--xla_options` gives each revision's step its own XLA options: here YNNPACK for dots
     only leaves fewer YNNPACK fusions in the compiled step than the default (which also gives

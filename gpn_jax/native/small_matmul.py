@@ -77,16 +77,17 @@ def library_path() -> Path:
     return cache / f"small_matmul_{key.hexdigest()[:16]}.so"
 
 
-def build(out: Path) -> None:
-    """Compiles the kernel to `out` atomically (a temporary file renamed into place), so that
-    processes racing to build it each load a whole library."""
+def build(out: Path, source: Path = SOURCE) -> None:
+    """Compiles the kernel (or another version of its `source`) to `out` atomically (a
+    temporary file renamed into place), so that processes racing to build it each load a whole
+    library."""
     cxx = shutil.which(os.environ.get("CXX", "c++"))
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++ or $CXX) on PATH")
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
