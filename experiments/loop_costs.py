@@ -21,7 +21,10 @@ can be read against them:
     its weights (10 MB) no longer stay in the cache from one step to the next, as in the real
     step, which streams the memory state and the stacked activations between its products;
   * the products outside the loops, which have many rows: one segment's weight gradient of W0
-    (contraction over 32 steps x B rows) and one loss chunk's logits.
+    (contraction over 32 steps x B rows) and one loss chunk's logits; and the weight gradients
+    of W0 and of the loss chunk's embedding as the window computes them (`fast_window._wgrad`,
+    its small input materialised transposed) next to one dot contracting both operands' first
+    axis, which XLA:CPU ran up to half as fast.
 
 Each figure is the best of 5 timings (a shared machine slows some of them). Nothing is asserted.
 """
@@ -33,6 +36,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gpn_jax.configs import bench_common
+from gpn_jax.core import fast_window
 from gpn_jax.native import small_matmul
 
 
@@ -95,6 +99,18 @@ def big_product(m: int, k: int, n: int) -> float:
     return best_time(lambda a, b: a @ b, a, b)
 
 
+def weight_gradient(rows: int, n_in: int, n_out: int, window: bool) -> float:
+    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fast_window._wgrad` (window) or as
+    one dot contracting both operands' first axis."""
+    x = jax.random.normal(jax.random.PRNGKey(1), (rows, n_in))
+    dz = jax.random.normal(jax.random.PRNGKey(2), (rows, n_out))
+    if window:
+        w = jnp.zeros((n_in, n_out))
+        return best_time(lambda x, dz: fast_window._wgrad(x[None], dz[None], w), x, dz)
+    dims = (((0,), (0,)), ((), ()))
+    return best_time(lambda x, dz: jax.lax.dot_general(x, dz, dims), x, dz)
+
+
 def fused_widths(m) -> tuple[int, int]:
     """(columns of the fused W0: the write's [k | v | beta | a] and layer 0's
     [w1 | w3 | wpg | wq | wrg], rows of W2o = [W2; Wo]) of a one-layer GPN+M config block."""
@@ -119,6 +135,16 @@ def main(argv):
         t = big_product(i, c, o)
         print(
             f"out of the loop, {what}: ({i} x {c}) @ ({c} x {o}) {2 * i * c * o / t / 1e9:.0f} GFLOP/s"
+        )
+    for what, (c, i, o) in {
+        "W0's weight gradient per segment": (sb, D, n0),
+        "loss chunk's embedding gradient": (sb, m.d_emb, m.vocab_size),
+    }.items():
+        t_w, t_d = (weight_gradient(c, i, o, window) for window in (True, False))
+        print(
+            f"out of the loop, {what}: ({i} x {c}) @ ({c} x {o}) as the window computes it "
+            f"{2 * i * c * o / t_w / 1e9:.0f} GFLOP/s ({t_w * 1e3:.1f} ms), one dot contracting "
+            f"both first axes {2 * i * c * o / t_d / 1e9:.0f} GFLOP/s ({t_d * 1e3:.1f} ms)"
         )
     native = small_matmul.available()
     print(f"\nthe kernel's column: {small_matmul.status()}")

@@ -411,12 +411,14 @@ def _wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
 
     Contracted as (I, S*B) @ (S*B, O): an einsum over (s, b) lowers to a dot contracting
     (b, s), for which XLA transposes both operands (a copy of each). The small x^T is
-    materialised (an optimisation barrier keeps XLA from folding the transpose back into the
-    dot): XLA:CPU ran the dot contracting both operands' first axis up to half as fast (the
+    materialised on CPU (an optimisation barrier keeps XLA from folding the transpose back into
+    the dot): XLA:CPU ran the dot contracting both operands' first axis up to half as fast (the
     loss's (256 x 512) @ (512 x 8192) embedding gradient 24.5 -> 12.8 ms, W0's 17.1 -> 15.1 ms;
     `experiments/speed_log.md`)."""
     n = x_SxBxI.shape[0] * x_SxBxI.shape[1]
-    x_t = jax.lax.optimization_barrier(x_SxBxI.reshape(n, -1).astype(w.dtype).T)
+    x_t = x_SxBxI.reshape(n, -1).astype(w.dtype).T
+    if jax.default_backend() == "cpu":  # accelerators' dots take transposed operands as they are
+        x_t = jax.lax.optimization_barrier(x_t)
     out = jnp.matmul(
         x_t, dz_SxBxO.reshape(n, -1).astype(w.dtype), preferred_element_type=jnp.float32
     )
