@@ -23,8 +23,9 @@ recurrent:
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is
   rerun in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 * **Per-token products on CPU.** On one CPU device in float32 (by default where the CPU has
-  AVX-512: `gpn_jax.native.small_matmul`), the loops' fused matrices are packed once per
-  window (`_loop_weights`) and multiplied by a compiled kernel instead of XLA's dots.
+  AVX-512, or AVX2 and FMA: `gpn_jax.native.small_matmul`), the loops' fused matrices are
+  packed once per window (`_loop_weights`) and multiplied by a compiled kernel instead of
+  XLA's dots.
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
@@ -412,9 +413,9 @@ def _wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
     Contracted as (I, S*B) @ (S*B, O): an einsum over (s, b) lowers to a dot contracting
     (b, s), for which XLA transposes both operands (a copy of each). The small x^T is
     materialised on CPU (an optimisation barrier keeps XLA from folding the transpose back into
-    the dot): XLA:CPU ran the dot contracting both operands' first axis up to half as fast (the
-    loss's (256 x 512) @ (512 x 8192) embedding gradient 24.5 -> 12.8 ms, W0's 17.1 -> 15.1 ms;
-    `experiments/speed_log.md`)."""
+    the dot): XLA:CPU ran the dot contracting both operands' first axis half as fast for the
+    loss's (256 x 512) @ (512 x 8192) embedding gradient (25.1 against 12.8 ms; W0's per
+    segment: no clear difference; `python experiments/loop_costs.py`)."""
     n = x_SxBxI.shape[0] * x_SxBxI.shape[1]
     x_t = x_SxBxI.reshape(n, -1).astype(w.dtype).T
     if jax.default_backend() == "cpu":  # accelerators' dots take transposed operands as they are
