@@ -10,7 +10,9 @@ Measured (2 CPU cores, 2026-11-30, seed 0, after SwiGLU gate/up became separate 
 held-out PPL 30.9 vs unigram PPL 314.8 on the same 6,144 held-out tokens, i.e. 10x lower
 (held-out PPL 51.4 / 34.9 / 29.0 / 30.9 at steps 100 / 200 / 300 / 400 — the small corpus
 starts to overfit after ~300 steps). Wall time 2 min on an idle machine (peak RSS 0.94 GiB);
-up to 9 min when the cores are shared with other jobs.
+up to 9 min when the cores are shared with other jobs. 2026-12-03, a 2-core AMD EPYC with AVX2
+(Zen 3), the per-token product kernel on and the weight gradients' transposed input (other float
+rounding): held-out PPL 30.66 vs 314.79, 82 s (at 1665099).
 """
 
 import ml_collections
