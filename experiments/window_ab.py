@@ -31,7 +31,9 @@ import time
 
 from absl import app, flags
 
-_REVS = flags.DEFINE_list("revs", ["HEAD~1", "HEAD"], "Git revisions; `worktree`: the file as is.")
+_REVS = flags.DEFINE_list(
+    "revs", ["HEAD~1", "HEAD"], "Git revisions; `worktree`: the files as they are."
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 40, "Steps of each version, taken in turn.")
 _MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/configs/bench_small.py.")
 _XLA_OPTIONS = flags.DEFINE_string(
