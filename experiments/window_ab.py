@@ -92,10 +92,7 @@ def xla_options(text: str, n: int) -> list[dict]:
 def load_kernel(rev: str, tmp: str) -> tuple[str, int] | None:
     """`rev`'s per-token product kernel, built and registered as an FFI target of its own:
     (target, tile width). None where `rev` has none or the kernel is not used here."""
-    import ctypes
     from pathlib import Path
-
-    import jax
 
     from gpn_jax.native import small_matmul
 
@@ -104,10 +101,8 @@ def load_kernel(rev: str, tmp: str) -> tuple[str, int] | None:
         return None
     out = Path(tmp) / f"kernel_{len(os.listdir(tmp))}.so"
     small_matmul.build(out, Path(source))
-    lib = ctypes.cdll.LoadLibrary(str(out))
     target = f"{small_matmul.TARGET}_ab{next(_KERNELS)}"  # FFI targets live as long as JAX
-    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.GpnSmallMatmul), platform="cpu")
-    return target, int(lib.GpnSmallMatmulTile())
+    return target, small_matmul.register(out, target)
 
 
 def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:

@@ -9,9 +9,9 @@ streams it (`matmul`), its tiles shared out between the calling thread and XLA's
 
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
 FFI headers jaxlib ships, into a cache keyed by the source, the flags, those headers, JAX's
-version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native. Compiling at
-install time instead would make `pip install` need a compiler and jaxlib's headers in its build
-environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
+version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native.
+Compiling at install time instead would make `pip install` need a compiler and jaxlib's headers
+in its build environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
 one warning.
 
 GPN_JAX_NATIVE: `auto` (default) uses the kernel on x86 CPUs with AVX-512 or with AVX2 and FMA,
@@ -98,6 +98,13 @@ def build(out: Path, source: Path = SOURCE) -> None:
             os.unlink(tmp)
 
 
+def register(library: Path, target: str) -> int:
+    """Loads a built kernel and registers it as the CPU FFI target `target`: its tile width."""
+    lib = ctypes.cdll.LoadLibrary(str(library))
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.GpnSmallMatmul), platform="cpu")
+    return int(lib.GpnSmallMatmulTile())
+
+
 @functools.cache
 def _tile() -> int:
     """Columns per packed tile of the loaded kernel (0: no kernel; one warning why)."""
@@ -105,9 +112,7 @@ def _tile() -> int:
         path = library_path()
         if not path.exists():
             build(path)
-        lib = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.GpnSmallMatmul), platform="cpu")
-        return int(lib.GpnSmallMatmulTile())
+        return register(path, TARGET)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logging.warning("gpn_jax: native matmul kernel unavailable, using XLA's products (%s)", e)
         return 0

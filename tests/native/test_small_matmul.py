@@ -1,6 +1,6 @@
 """The per-token product kernel (`gpn_jax.native.small_matmul`): equal to the product it replaces,
-used by the fused window on one CPU device (by default where the CPU has AVX-512), and XLA's
-products where it cannot be or is not wanted."""
+used by the fused window on one CPU device (by default where the CPU has AVX-512, or AVX2 and
+FMA), and XLA's products where it cannot be or is not wanted."""
 
 import logging
 import os
@@ -141,8 +141,8 @@ def test_a_failed_build_names_the_command(tmp_path, monkeypatch):
     ],
 )
 def test_by_default_only_avx512_or_avx2_fma_cpus_use_the_kernel(monkeypatch, setting, flags, on):
-    """`auto` uses it where it was measured faster (AVX-512, AVX2 + FMA); `1` anywhere; `0` nowhere. The status line
-    the bench prints says which, and how to change it."""
+    """`auto` uses it where it was measured faster (AVX-512, AVX2 + FMA); `1` anywhere; `0`
+    nowhere. The status line the bench prints says which, and how to change it."""
     monkeypatch.setenv("GPN_JAX_NATIVE", setting)
     monkeypatch.setattr(small_matmul, "_cpu_flags", lambda: flags)
     monkeypatch.setattr(small_matmul, "_tile", lambda: 48)  # as if built: no compiler needed
