@@ -25,7 +25,8 @@ recurrent:
 * **Per-token products on CPU.** On one CPU device in float32 (by default where the CPU has
   AVX-512, or AVX2 and FMA: `gpn_jax.native.small_matmul`), the loops' fused matrices are
   packed once per window (`_loop_weights`) and multiplied by a compiled kernel instead of
-  XLA's dots.
+  XLA's dots; a float32 memory is then also recomputed for the backward by a compiled kernel
+  (`gpn_jax.native.memory_stack`: each (b, h) memory stays in the cache through a segment).
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
@@ -76,7 +77,7 @@ from jax.sharding import PartitionSpec
 from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
-from gpn_jax.native import small_matmul
+from gpn_jax.native import memory_stack, small_matmul
 
 Array = jax.Array
 
@@ -278,17 +279,21 @@ def _rowwise(v_B: Array, x: Array) -> Array:
     return v_B.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
 
 
+def _write_inputs(dm: Dims, zk_prev, zw, a):
+    """The write's key (l2-normalised), value, beta and log-decay g per head, from the previous
+    key pre-activation and this step's [v | beta | a] columns."""
+    zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
+    k = l2n(jax.nn.relu(_heads(zk_prev, dm.hb)))
+    return k, _heads(zv, dm.hb), jax.nn.sigmoid(zb), -a * jax.nn.softplus(za)
+
+
 def _write(dm: Dims, zk_prev, zw, a, M):
     """Gated delta write from the previous key pre-activation and this step's [v | beta | a] columns
     (per block of heads: every head's write is local to it).
 
     Computed in float32, returned in M's dtype (`memory_dtype` storage)."""
     M_in, M = M, M.astype(jnp.float32)
-    zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
-    k = l2n(jax.nn.relu(_heads(zk_prev, dm.hb)))
-    v = _heads(zv, dm.hb)
-    beta = jax.nn.sigmoid(zb)
-    g = -a * jax.nn.softplus(za)
+    k, v, beta, g = _write_inputs(dm, zk_prev, zw, a)
     k_M = jnp.einsum("...hk,...hku->...hu", k, M)
     delta = jnp.einsum("...hk,...hu->...hku", k, beta[..., None] * (v - k_M))
     return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
@@ -637,7 +642,13 @@ def _f32(M: Array | None) -> Array | None:
 
 def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
     """M before each step (and its reset) of a segment, from its starting memory and the
-    stored write inputs."""
+    stored write inputs. Where the products use the native kernel and the memory is float32,
+    by `memory_stack`'s kernel (the same writes, each (b, h) memory kept in the cache)."""
+    if dm.native and memory_stack.available(M0.dtype):
+        zw = res.Z0[..., dm.hk : dm.write_cols]
+        k, v, beta, g = _write_inputs(dm, res.zk, zw, fw["a"])
+        keep = jnp.ones(res.zk.shape[:2], jnp.float32) if keep_SxB is None else keep_SxB
+        return memory_stack.stack(M0, k, v, beta, jnp.exp(g), keep)
 
     def body(M, x):
         r, kp = x

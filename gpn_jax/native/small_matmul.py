@@ -63,18 +63,18 @@ def _cpu_id() -> str:
     return "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(keep)}))
 
 
-def library_path() -> Path:
-    """Where the kernel compiled for this source, these flags, this JAX (and its FFI headers)
-    and this CPU lives."""
+def library_path(source: Path = SOURCE) -> Path:
+    """Where the kernel (or another of this package's, `source`) compiled for this source, these
+    flags, this JAX (and its FFI headers) and this CPU lives."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), jax.__version__.encode()):
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), jax.__version__.encode()):
         key.update(part)
     for header in sorted((Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api").glob("*.h")):
         key.update(header.read_bytes())
     key.update(_cpu_id().encode())
     root = os.environ.get("GPN_JAX_NATIVE_CACHE")
     cache = Path(root) if root else Path.home() / ".cache" / "gpn_jax" / "native"
-    return cache / f"small_matmul_{key.hexdigest()[:16]}.so"
+    return cache / f"{source.stem}_{key.hexdigest()[:16]}.so"
 
 
 def build(out: Path, source: Path = SOURCE) -> None:
