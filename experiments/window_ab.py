@@ -6,7 +6,10 @@
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
 `gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
 kernel `gpn_jax/native/small_matmul.cc` where it has one and the kernel is used here
-(`GPN_JAX_NATIVE`), built and registered under a name of its own; the `bench_small` training step of
+(`GPN_JAX_NATIVE`), built and registered under a name of its own (the memory kernels,
+`gpn_jax.native.memory`, and every other module a window imports are the checked-out ones, so
+a revision whose window imports a module the checkout no longer has cannot be loaded); the
+`bench_small` training step of
 `--model` (`gpn_jax/configs/bench_common.py`) is compiled once with each, as the trainer runs it
 (`gpn_jax.benchmarks.train.compiled_step`, steps inline). After two warm-up steps each, every
 round takes one step of each version, the order rotated and reversed from round to round, so

@@ -25,8 +25,9 @@ recurrent:
 * **Per-token products on CPU.** On one CPU device in float32 (by default where the CPU has
   AVX-512, or AVX2 and FMA: `gpn_jax.native.small_matmul`), the loops' fused matrices are
   packed once per window (`_loop_weights`) and multiplied by a compiled kernel instead of
-  XLA's dots; a float32 memory is then also recomputed for the backward by a compiled kernel
-  (`gpn_jax.native.memory_stack`: each (b, h) memory stays in the cache through a segment).
+  XLA's dots. A float32 memory is then also recomputed for the backward by a compiled kernel,
+  and with one predict layer and no remat the backward's per-token passes over it are two
+  kernel calls (`gpn_jax.native.memory`; `_memory_bwd` has the formulas).
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
@@ -77,7 +78,7 @@ from jax.sharding import PartitionSpec
 from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
-from gpn_jax.native import memory_stack, small_matmul
+from gpn_jax.native import memory, small_matmul
 
 Array = jax.Array
 
@@ -282,9 +283,17 @@ def _rowwise(v_B: Array, x: Array) -> Array:
 def _write_inputs(dm: Dims, zk_prev, zw, a):
     """The write's key (l2-normalised), value, beta and log-decay g per head, from the previous
     key pre-activation and this step's [v | beta | a] columns."""
+    return _key(dm, zk_prev), *_write_gates(dm, zw, a)
+
+
+def _key(dm: Dims, zk):
+    return l2n(jax.nn.relu(_heads(zk, dm.hb)))
+
+
+def _write_gates(dm: Dims, zw, a):
+    """(v, beta, g) per head from the step's [v | beta | a] columns."""
     zv, zb, za = _split(zw, [dm.hu, dm.hb, dm.hb])
-    k = l2n(jax.nn.relu(_heads(zk_prev, dm.hb)))
-    return k, _heads(zv, dm.hb), jax.nn.sigmoid(zb), -a * jax.nn.softplus(za)
+    return _heads(zv, dm.hb), jax.nn.sigmoid(zb), -a * jax.nn.softplus(za)
 
 
 def _write(dm: Dims, zk_prev, zw, a, M):
@@ -299,9 +308,14 @@ def _write(dm: Dims, zk_prev, zw, a, M):
     return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
+def _query(dm: Dims, zq):
+    """The read's query per head (l2-normalised), (B, [tp,] hb, k)."""
+    return l2n(jax.nn.relu(_heads(zq, dm.hb)))
+
+
 def _read_out(dm: Dims, zq, Mn):
     """Each head's memory read o, (B, [tp,] hu) per block."""
-    q = l2n(jax.nn.relu(_heads(zq, dm.hb)))
+    q = _query(dm, zq)
     o = jnp.einsum("...hk,...hku->...hu", q, Mn.astype(jnp.float32))
     return o.reshape(*q.shape[:-2], dm.hu)
 
@@ -309,14 +323,18 @@ def _read_out(dm: Dims, zq, Mn):
 def _layer_pre(dm: Dims, Z, Mn):
     """tp == 1. From a layer's fused projection: X2 = [silu(gate) * up | silu(zrg) * rms(q . M')]
     and pg."""
+    o = _read_out(dm, _split(Z, dm.layer_cols())[3], Mn) if dm.memory else None
+    return _layer_out(dm, Z, o)
+
+
+def _layer_out(dm: Dims, Z, o):
+    """tp == 1. `_layer_pre` given the layer's memory read o (B, hu) (None without memory)."""
     gate, up, zpg, *read = _split(Z, dm.layer_cols())
     h = jax.nn.silu(gate) * up
     pg = jax.nn.sigmoid(zpg)
-    if not dm.memory:
+    if o is None:
         return h, pg
-    zq, zrg = read
-    o = _read_out(dm, zq, Mn)
-    return jnp.concatenate([h, jax.nn.silu(zrg) * rms(o)], axis=-1), pg
+    return jnp.concatenate([h, jax.nn.silu(read[1]) * rms(o)], axis=-1), pg
 
 
 def _layer_local(dm: Dims, Z, Mn):
@@ -570,10 +588,49 @@ def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
     return dZ, dMn, jnp.concatenate([h, sb * r], axis=-1), pg
 
 
-def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
-    """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'."""
+def _memory_bwd(dm: Dims, fw: dict, Ms, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
+    """One predict layer's backward (tp == 1) with the write and the read, the memory's passes
+    through `gpn_jax.native.memory`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
+
+    With Mi = keep Ms[t], the memory entering step t after its reset, and kM = Mi^T k,
+    qM = Mi^T q from the recomputation (`_memory_stack`), the step's write and read are
+        w = beta (v - kM),   M' = eg Mi + k w^T,   o = eg qM + (q . k) w   (= M'^T q),
+    so only (B, H, .) vectors are left to JAX's vjp (`small`); the memory-sized products are
+        from M' (cotangent dM):   dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w,  dMi += eg dM
+        from kM, qM:              dk += Mi dkM,  dq += Mi dqM,  dMi += k dkM^T + q dqM^T
+    (`memory.grad_reduce` before the vjp, `memory.grad_update` after it; dM_prev = keep dMi).
+    The read's own memory cotangent q dO^T is never formed: it reaches M through qM."""
+    t, kM, qM = step
+    zw = res.Z0[..., dm.hk : dm.write_cols]
+    keep_B = jnp.ones(dM.shape[:1], jnp.float32) if keep is None else keep
+
+    def keys(zk, Z):
+        return _key(dm, zk), _query(dm, _split(Z, dm.layer_cols())[3])
+
+    def small(k, q, zw, a, Z, kM, qM):
+        v, beta, g = _write_gates(dm, zw, a)
+        w = beta[..., None] * (v - kM)
+        eg = jnp.exp(g)
+        o = eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
+        X2, pg = _layer_out(dm, Z, o.reshape(*o.shape[:-2], dm.hu))
+        return X2, pg, w, eg, g
+
+    (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
+    (X2, pg, w, eg, _), small_vjp = jax.vjp(small, k, q, zw, fw["a"], Z, kM, qM)
+    dMk, dMw, inner = memory.grad_reduce(Ms, t, keep_B, dM, k, w)
+    dk, dq, dzw, da, dZ, dkM, dqM = small_vjp((dX2, dpg, dMk, inner, dg_out))
+    dM_prev, Mi_dkM, Mi_dqM = memory.grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
+    return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
+
+
+def _bstep(dm: Dims, fw: dict, fwT: dict, Ms, bc, xs):
+    """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'.
+    `Ms`: the segment's recomputed memories when the memory's passes are the kernels'
+    (`_memory_bwd`; xs then holds (t, kM, qM) where it otherwise holds M before the step)."""
     ds, dzk, dM, Mn, da = bc
     res, Mprev, dp_out, dg_out, keep = xs  # Mprev: before this step's reset (`_reset`)
+    mem_grads = None
     # ground: s' = sigmoid(zg) * p + xg
     sg = jax.nn.sigmoid(res.zg)
     dzg = ds * res.p * sg * (1 - sg)
@@ -590,12 +647,17 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
         if dm.split:
             dZl, dMn, X2, pg = _layer_split_bwd(dm, fwT, i, res, Zl, Mn, dc)
             dZpgs.insert(0, dc * c_in * pg * (1 - pg))
+        elif Ms is not None:
+            dX2 = _cols(dc, fwT["W2o"][i])
+            dZl, X2, pg, mem_grads = _memory_bwd(
+                dm, fw, Ms, Mprev, res, Zl, dM, keep, dX2, dc * c_in, dg_out
+            )
         else:
             (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
             dZl, dMn = pre((_cols(dc, fwT["W2o"][i]), dc * c_in))
         X2s.insert(0, X2)
         dYs.insert(0, dc)
-        if dm.memory:
+        if dm.memory and Ms is None:
             dM = dM + dMn
         dc = dc * pg
         if i:
@@ -609,7 +671,11 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
         else:
             dZ_layer0 = dZl
     # write: M' = write(key of s_prev, [v | beta | a] of s, M)
-    if dm.memory:
+    if mem_grads is not None:
+        dzk_prev, dzw, da_t, dMprev = mem_grads  # dMprev already through the reset
+        dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
+        da = da + da_t
+    elif dm.memory:
         zw = res.Z0[..., dm.hk : dm.write_cols]
         M_in = _f32(Mprev) if keep is None else _f32(Mprev) * _rowwise(keep, Mprev)
         _, wr = jax.vjp(partial(_write, dm), res.zk, zw, fw["a"], M_in)
@@ -629,9 +695,11 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, bc, xs):
         if dm.memory:
             k = _rowwise(keep, dzk_prev)
             emit["dbk"] = (1 - k) * dzk_prev
-            dzk_prev, dMprev = dzk_prev * k, dMprev * _rowwise(keep, dMprev)
+            dzk_prev = dzk_prev * k
+            if mem_grads is None:
+                dMprev = dMprev * _rowwise(keep, dMprev)
         ds_prev = ds_prev * keep[:, None]
-    return (ds_prev, dzk_prev, dMprev, Mprev, da), emit
+    return (ds_prev, dzk_prev, dMprev, Mprev if Ms is None else Mn, da), emit
 
 
 def _f32(M: Array | None) -> Array | None:
@@ -640,15 +708,35 @@ def _f32(M: Array | None) -> Array | None:
     return None if M is None else M.astype(jnp.float32)
 
 
+def _memory_stack(dm: Dims, fw, M0, res: Res, keep_SxB=None):
+    """By the native kernel (`memory.stack`): (Ms, kM, qM), the memory before each step (and
+    its reset) of a segment, and Mi^T k, Mi^T q of each step (layer 0's query)."""
+    zw = res.Z0[..., dm.hk : dm.write_cols]
+    k, v, beta, g = _write_inputs(dm, res.zk, zw, fw["a"])
+    q = _query(dm, _split(res.Z0[..., dm.write_cols :], dm.layer_cols())[3])
+    keep = jnp.ones(res.zk.shape[:2], jnp.float32) if keep_SxB is None else keep_SxB
+    return memory.stack(M0, k, q, v, beta, jnp.exp(g), keep)
+
+
+def _kernel_memory(dm: Dims, M: Array) -> bool:
+    """Whether the memory's recomputation runs through the native kernel: with the products'
+    kernel, for a float32 memory."""
+    return dm.native and dm.memory and memory.available(M.dtype)
+
+
+def _kernel_memory_bwd(dm: Dims, M: Array) -> bool:
+    """Whether the backward's per-token passes over the memory do too (`_memory_bwd`): one
+    predict layer (whose query the recomputation takes), no remat (whose segments rerun the
+    forward instead)."""
+    return _kernel_memory(dm, M) and dm.n_layers == 1 and not dm.remat and not dm.split
+
+
 def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
     """M before each step (and its reset) of a segment, from its starting memory and the
     stored write inputs. Where the products use the native kernel and the memory is float32,
-    by `memory_stack`'s kernel (the same writes, each (b, h) memory kept in the cache)."""
-    if dm.native and memory_stack.available(M0.dtype):
-        zw = res.Z0[..., dm.hk : dm.write_cols]
-        k, v, beta, g = _write_inputs(dm, res.zk, zw, fw["a"])
-        keep = jnp.ones(res.zk.shape[:2], jnp.float32) if keep_SxB is None else keep_SxB
-        return memory_stack.stack(M0, k, v, beta, jnp.exp(g), keep)
+    by its kernel (`_memory_stack`: the same writes, each (b, h) memory kept in the cache)."""
+    if _kernel_memory(dm, M0):
+        return _memory_stack(dm, fw, M0, res, keep_SxB)[0]
 
     def body(M, x):
         r, kp = x
@@ -678,17 +766,23 @@ def _window_bwd(dm: Dims, saved, cts):
     fwT = _loop_weights(dm, _transposed(fw))
     fwh = _loop_weights(dm, _with_halves(dm, fw))
 
+    kernel_bwd = dm.memory and _kernel_memory_bwd(dm, MT)
+
     def seg(carry, xs):
         ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
+        stack = None  # the kernels' (`_memory_bwd`), read in place by their passes
         if dm.remat:
             _, (_, res, Ms) = _scan_steps(dm, fwh, start, xg_seg, "resM", keep_seg)
+        elif kernel_bwd:
+            stack, kM, qM = _memory_stack(dm, fw, start[2], res, keep_seg)
+            Ms = (jnp.arange(S, dtype=jnp.int32), kM, qM)
         elif dm.memory:
             Ms = _recompute_memory(dm, fw, start[2], res, keep_seg)
         else:
             Ms = None
         (ds, dzk, dM, Mn, da), e = jax.lax.scan(
-            partial(_bstep, dm, fw, fwT),
+            partial(_bstep, dm, fw, fwT, stack),
             (ds, dzk, dM, Mn, da),
             (res, Ms, dp_seg, dg_seg, keep_seg),
             reverse=True,

@@ -39,7 +39,7 @@ from gpn_jax.native import cpu
 Array = jax.Array
 
 SOURCE = Path(__file__).with_suffix(".cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGET = "gpn_small_matmul"
 
 
@@ -69,7 +69,11 @@ def library_path(source: Path = SOURCE) -> Path:
     key = hashlib.sha256()
     for part in (source.read_bytes(), " ".join(FLAGS).encode(), jax.__version__.encode()):
         key.update(part)
-    for header in sorted((Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api").glob("*.h")):
+    headers = [
+        *SOURCE.parent.glob("*.h"),
+        *(Path(jax.ffi.include_dir()) / "xla/ffi/api").glob("*.h"),
+    ]
+    for header in sorted(headers):
         key.update(header.read_bytes())
     key.update(_cpu_id().encode())
     root = os.environ.get("GPN_JAX_NATIVE_CACHE")
@@ -87,7 +91,8 @@ def build(out: Path, source: Path = SOURCE) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+    includes = [f"-I{SOURCE.parent}", f"-I{jax.ffi.include_dir()}"]
+    cmd = [cxx, *FLAGS, *includes, str(source), "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:

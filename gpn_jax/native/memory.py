@@ -1,0 +1,102 @@
+"""The fused window's passes over the (B, H, K, U) memory on CPU as compiled kernels: its
+recomputation for the backward (`memory_stack.cc`) and the backward's per-token passes
+(`memory_grad.cc`).
+
+`gpn_jax.core.fast_window` rebuilds, before each segment's reverse loop, the memory entering
+each of its S steps from the segment's starting memory and the stored write inputs, then runs
+the write's and the read's backward step by step. As XLA operations that is four passes over the
+whole memory per step for the recomputation (and a zero-filled stack) and ~11 per step for the
+backward, each over 2 MiB at the bench's sizes; the kernels keep each (b, h) memory in the
+cache through a segment (`stack`) and pass over it twice per step (`grad_reduce`,
+`grad_update`), reading the recomputed memories where `stack` wrote them. The formulas are in
+the sources' comments and `fast_window._memory_bwd`.
+
+They are built, cached and loaded as `small_matmul`'s kernel is, and used where that one is
+(`GPN_JAX_NATIVE`, one CPU device, float32 parameters) when the memory is stored in float32
+(`available`); the backward's passes only for one predict layer without remat (`fast_window`).
+`python experiments/window_ab.py` measures what they gain (README, Speed). Not differentiable
+(no JVPs): they run inside the fused window's backward only.
+"""
+
+import ctypes
+import functools
+import logging
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from gpn_jax.native import small_matmul
+
+Array = jax.Array
+
+_HERE = Path(__file__).parent
+# FFI target -> (source, the handler's symbol in its library)
+TARGETS = {
+    "gpn_memory_stack": (_HERE / "memory_stack.cc", "GpnMemoryStack"),
+    "gpn_memory_grad_reduce": (_HERE / "memory_grad.cc", "GpnMemoryGradReduce"),
+    "gpn_memory_grad_update": (_HERE / "memory_grad.cc", "GpnMemoryGradUpdate"),
+}
+
+
+@functools.cache
+def _loaded() -> bool:
+    """Builds (once per source, CPU and JAX) and registers the kernels; False with one warning
+    where they cannot be."""
+    try:
+        for target, (source, symbol) in TARGETS.items():
+            path = small_matmul.library_path(source)
+            if not path.exists():
+                small_matmul.build(path, source)
+            lib = ctypes.cdll.LoadLibrary(str(path))
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), "cpu")
+        return True
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logging.warning("gpn_jax: native memory kernels unavailable, using XLA's (%s)", e)
+        return False
+
+
+def available(memory_dtype) -> bool:
+    """True when a window whose products use `small_matmul` (`Dims.native`) should also pass
+    over its memory here: the memory stored in float32 and the kernels built."""
+    return jnp.dtype(memory_dtype) == jnp.float32 and _loaded()
+
+
+def _call(target: str, outs, *args):
+    if not _loaded():
+        raise RuntimeError("gpn_jax: the native memory kernels could not be built (logged above)")
+    f32 = jnp.float32
+    args = [a if a.dtype == jnp.int32 else a.astype(f32) for a in args]
+    shapes = tuple(jax.ShapeDtypeStruct(s, f32) for s in outs)
+    return jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*args)
+
+
+def stack(M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB):
+    """(Ms (S, B, H, K, U), kM, qM (S, B, H, U)): the memory entering each step t (before its
+    reset), from M0 and the steps' write inputs, M <- eg Mi + k (beta (v - Mi^T k))^T with
+    Mi = keep M (k l2-normalised); kM = Mi^T k and qM = Mi^T q of each step."""
+    S = k_SxBxHxK.shape[0]
+    U = M0_BxHxKxU.shape[-1]
+    n = (S, *M0_BxHxKxU.shape[:2])
+    args = (M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)
+    return _call("gpn_memory_stack", [(S, *M0_BxHxKxU.shape), (*n, U), (*n, U)], *args)
+
+
+def grad_reduce(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
+    """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t]."""
+    B, H, K, U = dM_BxHxKxU.shape
+    t = jnp.asarray(t, jnp.int32)
+    args = (Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU)
+    return _call("gpn_memory_grad_reduce", [(B, H, U), (B, H, K), (B, H)], *args)
+
+
+def grad_update(
+    Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
+):
+    """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)) with
+    Mi = keep Ms[t]."""
+    B, H, K, U = dM_BxHxKxU.shape
+    t = jnp.asarray(t, jnp.int32)
+    args = (Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)
+    return _call("gpn_memory_grad_update", [(B, H, K, U), (B, H, K), (B, H, K)], *args)
