@@ -25,9 +25,10 @@ recurrent:
 * **Per-token products on CPU.** On one CPU device in float32 (by default where the CPU has
   AVX-512, or AVX2 and FMA: `gpn_jax.native.small_matmul`), the loops' fused matrices are
   packed once per window (`_loop_weights`) and multiplied by a compiled kernel instead of
-  XLA's dots. A float32 memory is then also recomputed for the backward by a compiled kernel,
-  and with one predict layer and no remat the backward's per-token passes over it are two
-  kernel calls (`gpn_jax.native.memory`; `_memory_bwd` has the formulas).
+  XLA's dots. A float32 memory is then also written and read (`_write_read`) and recomputed for
+  the backward by compiled kernels, and with one predict layer and no remat the backward's
+  per-token passes over it are two kernel calls (`gpn_jax.native.memory`; `_memory_bwd` has
+  the formulas).
 
 * **Tensor parallelism** (`Dims.tp` > 1, the size of the mesh axis that splits memory heads
   and d_ffn, which `GPN.partitioned` takes from the sharding rules and the mesh). Megatron style with GSPMD
@@ -308,6 +309,13 @@ def _write(dm: Dims, zk_prev, zw, a, M):
     return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
 
 
+def _write_read(dm: Dims, zk_prev, zw, a, zq, M):
+    """`_write` and layer 0's `_read_out` by the native kernel (`memory.step`): (M', g, o)."""
+    k, v, beta, g = _write_inputs(dm, zk_prev, zw, a)
+    Mn, o = memory.step(M, k, _query(dm, zq), v, beta, jnp.exp(g))
+    return Mn, g, o.reshape(*o.shape[:-2], dm.hu)
+
+
 def _query(dm: Dims, zq):
     """The read's query per head (l2-normalised), (B, [tp,] hb, k)."""
     return l2n(jax.nn.relu(_heads(zq, dm.hb)))
@@ -477,11 +485,14 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
     s, zk, M = carry
     x = rms(s)
     Z0 = _cols(x, fw["W0"]) + fw["b0"]
-    Mn, g, zk_new = None, None, None
+    Mn, g, zk_new, o0 = None, None, None, None
     Zl = Z0
     if dm.memory:
         zk_new, zw, Zl = _split(Z0, [dm.hk, dm.hu + 2 * dm.hb, Z0.shape[-1] - dm.write_cols])
-        Mn, g = _write(dm, zk, zw, fw["a"], M)
+        if _kernel_memory(dm, M):  # the write and layer 0's read in one call
+            Mn, g, o0 = _write_read(dm, zk, zw, fw["a"], _split(Zl, dm.layer_cols())[3], M)
+        else:
+            Mn, g = _write(dm, zk, zw, fw["a"], M)
     c, cs, Zs, zpgs, reads = s, [], [], [], []
     for i in range(dm.n_layers):
         if i:
@@ -497,7 +508,7 @@ def _step(dm: Dims, fw: dict, carry, xg: Array):
             if read is not None:
                 reads.append(read)
         else:
-            X2, pg = _layer_pre(dm, Zl, Mn)
+            X2, pg = _layer_pre(dm, Zl, Mn) if i or o0 is None else _layer_out(dm, Zl, o0)
             c = pg * c + _rows(X2, fw["W2o"][i])
     zg = _cols(rms(c), fw["Wg"]) + fw["bg"]
     s_new = jax.nn.sigmoid(zg) * c + xg

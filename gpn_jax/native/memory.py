@@ -34,6 +34,7 @@ Array = jax.Array
 _HERE = Path(__file__).parent
 # FFI target -> (source, the handler's symbol in its library)
 TARGETS = {
+    "gpn_memory_step": (_HERE / "memory_step.cc", "GpnMemoryStep"),
     "gpn_memory_stack": (_HERE / "memory_stack.cc", "GpnMemoryStack"),
     "gpn_memory_grad_reduce": (_HERE / "memory_grad.cc", "GpnMemoryGradReduce"),
     "gpn_memory_grad_update": (_HERE / "memory_grad.cc", "GpnMemoryGradUpdate"),
@@ -63,13 +64,24 @@ def available(memory_dtype) -> bool:
     return jnp.dtype(memory_dtype) == jnp.float32 and _loaded()
 
 
-def _call(target: str, outs, *args):
+def _call(target: str, outs, *args, aliases=None):
     if not _loaded():
         raise RuntimeError("gpn_jax: the native memory kernels could not be built (logged above)")
     f32 = jnp.float32
     args = [a if a.dtype == jnp.int32 else a.astype(f32) for a in args]
     shapes = tuple(jax.ShapeDtypeStruct(s, f32) for s in outs)
-    return jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*args)
+    call = jax.ffi.ffi_call(
+        target, shapes, vmap_method="sequential", input_output_aliases=aliases or {}
+    )
+    return call(*args)
+
+
+def step(M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
+    """(M', o): one token's write M' = eg M + k (beta (v - M^T k))^T (k l2-normalised) and its
+    read o = M'^T q (B, H, U). M' is written over M's buffer."""
+    B, H, K, U = M_BxHxKxU.shape
+    args = (M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH)
+    return _call("gpn_memory_step", [(B, H, K, U), (B, H, U)], *args, aliases={0: 0})
 
 
 def stack(M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB):
@@ -95,8 +107,10 @@ def grad_update(
     Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
 ):
     """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)) with
-    Mi = keep Ms[t]."""
+    Mi = keep Ms[t]. The first is written over dM's buffer (each entry from the same entry of
+    dM), which XLA then need not copy into the backward loop's carry."""
     B, H, K, U = dM_BxHxKxU.shape
     t = jnp.asarray(t, jnp.int32)
     args = (Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)
-    return _call("gpn_memory_grad_update", [(B, H, K, U), (B, H, K), (B, H, K)], *args)
+    outs = [(B, H, K, U), (B, H, K), (B, H, K)]
+    return _call("gpn_memory_grad_update", outs, *args, aliases={3: 0})

@@ -19,7 +19,8 @@
 // within a pass.
 //
 // Shapes (row-major float32): Ms (S, B, H, K, U); t () int32; keep (B,); dM (B, H, K, U);
-// k, q (B, H, K); w, dkM, dqM (B, H, U); eg (B, H).
+// k, q (B, H, K); w, dkM, dqM (B, H, U); eg (B, H). `Update` may write dMs[t] over dM (each entry
+// from the same entry of dM).
 #include <cstdint>
 
 #include "parallel.h"

@@ -17,7 +17,7 @@ from tests.core.test_fast_window import pair, random_carry, random_params, token
 from tests.native.test_small_matmul import _fused_grad_hlo, needs_compiler
 from tests.tolerance import assert_rel_close
 
-STACK, REDUCE, UPDATE = memory.TARGETS
+STEP, STACK, REDUCE, UPDATE = memory.TARGETS
 
 
 def _segment(S: int, B: int, h: int, k: int, u: int, seed: int = 0):
@@ -136,9 +136,9 @@ def test_fused_window_gradients_through_the_memory_kernels_equal_autodiff(monkey
 @pytest.mark.parametrize(
     "kw,targets",
     [
-        (dict(n_layers=1), {STACK, REDUCE, UPDATE}),
-        (dict(n_layers=2), {STACK}),  # the passes take one layer's query
-        (dict(n_layers=1, remat_segment=3), set()),  # remat reruns the forward
+        (dict(n_layers=1), {STEP, STACK, REDUCE, UPDATE}),
+        (dict(n_layers=2), {STEP, STACK}),  # the passes take one layer's query
+        (dict(n_layers=1, remat_segment=3), {STEP}),  # remat reruns the forward
         (dict(n_layers=1, memory_dtype="bfloat16"), set()),
     ],
 )
