@@ -1,21 +1,21 @@
-"""The fused window's passes over the (B, H, K, U) memory on CPU as compiled kernels: its
-recomputation for the backward (`memory_stack.cc`) and the backward's per-token passes
-(`memory_grad.cc`).
+"""The fused window's passes over the (B, H, K, U) memory on CPU as compiled kernels: each
+token's write and read in the forward (`memory_step.cc`), the memory's recomputation for the
+backward (`memory_stack.cc`) and the backward's per-token passes (`memory_grad.cc`).
 
-`gpn_jax.core.fast_window` rebuilds, before each segment's reverse loop, the memory entering
-each of its S steps from the segment's starting memory and the stored write inputs, then runs
-the write's and the read's backward step by step. As XLA operations that is four passes over the
-whole memory per step for the recomputation (and a zero-filled stack) and ~11 per step for the
-backward, each over 2 MiB at the bench's sizes; the kernels keep each (b, h) memory in the
-cache through a segment (`stack`) and pass over it twice per step (`grad_reduce`,
-`grad_update`), reading the recomputed memories where `stack` wrote them. The formulas are in
-the sources' comments and `fast_window._memory_bwd`.
+As XLA operations a token's write and read are three passes over the whole memory; the
+backward's recomputation (`fast_window._recompute_memory`: the memory entering each of a
+segment's S steps, from its starting memory and the stored write inputs) four per step and a
+zero-filled stack; the write's and the read's backward ~11 per step; each over 2 MiB at the
+bench's sizes. The kernels take one (b, h) memory at a time while it is in the cache: `step`
+reads it twice and writes the new one over it, `stack` keeps it through a segment's writes,
+and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it. The
+formulas are in the sources' comments and `fast_window._memory_bwd`.
 
 They are built, cached and loaded as `small_matmul`'s kernel is, and used where that one is
 (`GPN_JAX_NATIVE`, one CPU device, float32 parameters) when the memory is stored in float32
 (`available`); the backward's passes only for one predict layer without remat (`fast_window`).
 `python experiments/window_ab.py` measures what they gain (README, Speed). Not differentiable
-(no JVPs): they run inside the fused window's backward only.
+(no JVPs): they run inside the fused window's custom VJP only.
 """
 
 import ctypes
