@@ -12,7 +12,8 @@ held-out PPL 30.9 vs unigram PPL 314.8 on the same 6,144 held-out tokens, i.e. 1
 starts to overfit after ~300 steps). Wall time 2 min on an idle machine (peak RSS 0.94 GiB);
 up to 9 min when the cores are shared with other jobs. 2026-12-03, a 2-core AMD EPYC with AVX2
 (Zen 3), the per-token product kernel on and the weight gradients' transposed input (other float
-rounding): held-out PPL 30.66 vs 314.79, 82 s (at 1665099).
+rounding): held-out PPL 30.66 vs 314.79, 82 s (at 1665099); with the memory kernels as well,
+30.76, 80 s (at 0330e2c).
 """
 
 import ml_collections
