@@ -599,11 +599,11 @@ def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
     return dZ, dMn, jnp.concatenate([h, sb * r], axis=-1), pg
 
 
-def _memory_bwd(dm: Dims, fw: dict, Ms, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
+def _memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
     """One predict layer's backward (tp == 1) with the write and the read, the memory's passes
     through `gpn_jax.native.memory`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
 
-    With Mi = keep Ms[t], the memory entering step t after its reset, and kM = Mi^T k,
+    With Mi = keep stack[t], the memory entering step t after its reset, and kM = Mi^T k,
     qM = Mi^T q from the recomputation (`_memory_stack`), the step's write and read are
         w = beta (v - kM),   M' = eg Mi + k w^T,   o = eg qM + (q . k) w   (= M'^T q),
     so only (B, H, .) vectors are left to JAX's vjp (`small`); the memory-sized products are
@@ -628,17 +628,18 @@ def _memory_bwd(dm: Dims, fw: dict, Ms, step, res: Res, Z, dM, keep, dX2, dpg, d
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
     (X2, pg, w, eg, _), small_vjp = jax.vjp(small, k, q, zw, fw["a"], Z, kM, qM)
-    dMk, dMw, inner = memory.grad_reduce(Ms, t, keep_B, dM, k, w)
+    dMk, dMw, inner = memory.grad_reduce(stack, t, keep_B, dM, k, w)
     dk, dq, dzw, da, dZ, dkM, dqM = small_vjp((dX2, dpg, dMk, inner, dg_out))
-    dM_prev, Mi_dkM, Mi_dqM = memory.grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    dM_prev, Mi_dkM, Mi_dqM = memory.grad_update(stack, t, keep_B, dM, k, q, dkM, dqM, eg)
     dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 
 
-def _bstep(dm: Dims, fw: dict, fwT: dict, Ms, bc, xs):
+def _bstep(dm: Dims, fw: dict, fwT: dict, stack, bc, xs):
     """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'.
-    `Ms`: the segment's recomputed memories when the memory's passes are the kernels'
-    (`_memory_bwd`; xs then holds (t, kM, qM) where it otherwise holds M before the step)."""
+    `stack`: the segment's recomputed memories when the memory's passes are the kernels'
+    (`_memory_bwd`; xs then holds (t, kM, qM) where it otherwise holds M before the step, and
+    the carry's Mn is None)."""
     ds, dzk, dM, Mn, da = bc
     res, Mprev, dp_out, dg_out, keep = xs  # Mprev: before this step's reset (`_reset`)
     mem_grads = None
@@ -658,17 +659,17 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, Ms, bc, xs):
         if dm.split:
             dZl, dMn, X2, pg = _layer_split_bwd(dm, fwT, i, res, Zl, Mn, dc)
             dZpgs.insert(0, dc * c_in * pg * (1 - pg))
-        elif Ms is not None:
+        elif stack is not None:
             dX2 = _cols(dc, fwT["W2o"][i])
             dZl, X2, pg, mem_grads = _memory_bwd(
-                dm, fw, Ms, Mprev, res, Zl, dM, keep, dX2, dc * c_in, dg_out
+                dm, fw, stack, Mprev, res, Zl, dM, keep, dX2, dc * c_in, dg_out
             )
         else:
             (X2, pg), pre = jax.vjp(partial(_layer_pre, dm), Zl, _f32(Mn))
             dZl, dMn = pre((_cols(dc, fwT["W2o"][i]), dc * c_in))
         X2s.insert(0, X2)
         dYs.insert(0, dc)
-        if dm.memory and Ms is None:
+        if dm.memory and stack is None:
             dM = dM + dMn
         dc = dc * pg
         if i:
@@ -710,7 +711,7 @@ def _bstep(dm: Dims, fw: dict, fwT: dict, Ms, bc, xs):
             if mem_grads is None:
                 dMprev = dMprev * _rowwise(keep, dMprev)
         ds_prev = ds_prev * keep[:, None]
-    return (ds_prev, dzk_prev, dMprev, Mprev if Ms is None else Mn, da), emit
+    return (ds_prev, dzk_prev, dMprev, Mprev if stack is None else Mn, da), emit
 
 
 def _f32(M: Array | None) -> Array | None:
@@ -730,16 +731,16 @@ def _memory_stack(dm: Dims, fw, M0, res: Res, keep_SxB=None):
 
 
 def _kernel_memory(dm: Dims, M: Array) -> bool:
-    """Whether the memory's recomputation runs through the native kernel: with the products'
-    kernel, for a float32 memory."""
+    """Whether the memory's passes run through the native kernels (the forward's write and read,
+    the backward's recomputation): with the products' kernel, for a float32 memory."""
     return dm.native and dm.memory and memory.available(M.dtype)
 
 
 def _kernel_memory_bwd(dm: Dims, M: Array) -> bool:
     """Whether the backward's per-token passes over the memory do too (`_memory_bwd`): one
     predict layer (whose query the recomputation takes), no remat (whose segments rerun the
-    forward instead)."""
-    return _kernel_memory(dm, M) and dm.n_layers == 1 and not dm.remat and not dm.split
+    forward instead). `dm.native` implies one block (tp == 1)."""
+    return _kernel_memory(dm, M) and dm.n_layers == 1 and not dm.remat
 
 
 def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
@@ -777,7 +778,7 @@ def _window_bwd(dm: Dims, saved, cts):
     fwT = _loop_weights(dm, _transposed(fw))
     fwh = _loop_weights(dm, _with_halves(dm, fw))
 
-    kernel_bwd = dm.memory and _kernel_memory_bwd(dm, MT)
+    kernel_bwd = _kernel_memory_bwd(dm, MT)
 
     def seg(carry, xs):
         ds, dzk, dM, Mn, da, gw = carry
@@ -827,7 +828,7 @@ def _window_bwd(dm: Dims, saved, cts):
         dsT,
         _along(dm, jnp.zeros(zk_shape, jnp.float32), 1, batch=True) if dm.memory else None,
         _along(dm, dMT, 1, batch=True),
-        _along(dm, MT, 1, batch=True),
+        None if kernel_bwd else _along(dm, MT, 1, batch=True),  # the kernels read `stack`
         _along(dm, jnp.zeros(fw["a"].shape, jnp.float32), 0),
         gW,
     )

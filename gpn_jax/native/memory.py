@@ -47,10 +47,7 @@ def _loaded() -> bool:
     where they cannot be."""
     try:
         for target, (source, symbol) in TARGETS.items():
-            path = small_matmul.library_path(source)
-            if not path.exists():
-                small_matmul.build(path, source)
-            lib = ctypes.cdll.LoadLibrary(str(path))
+            lib = ctypes.cdll.LoadLibrary(str(small_matmul.built(source)))
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), "cpu")
         return True
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:

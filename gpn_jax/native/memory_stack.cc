@@ -15,8 +15,8 @@
 // beta, eg (S, B, H) (sigmoid and exp applied); keep (S, B) (0 at a document start).
 // Out: Ms (S, B, H, K, U), Ms[t] the memory entering step t, before its reset by keep; kM, qM
 // (S, B, H, U): (keep Ms[t])^T k[t] and (keep Ms[t])^T q[t].
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "parallel.h"
 

@@ -9,10 +9,10 @@ streams it (`matmul`), its tiles shared out between the calling thread and XLA's
 
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
 FFI headers jaxlib ships, into a cache keyed by the source, the flags, those headers, JAX's
-version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native.
-Compiling at install time instead would make `pip install` need a compiler and jaxlib's headers
-in its build environment; a machine without a compiler (or where the build fails) keeps XLA's products, with
-one warning.
+version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native
+(`built`, which `gpn_jax.native.memory` also uses for its kernels). Compiling at install time
+instead would make `pip install` need a compiler and jaxlib's headers in its build environment;
+a machine without a compiler (or where the build fails) keeps XLA's products, with one warning.
 
 GPN_JAX_NATIVE: `auto` (default) uses the kernel on x86 CPUs with AVX-512 or with AVX2 and FMA,
 the kinds it has been measured faster on (README, Speed); `1` uses it on any CPU (its SSE and
@@ -103,6 +103,14 @@ def build(out: Path, source: Path = SOURCE) -> None:
             os.unlink(tmp)
 
 
+def built(source: Path = SOURCE) -> Path:
+    """The library compiled from `source` for this CPU and JAX, built first if not cached."""
+    path = library_path(source)
+    if not path.exists():
+        build(path, source)
+    return path
+
+
 def register(library: Path, target: str) -> int:
     """Loads a built kernel and registers it as the CPU FFI target `target`: its tile width."""
     lib = ctypes.cdll.LoadLibrary(str(library))
@@ -114,10 +122,7 @@ def register(library: Path, target: str) -> int:
 def _tile() -> int:
     """Columns per packed tile of the loaded kernel (0: no kernel; one warning why)."""
     try:
-        path = library_path()
-        if not path.exists():
-            build(path)
-        return register(path, TARGET)
+        return register(built(), TARGET)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logging.warning("gpn_jax: native matmul kernel unavailable, using XLA's products (%s)", e)
         return 0
