@@ -2,12 +2,16 @@
 
 import importlib
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from gpn_jax.models import accounting, factory
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load(name, arg=None):
@@ -70,3 +74,46 @@ def test_summary_command_json():
     # 15 x 128 x 256 cells x (7 float32 passes + the float32 cotangent read + written)
     assert s["bytes_per_token"]["memory"] == 491_520 * (4 * 7 + 8)
     assert sorted(s["roofline"]) == ["H100 SXM", "TPU v5e"]
+
+
+def test_demo_config_is_shipped_and_the_experiments_path_is_the_same_config():
+    from gpn_jax.configs import demo
+
+    assert load("demo").to_dict() == demo.get_config().to_dict()
+    # the parameter count its docstring states
+    assert accounting.param_counts(factory.build_model(demo.get_config().model))["total"] == (
+        1_118_856
+    )
+
+
+QUICKSTART = """\
+import importlib.util, pathlib, sys
+assert importlib.util.find_spec("experiments") is None, "experiments/ must not be importable"
+from gpn_jax.configs import demo
+from gpn_jax.training.loop import train_and_evaluate
+config = demo.get_config()
+assert callable(train_and_evaluate) and config.model.family == "gpn"
+print(pathlib.Path(sys.modules["gpn_jax"].__file__).resolve().parent)
+"""
+
+
+def test_python_quickstart_works_from_the_installed_package_alone(tmp_path):
+    """The README's Python quickstart, run outside the checkout with only the `gpn_jax` package on
+    the path (what `pip install` ships: no `experiments/`): it builds the config and finds the
+    trainer (no training)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "gpn_jax").symlink_to(ROOT / "gpn_jax", target_is_directory=True)
+    run_dir = tmp_path / "elsewhere"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", QUICKSTART],
+        cwd=run_dir,
+        env={**env, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(ROOT / "gpn_jax")  # this checkout's package, not another
