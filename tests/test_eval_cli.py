@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import gpn_m_tiny
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
@@ -20,19 +19,13 @@ from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
 from gpn_jax.training.restore import load_run
+from tests.helpers.training import tiny_two_step_config as tiny_config
 
 TEXTS = [
     "The interpreter reads the file and then executes every statement",
     "A dictionary maps hashable keys to arbitrary values",
     "Generators return an iterator",
 ]
-
-
-def tiny_config():
-    c = gpn_m_tiny.get_config()  # batch 8: the 8 test CPU devices
-    c.train.update(dict(batch_size=8, steps=2, warmup_steps=1, eval_every=0, checkpoint_every=2))
-    c.train.async_checkpoints = False
-    return c
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.test_eval_cli import tiny_config
+from tests.helpers.training import tiny_two_step_config as tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

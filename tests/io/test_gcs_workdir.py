@@ -23,7 +23,7 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 
-from tests.test_eval_cli import tiny_config
+from tests.helpers.training import tiny_two_step_config as tiny_config
 
 URL = "gs://bucket/run"
 # The module's dict of protocol -> class (`fsspec.registry` itself is a read-only view of it).

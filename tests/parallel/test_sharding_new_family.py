@@ -19,6 +19,7 @@ from gpn_jax.parallel import spmd
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
+from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 V, D, H, B, T = 32, 8, 16, 8, 8
 
@@ -117,9 +118,9 @@ def test_sharded_loss_and_grads_match_one_device():
             in_shardings=(shardings, batch),
             out_shardings=(meshlib.replicated(mesh), shardings),
         )(jax.device_put(params, shardings), jax.device_put(tokens, batch))
-    # float32 sums in another order: measured |diff| 2.4e-7 (loss), 4e-10 (grads, max |g|
-    # 2.5e-3) on AVX2; tolerances ~40-50x that
-    np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=1e-5)
-    for name, g in grads.items():
-        np.testing.assert_allclose(g, ref_grads[name], rtol=0, atol=2e-8, err_msg=name)
+    # float32 sums in another order (sharded partial sums): the longest reductions are the mean
+    # over the B*T tokens after the V-way logsumexp and the H-wide layer; x8 for the chain
+    bound = f32_bound(B * T + V + H, 8)
+    assert rel_err(loss, ref_loss) <= bound
+    assert_rel_close(grads, ref_grads, bound, "sharded gradients")
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(ref_grads)) > 1e-3

@@ -15,8 +15,9 @@ from gpn_jax.interop.paper_checkpoint import from_paper_params, to_paper_params
 from gpn_jax.models import factory
 from gpn_jax.training import init_from
 from gpn_jax.training.loop import train_and_evaluate
-from tests.test_train_cli import assert_one_line_error, run_train
-from tests.training.test_training import final_state, tiny_config
+from tests.helpers.cli import assert_one_line_error, run_train
+from tests.helpers.training import final_state, tiny_config
+from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 PAPER_STEP = 3  # the paper run's step and data position (grad_accum 1: one micro-batch a step)
 N_TOKENS = 4096  # 128 windows of 32: 96 train (12 steps of 8), 32 held out
@@ -87,14 +88,6 @@ def continued_config(pkl, data, **train):
     return c
 
 
-def rel_err(a, b) -> float:
-    """max over leaves of |a - b| / |b| (Frobenius norms)."""
-    errs = jax.tree.map(
-        lambda x, y: float(np.linalg.norm(np.asarray(x) - y) / np.linalg.norm(y)), a, b
-    )
-    return max(jax.tree.leaves(errs))
-
-
 def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
     config = continued_config("", "", steps=PAPER_STEP + 1)
     pkl, data, tokens, ckpt = paper_run(tmp_path, config)
@@ -119,16 +112,17 @@ def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
     step, state, data_state, _ = final_state(str(tmp_path / "run"), config)
     assert step == int(state.step) == PAPER_STEP + 1
     assert (data_state["layout"], data_state["next_index"]) == ("sequential", PAPER_STEP + 1)
-    # Same state, same batch, same ops; the run's gradient is all-reduced over 8 devices.
-    # Measured (AVX2, 8 forced CPU devices), as max over leaves of |a - b| / |b|: loss 0,
-    # params after the update 6.9e-8, the update itself 1.9e-6 (Adam's normalisation on a
-    # small-gradient leaf). Tolerances ~50x. Measured against wrong recipes, the update
-    # differs by 3.7e-2 with no weight decay, 0.69 with decay on every leaf, 0.41 with
-    # steps 5 instead of 4 in the schedule.
-    assert abs(rows[0]["loss"] - float(loss)) <= 5e-6 * abs(float(loss))
-    assert rel_err(state.params, expected) < 5e-6
+    # Same state, same batch, same ops; the run's gradient is all-reduced over 8 devices, so
+    # its sums run in another order. The longest reduction is the gradient's sum over the
+    # B*T = 256 tokens after the vocab's 512-way logsumexp; Adam's update divides by the
+    # gradient's own scale, so it keeps the gradient's relative error: x4 margin for the
+    # moments' chain. A wrong recipe moves the update by O(1e-2) or more (no weight decay,
+    # decay on every leaf, a schedule one step off).
+    bound = f32_bound(b * t + config.model.vocab_size, 4)
+    assert rel_err(rows[0]["loss"], float(loss)) <= bound
+    assert_rel_close(jax.device_get(state.params), expected, bound, "params after the update")
     taken = jax.tree.map(np.subtract, jax.device_get(state.params), ours)
-    assert rel_err(taken, jax.tree.map(np.subtract, expected, ours)) < 1e-4
+    assert_rel_close(taken, jax.tree.map(np.subtract, expected, ours), bound, "the update")
 
 
 @pytest.mark.slow

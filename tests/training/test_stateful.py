@@ -16,8 +16,8 @@ from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
+from tests.helpers.training import tiny_config
 from tests.tolerance import assert_rel_close
-from tests.training.test_training import tiny_config
 
 EOS = 2
 

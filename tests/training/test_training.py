@@ -10,7 +10,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.configs import gpn_m_tiny
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
@@ -23,25 +22,8 @@ from gpn_jax.training.loop import (
     train_and_evaluate,
 )
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
-
-
-def tiny_config(**train):
-    c = gpn_m_tiny.get_config()
-    c.train.update(
-        dict(batch_size=8, steps=4, checkpoint_every=2, eval_every=0, log_every=1, eval_batches=2)
-    )
-    c.train.final_eval_batches = 2
-    c.train.update(train)
-    return c
-
-
-def final_state(workdir, config):
-    model = factory.build_model(config.model)
-    opt = make_optimizer(config.train, model.weight_decay_mask)
-    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
-    with Checkpointer(workdir, async_save=False, cleanup_tmp=False) as ckpt:
-        step, state, data_state, _, meta = ckpt.restore(abstract)
-    return step, state, data_state, meta
+from tests.helpers.training import final_state, tiny_config
+from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
@@ -78,8 +60,13 @@ def test_gradient_accumulation_equals_the_full_batch():
     batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
     one, m1 = jax.jit(ts.make_train_step(model, opt, 1))(state, batch)
     acc, m2 = jax.jit(ts.make_train_step(model, opt, 2))(state, batch)
-    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
-    chex.assert_trees_all_close(one.params, acc.params, atol=1e-6)
+    # float32 sums in another order (two half-batch sums vs one): the longest reduction is the
+    # gradient's sum over the B*T = 256 tokens after the vocab's 512-way logsumexp; x8 margin
+    bound = f32_bound(8 * 32 + 512, 8)
+    assert rel_err(m2["loss"], m1["loss"]) <= bound
+    # the moments hold the gradients (step 1's learning rate is 0 in warm-up: params unchanged)
+    assert_rel_close(acc.opt_state, one.opt_state, bound, "optimizer moments")
+    assert_rel_close(acc.params, one.params, bound, "params")
     assert int(one.step) == int(acc.step) == 1
     with pytest.raises(ValueError, match="batch size 8 is not divisible by grad_accum 3"):
         ts.make_train_step(model, opt, 3)(state, batch)

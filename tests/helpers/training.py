@@ -1,0 +1,40 @@
+"""Tiny training configs and reading a finished run's state, shared by the training, eval and
+I/O tests."""
+
+import jax
+
+from experiments.configs import gpn_m_tiny
+from gpn_jax.models import factory
+from gpn_jax.training import train_step as ts
+from gpn_jax.training.checkpointing import Checkpointer
+from gpn_jax.training.optimizer import make_optimizer
+
+
+def tiny_config(**train):
+    """gpn_m_tiny for 4 steps of batch 8 (the 8 test CPU devices), a checkpoint every 2 steps,
+    logged every step, 2 held-out batches at the end; `train` overrides train fields."""
+    c = gpn_m_tiny.get_config()
+    c.train.update(
+        dict(batch_size=8, steps=4, checkpoint_every=2, eval_every=0, log_every=1, eval_batches=2)
+    )
+    c.train.final_eval_batches = 2
+    c.train.update(train)
+    return c
+
+
+def tiny_two_step_config():
+    """gpn_m_tiny for 2 steps of batch 8 with synchronous checkpoints (a run to evaluate)."""
+    c = gpn_m_tiny.get_config()
+    c.train.update(dict(batch_size=8, steps=2, warmup_steps=1, eval_every=0, checkpoint_every=2))
+    c.train.async_checkpoints = False
+    return c
+
+
+def final_state(workdir, config):
+    """(step, train state, data state, metadata) of the newest checkpoint in `workdir`."""
+    model = factory.build_model(config.model)
+    opt = make_optimizer(config.train, model.weight_decay_mask)
+    abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
+    with Checkpointer(workdir, async_save=False, cleanup_tmp=False) as ckpt:
+        step, state, data_state, _, meta = ckpt.restore(abstract)
+    return step, state, data_state, meta
