@@ -3,16 +3,13 @@
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
-import ml_collections
 import pytest
 
 from experiments import compare
 from experiments.configs import compare_130m, compare_tiny
 from gpn_jax.configs import common
-from tests.environment import one_device_env
+from tests.helpers.compare import run_one_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ["gpn_m", "gpn", "transformer", "gdn"]
@@ -76,30 +73,6 @@ def test_models_must_share_one_vocabulary():
         compare.model_names(c)
 
 
-def micro_config() -> ml_collections.ConfigDict:
-    """compare_tiny shrunk to seconds per model (vocab 512, width 32, 6 steps of 8 x 32)."""
-    c = compare_tiny.get_config()
-    small = dict(vocab_size=512, d_model=32, d_ffn=64, loss_chunk=16)
-    c.models.gpn_m.update(small | dict(d_emb=16, n_heads=2, d_key=8, d_value=8))
-    c.models.gpn.update(small | dict(d_emb=16))
-    c.models.transformer.update(small | dict(n_layers=2, n_heads=2))
-    c.models.gdn.update(small | dict(n_layers=2, n_heads=2, d_key=8, d_value=8, chunk_size=16))
-    c.train.update(
-        dict(
-            batch_size=8,
-            seq_len=32,
-            steps=6,
-            warmup_steps=2,
-            log_every=2,
-            eval_every=3,
-            eval_batches=1,
-            checkpoint_every=3,
-            async_checkpoints=False,
-        )
-    )
-    return c
-
-
 LAMBADA_TEXTS = [
     "the cat sat on the mat and the dog sat on the mat",
     "a list is a sequence and a tuple is a sequence",
@@ -113,25 +86,10 @@ def run_compare(workdir, lambada_path=""):
     code = (
         "import sys\n"
         "from experiments.compare import compare\n"
-        "from tests.test_compare import micro_config\n"
+        "from tests.helpers.compare import micro_config\n"
         "compare(micro_config(), sys.argv[1], lambada_path=sys.argv[2] or None)\n"
     )
     return run_one_device(code, workdir, lambada_path)
-
-
-def run_one_device(code: str, *args):
-    """`python -c code *args` from the repository root on one CPU device; must exit 0."""
-    env = one_device_env()
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from experiments import compare, compare_claims, compare_seeds, fetch_corpus, window_ppl
 from experiments.configs import compare_small
 from gpn_jax.data.text_sources import embedded_corpus
-from tests.test_compare import run_one_device
+from tests.helpers.compare import run_one_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = "usr/share/doc/python3.11/html/_sources"
@@ -264,7 +264,7 @@ def run_two_model_compare(workdir):
     code = (
         "import sys\n"
         "from experiments.compare import compare\n"
-        "from tests.test_compare import micro_config\n"
+        "from tests.helpers.compare import micro_config\n"
         "c = micro_config()\n"
         "c.compare.models = 'gpn_m,gpn'\n"
         "c.compare.analyze = True\n"

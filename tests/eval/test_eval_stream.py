@@ -8,21 +8,8 @@ import pytest
 
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.eval import ppl, stream
-from gpn_jax.models import factory
+from tests.helpers.eval_models import GDN, GPN_M, TF, V, build
 from tests.tolerance import assert_rel_close
-
-V = 64
-GPN_M = dict(family="gpn", vocab_size=V, d_model=32, d_emb=16, d_ffn=64, n_heads=2, d_key=8,
-             d_value=8, loss_chunk=16)  # fmt: skip
-TF = dict(family="transformer", vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_ffn=64,
-          max_seq_len=32, loss_chunk=16)  # fmt: skip
-GDN = dict(family="gdn", vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_key=8, d_value=8,
-           d_ffn=64, chunk_size=16, loss_chunk=16)  # fmt: skip
-
-
-def build(cfg, seed=0):
-    model = factory.build_model(cfg)
-    return model, model.init(jax.random.PRNGKey(seed))
 
 
 def tokens(n, seed=0):

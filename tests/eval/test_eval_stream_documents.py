@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpn_jax.eval import stream
-from tests.eval.test_eval_stream import GDN, GPN_M, TF, build
+from tests.helpers.eval_models import GDN, GPN_M, TF, build
 from tests.tolerance import assert_rel_close
 
 EOS = 2

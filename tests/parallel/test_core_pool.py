@@ -8,19 +8,9 @@ import time
 import pytest
 
 from gpn_jax.parallel import core_pool
+from tests.helpers.pool_tasks import fail_on_three, mark_worker, setup_mark, where
 
 TWO_CORES = pytest.mark.skipif(len(core_pool.usable_cpus()) < 2, reason="needs 2 CPU cores")
-
-
-def where(task: int) -> tuple[int, int, tuple[int, ...]]:
-    """A task run in a worker: (its value squared, the process, the cores it may use)."""
-    return task * task, os.getpid(), tuple(sorted(os.sched_getaffinity(0)))
-
-
-def fail_on_three(task: int) -> int:
-    if task == 3:
-        raise ValueError("task 3 is bad")
-    return task
 
 
 @TWO_CORES
@@ -53,14 +43,6 @@ def test_auto_workers_is_one_per_core_on_cpu():
         core_pool.auto_workers(-1)
 
 
-def mark_worker() -> None:
-    os.environ["CORE_POOL_TEST_SETUP"] = f"ran in {os.getpid()}"
-
-
-def setup_mark(task: int) -> str | None:
-    return os.environ.get("CORE_POOL_TEST_SETUP")
-
-
 @TWO_CORES
 def test_worker_setup_runs_in_every_worker_before_its_tasks():
     out = dict(core_pool.map_unordered(setup_mark, range(4), workers=2, worker_setup=mark_worker))
@@ -69,12 +51,6 @@ def test_worker_setup_runs_in_every_worker_before_its_tasks():
     assert dict(core_pool.map_unordered(setup_mark, [0], workers=1, worker_setup=mark_worker)) == {
         0: None  # one worker is this process: its settings stay the caller's
     }
-
-
-def pid_then_sleep(path: str) -> None:
-    with open(path, "w") as f:
-        f.write(str(os.getpid()))
-    time.sleep(120)
 
 
 def _read(path: str) -> str:
@@ -100,7 +76,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     code = (
         "from gpn_jax.parallel import core_pool\n"
-        "from tests.parallel import test_core_pool as t\n"
+        "from tests.helpers import pool_tasks as t\n"
         f"list(core_pool.map_unordered(t.pid_then_sleep, {paths!r}, workers=2))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=root)
