@@ -8,8 +8,8 @@ import pytest
 
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.eval import ppl, stream
-from tests.helpers.eval_models import GDN, GPN_M, TF, V, build
-from tests.tolerance import assert_rel_close
+from tests.helpers.eval_models import GDN, GPN_M, TF, V, build, ce_bound
+from tests.tolerance import assert_rel_close, f32_bound
 
 
 def tokens(n, seed=0):
@@ -31,11 +31,11 @@ def test_streaming_with_carry_equals_one_long_window(cfg):
     x = tokens(2 * 96).reshape(2, 96)
     streamed = stream.stream_token_losses(model, params, x, window=32, carry=True)
     whole, _ = jax.jit(model.token_losses)(params, x)
-    # Relative to the norm (tests/tolerance.py); measured 5.3e-8 (2-core AVX2): bound ~40x.
-    assert_rel_close(streamed, np.asarray(whole), 2e-6, "streamed CE")
+    # relative to the norm (tests/tolerance.py): 96 positions of the recurrence
+    assert_rel_close(streamed, np.asarray(whole), ce_bound(96), "streamed CE")
     reset = stream.stream_token_losses(model, params, x, window=32, carry=False)
     assert not np.allclose(reset[:, 32:], streamed[:, 32:])  # the carry matters
-    assert_rel_close(reset[:, :32], streamed[:, :32], 1e-6, "first window")  # bit-equal
+    assert_rel_close(reset[:, :32], streamed[:, :32], ce_bound(32), "first window")
 
 
 def test_buckets_of_a_recurrent_model():
@@ -46,8 +46,11 @@ def test_buckets_of_a_recurrent_model():
     assert list(r["buckets"]) == ["0-64", "64-128", "128-288"]
     assert [b["tokens"] for b in r["buckets"].values()] == [64, 64, 160]
     ce = stream.stream_token_losses(model, params, tokens(300)[:288][None], 32)
-    assert r["buckets"]["64-128"]["loss"] == pytest.approx(ce[:, 64:128].mean(), rel=1e-6)
-    assert r["overall"]["ppl"] == pytest.approx(math.exp(ce.mean()), rel=1e-6)
+    # the same float32 CE program on both sides, averaged in float64: only float64 rounding of
+    # the 288-term means differs (288 x 2**-52, x10)
+    f64 = 10 * 288 * 2.0**-52
+    assert r["buckets"]["64-128"]["loss"] == pytest.approx(ce[:, 64:128].mean(), rel=f64)
+    assert r["overall"]["ppl"] == pytest.approx(math.exp(ce.mean()), rel=f64 * ce.mean())
     assert set(r["reset"]["buckets"]) == set(r["buckets"])
     assert r["reset"]["buckets"]["0-64"]["loss"] != r["buckets"]["0-64"]["loss"]  # 2nd window
     r2 = stream.stream_eval(model, params, tokens(300), window=32, buckets="0,64", num_streams=2)
@@ -60,8 +63,10 @@ def test_transformer_reports_its_fixed_window_number():
     r = stream.stream_eval(model, params, x, window=32, buckets="0,64,128")
     assert r["mode"] == "fixed_window" and "reset" not in r
     restarted = np.asarray(jax.jit(model.token_losses)(params, x.reshape(4, 32))[0])
-    # measured 4.8e-8 relative (2-core AVX2): bound ~40x
-    assert r["buckets"]["64-128"]["loss"] == pytest.approx(restarted[2:].mean(), rel=2e-6)
+    # another program for the same windows: attention over 32 positions, widths <= d_ffn = 64,
+    # the V-way logsumexp, then the mean over the bucket's 64 tokens; x2
+    bound = f32_bound(32 + 64 + V + 64, 2)
+    assert r["buckets"]["64-128"]["loss"] == pytest.approx(restarted[2:].mean(), rel=bound)
 
 
 def test_stream_too_short():
@@ -78,7 +83,10 @@ def test_windows_ppl_is_exp_mean_model_loss():
     loss = jax.jit(lambda p, x: model.loss(p, x)[0])
     losses = [float(loss(params, b)) for b in it()]
     assert len(losses) == 5 and r["windows"] == 20 and r["tokens"] == 20 * 16
-    assert r["ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-6)
+    # another program for the same batches (16 positions each) and a 5-term mean: exp turns
+    # the mean loss's absolute error (its size x its relative error) into the PPL's
+    bound = np.mean(losses) * (ce_bound(16) + f32_bound(4 * 16, 1))
+    assert r["ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=bound)
     assert ppl.windows_ppl(model, params, it(), max_batches=2)["windows"] == 8
     with pytest.raises(ValueError, match="no held-out windows"):
         ppl.windows_ppl(model, params, [])

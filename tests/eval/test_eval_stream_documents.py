@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpn_jax.eval import stream
-from tests.helpers.eval_models import GDN, GPN_M, TF, build
+from tests.helpers.eval_models import GDN, GPN_M, TF, build, ce_bound
 from tests.tolerance import assert_rel_close
 
 EOS = 2
@@ -30,8 +30,8 @@ def test_carried_documents_equal_each_document_scored_alone(cfg):
     ce = stream.stream_token_losses(model, params, flat[None], 4, carry=True, eos_id=EOS)
     token_losses = jax.jit(model.token_losses)
     alone = [token_losses(params, jnp.asarray(d[None], jnp.int32))[0] for d in docs]
-    # measured (2-core AVX2) 0 for GPN+M, 5e-8 for GDN; bound 2e-6 (~40x)
-    assert_rel_close(ce, np.concatenate(alone, axis=1), 2e-6, "per-token CE")
+    # another program for the same documents, each at most 8 positions long
+    assert_rel_close(ce, np.concatenate(alone, axis=1), ce_bound(8), "per-token CE")
     result = stream.stream_eval(model, params, flat, 4, [0, 4, 8, 24], eos_id=EOS)
     assert result["positions"] == "within document (reset at each start)"
     assert {k: b["tokens"] for k, b in result["buckets"].items()} == {"0-4": 16, "4-8": 8}
