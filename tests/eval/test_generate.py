@@ -8,7 +8,7 @@ import pytest
 from gpn_jax.eval import sampling
 from gpn_jax.eval.sampling import SamplingConfig
 from gpn_jax.models import factory
-from tests.tolerance import assert_rel_close
+from tests.tolerance import assert_rel_close, f32_bound
 
 V = 48
 CONFIGS = {
@@ -70,8 +70,9 @@ def test_decoding_a_prompt_step_by_step_equals_the_full_forward(name):
     tokens = jnp.asarray([PROMPT], jnp.int32)
     full, _ = jax.jit(model.logits)(params, tokens)
     out = sampling.generate(model, params, PROMPT, max_new_tokens=0)
-    # Relative to the norm (tests/tolerance.py); measured 3.6e-7 (2-core AVX2): bound ~30x.
-    assert_rel_close(out["prompt_logits"], np.asarray(full[0]), 1e-5, "prompt logits")
+    # relative to the norm (tests/tolerance.py): one token at a time vs one program over the
+    # prompt (<= 16 positions) of reductions no longer than d_ffn = 64; x1 (the worst case)
+    assert_rel_close(out["prompt_logits"], np.asarray(full[0]), f32_bound(16 * 64, 1), "logits")
 
 
 @pytest.mark.parametrize("name", ["gpn_m", "transformer"])
