@@ -8,6 +8,7 @@ from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.optimizer import make_optimizer
+from tests.tolerance import f32_bound
 
 
 def tiny_config(**train):
@@ -38,3 +39,16 @@ def final_state(workdir, config):
     with Checkpointer(workdir, async_save=False, cleanup_tmp=False) as ckpt:
         step, state, data_state, _, meta = ckpt.restore(abstract)
     return step, state, data_state, meta
+
+
+def tiny_bound(tokens: int, positions: int = 32, margin: float = 4) -> float:
+    """Float32 bound (tests/tolerance.py) for gpn_m_tiny's (or gdn_tiny's: the same widths) loss,
+    gradients or carry computed by two programs (another sharding, fusion or micro-batching):
+    `positions` recurrent steps of reductions no longer than d_ffn = 128, the 512-way vocabulary
+    logsumexp, then the sum over `tokens`; x4 for the backward pass retracing the chain."""
+    return f32_bound(positions * 128 + 512 + tokens, margin)
+
+
+def norm_bound(tokens: int, n_params: int, positions: int = 32) -> float:
+    """`tiny_bound` plus the gradient norm's own sum of `n_params` squares (worst case n x eps)."""
+    return tiny_bound(tokens, positions) + f32_bound(n_params, 1)

@@ -19,6 +19,7 @@ from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
+from tests.helpers.training import norm_bound, tiny_bound
 
 
 def tiny_config():
@@ -99,9 +100,11 @@ def test_checkpoint_written_on_2x4x1_restores_on_8x1x1_and_one_device(tmp_path):
         state, metrics = step(restored, put(batches[2]))
         # The step on the new layout, compared before the optimiser (Adam turns float-order
         # noise in a near-zero gradient entry into a full-size update; the restored state is
-        # bit-exact above). Measured bit-equal (2-core AVX2); 2e-6 is ~16 float32 ulps.
+        # bit-exact above): batches of 8 x 8 tokens in another sharding
+        n_params = sum(np.size(x) for x in jax.tree.leaves(saved.params))
+        rel = {"loss": tiny_bound(64, positions=8), "grad_norm": norm_bound(64, n_params, 8)}
         for k, want in expected.items():
-            assert float(metrics[k]) == pytest.approx(want, rel=2e-6), (name, k)
+            assert float(metrics[k]) == pytest.approx(want, rel=rel[k]), (name, k)
 
 
 @pytest.mark.slow
@@ -128,4 +131,7 @@ def test_training_resumes_on_another_mesh(tmp_path):
     }
     a, b = rows(straight), rows(resumed)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
-    np.testing.assert_allclose([b[k] for k in (3, 4)], [a[k] for k in (3, 4)], rtol=1e-6)
+    # another mesh's reduction order at each step since the restore (bit-exact): 2 steps of
+    # batches of 8 x 8 tokens
+    bound = 2 * tiny_bound(64, positions=8)
+    np.testing.assert_allclose([b[k] for k in (3, 4)], [a[k] for k in (3, 4)], rtol=bound)

@@ -16,7 +16,7 @@ from gpn_jax.training import train_step as ts
 from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
-from tests.helpers.training import tiny_config
+from tests.helpers.training import tiny_bound, tiny_config
 from tests.tolerance import assert_rel_close
 
 EOS = 2
@@ -83,15 +83,16 @@ def test_sharded_stateful_step_equals_the_plain_step_and_shards_the_carry():
     plain = jax.jit(ts.make_train_step(run.model, run.optimizer, eos_id=EOS))
     fresh = jax.device_get(run.init_state(jax.random.PRNGKey(0)))
     plain_state, plain_metrics = plain(fresh, x)
-    # measured (2-core AVX2): loss 8e-8, carry 9e-7, params after the step 0 (one step from
-    # zero Adam moments); bounds >= 30x, params' at the loss's
-    assert_rel_close(sharded_metrics["loss"], plain_metrics["loss"], 1e-5, "loss")
-    assert_rel_close(sharded_state.carry, plain_state.carry, 3e-5, "carry")
-    assert_rel_close(sharded_state.params, plain_state.params, 1e-5, "params")
+    # sharded vs one program over 16 windows of seq_len tokens; the params after one step from
+    # zero Adam moments keep the gradients' relative error
+    bound = tiny_bound(x.size, config.train.seq_len)
+    assert_rel_close(sharded_metrics["loss"], plain_metrics["loss"], bound, "loss")
+    assert_rel_close(sharded_state.carry, plain_state.carry, bound, "carry")
+    assert_rel_close(sharded_state.params, plain_state.params, bound, "params")
 
     _, (expected, _) = run.model.loss(fresh.params, x, fresh.carry, resets=document_starts(x, EOS))
     expected = reset_after_eos(run.model, expected, x, EOS)
-    assert_rel_close(plain_state.carry, expected, 1e-6, "carry of the step")  # measured 0
+    assert_rel_close(plain_state.carry, expected, bound, "carry of the step")  # same math
     np.testing.assert_array_equal(plain_state.carry.last_token[1], config.model.bos_id)
 
 
