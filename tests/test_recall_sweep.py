@@ -125,6 +125,7 @@ def test_compute_floor_counts_the_grid_and_times_every_family(capsys):
         fields = rs.model_fields(family, 16, 8, s)
         per_token = rs.factory.build_model(fields).flops_per_token(8)["train"]
         expected += per_token * s.batch_size * 8 * s.steps * 4
+    # float64 sums of a few exact products: 1e-12 is thousands of float64 eps (2.2e-16)
     assert out["total_flops"] == pytest.approx(expected, rel=1e-12)
     assert out["floor_s"] == pytest.approx(expected / 1e9, rel=1e-12)
     assert "GFLOP/step" in capsys.readouterr().out
