@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     """One garbage collection at session end instead of pytest's five (its unraisable-exception
     plugin collects repeatedly to surface late `__del__` errors): with JAX's caches full after
-    hundreds of tests each pass takes seconds, and the suite's profile (py-spy, 2026-12-02)
-    showed 16 s of the two workers' time there. Unraisable exceptions are still reported."""
+    hundreds of tests each pass takes seconds, which a profile of the suite shows as a visible
+    share of the two workers' time. Unraisable exceptions are still reported."""
     try:
         from _pytest.unraisableexception import gc_collect_iterations_key
     except ImportError:  # a pytest without the key: keep its default

@@ -3,17 +3,12 @@
 Tests check behaviour (equivalences, exact values, errors), not speed, and most of a cold run
 of the suite is XLA compiling many small programs, so test processes compile at LLVM's
 cheapest optimisation level and without XLA:CPU's fusion emitters (programs compared across
-processes, a CLI run against an in-process run, are then built the same way). Measured from an
-empty compilation cache, 2-core AVX2: a tiny GPN+M train step compiles in 6.2 s at XLA's
-defaults, 3.6 s at level 0 and 1.7 s at level 0 without the emitters; the in-process unit
-tests of core, models, analysis, eval, training and sharding took 912 s (summed over both
-xdist workers) at level 0 and 558 s with the emitters off as well. The price is slower code:
-the demo main job's 80 steps run at 1,700 tokens/s instead of 7,600, so the few tests that
-mostly run (not compile) start their processes with XLA's defaults (`fast=False`).
-The two xdist workers already keep both cores busy, so test processes also run Eigen's
-matmuls on one thread and give LLVM one code-generation split (no thread contention between
-the workers): `pytest -n 2 tests/core` from an empty cache took 91.9 s without these two
-flags, 72.8 s with single-threaded Eigen and 69.8 s with both (2-core AVX2, 2026-12-02).
+processes, a CLI run against an in-process run, are then built the same way): a tiny train
+step compiles several times faster that way. The price is slower code (several times fewer
+tokens/s), so the few tests that mostly run (not compile) start their processes with XLA's
+defaults (`fast=False`). The two xdist workers already keep both cores busy, so test processes
+also run Eigen's matmuls on one thread and give LLVM one code-generation split (no thread
+contention between the workers).
 """
 
 import os

@@ -217,7 +217,7 @@ def test_fused_window_tensor_parallel_loss_and_grads_match_one_device(name):
 @pytest.mark.parametrize("name", ["gpn_m_fused", "gdn"])
 def test_tensor_only_mesh_matches_one_device(name):
     """data = fsdp = 1, tensor = 2: no batch collective is emitted over the trivial manual
-    axes (XLA's partitioner rejected that all-reduce, for every family, until 2026-12-01)."""
+    axes (XLA's partitioner rejects such an all-reduce, for every family)."""
     _assert_matches(name, (1, 1, 2))
 
 

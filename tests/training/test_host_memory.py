@@ -67,7 +67,7 @@ print(faults)
 def test_a_freed_buffer_is_reused_without_page_faults():
     """By default a freed 64 MiB block is unmapped and the next one faults in all 16,384 of
     its pages again; after `reuse_freed_heap` the heap keeps it and the next touch is free
-    (measured: 16,384 vs 0 faults). A fresh interpreter: mallopt settings are per process."""
+    (16,384 faults vs none). A fresh interpreter: mallopt settings are per process."""
     import subprocess
     import sys
 
@@ -116,12 +116,11 @@ print(sorted(faults)[len(faults) // 2])  # the median call
 def test_inline_steps_reuse_their_temporaries_without_page_faults():
     """A jitted step with a 128 MiB temporary, after `steady_step_memory`: dispatched as JAX
     does by default (where it keeps the heap as it was) its temporaries fault in afresh
-    (allocated on a runtime thread, freed after the call returns; measured 65,537 faults a
-    call), run inline
-    (`inline_cpu_steps`) they are the last call's (measured: 0-7). Not every call: the
-    runtime can still free a step's buffers a moment after the call returns, and the next
-    call then maps its own (with a busy-loop process beside it, 4 of 64 inline calls faulted
-    all 65,536 pages), so the median of 9 calls is compared."""
+    (allocated on a runtime thread, freed after the call returns: all 65,536 pages a call), run
+    inline (`inline_cpu_steps`) they are the last call's (a handful of faults). Not every call:
+    the runtime can still free a step's buffers a moment after the call returns, and the next
+    call then maps its own (more often on a busy machine), so the median of 9 calls is
+    compared."""
     import subprocess
     import sys
 
