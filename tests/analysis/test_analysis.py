@@ -190,6 +190,8 @@ def test_mean_direction_decoding(gpn_m):
     assert [t["id"] for t in md["top_tokens"]] == np.argsort(-want, kind="stable")[:10].tolist()
     from scipy.stats import spearmanr
 
+    # rank statistics of the same logits: equal ranks give the same value up to float64
+    # rounding (scale 1, so absolute); a wrong ranking moves it by far more than 1e-6
     assert md["spearman_unigram"] == pytest.approx(spearmanr(want, counts).statistic, abs=1e-6)
     e = np.asarray(params["embed"], np.float64)
     le = e @ e.mean(0)
