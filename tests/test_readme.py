@@ -27,7 +27,7 @@ def _read(path):
 
 def _slug(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[`*]", "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
