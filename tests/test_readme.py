@@ -17,7 +17,8 @@ CONTRACT = [
     "python -m gpn_jax.train --config=experiments/configs/demo.py --workdir=runs/demo",
     "python -m pytest -q -n 2 tests",
 ]
-_LINK = re.compile(r"\]\(((?:\.\./)?(?:docs|launch)/[^)#\s]+)(?:#([^)\s]+))?\)")
+# relative links to Markdown pages (a URL has a ":", so it is not matched)
+_LINK = re.compile(r"\]\(([^)#\s:]+\.md)(?:#([^)\s]+))?\)")
 
 
 def _read(path):
