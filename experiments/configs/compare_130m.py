@@ -5,7 +5,7 @@
         [--lambada_path=lambada_openai_test.jsonl]
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 Models: the model blocks of `gpn_m_1l_130m.py` (129,151,902 parameters), `gpn_1l_130m.py`
 (129,234,848), `transformer_130m.py` (128,994,048) and `gdn_130m.py` (129,503,608), unchanged.

@@ -29,19 +29,15 @@ EVAL_STRIDE-th of the held-out split's in-order batches (163,840 tokens): a samp
 split, where a prefix is one corner of it (its documents are in file order; on the hash split
 the first 196,608 tokens gave a 270-step GPN+M 70.80 against a train PPL of 60.11).
 
-Time, measured 2026-12-02 (2-core AMD EPYC, AVX2, matmul peak 160-174 GFLOP/s, idle): the
-compare command took 54 min 51 s (12 runs of 2.2-5.9 minutes and six analyses); on the
-hash-chosen split and a slower machine of the same kind (117 GFLOP/s) 1 h 16 min 45 s, within
-the ~90 minutes this table is meant to take either way. At 270 steps with the whole held-out
-split (`--config.train.steps=270 --config.train.warmup_steps=27
---config.train.final_eval_stride=1`, the README's longer budget) it took over 2 hours. If the
-machine is slower, lower `train.steps` (all models alike) rather than the seeds.
+Time: the budget is sized so the compare command (12 runs and six analyses) fits in about 90
+minutes on 2 CPU cores; the longer budget (`--config.train.steps=270
+--config.train.warmup_steps=27 --config.train.final_eval_stride=1`) takes over twice that. On a
+slower machine lower `train.steps` (all models alike) rather than the seeds. Results, with the
+machine and date of each run: docs/results.md (experiments/results/compare_small*.json).
 
-On the Python documentation alone (3.1M training tokens, 0.35 epoch per run) the two GPNs
-scored held-out PPL 6.6-6.7 % above train PPL at 270 steps: they scored windows of documents
-they had partly read 13-14 % better than unread ones. Which documents are held out moves the
-gap by itself; the table's "Same, unigram" column shows by how much (-7.6 % on the hash split's
-sample, -1.7 % on the stratified one's).
+Why a 35 MB corpus: on the Python documentation alone the two GPNs scored documents they had
+partly read better than unread ones, so held-out PPL sat well above train PPL. Which documents
+are held out also moves the gap by itself; the table's "Same, unigram" column shows by how much.
 """
 
 import ml_collections

@@ -12,7 +12,7 @@ rule (chunk 64); decoding the recurrent form. Forward FLOPs per token at T=2048:
         --config.data.source=bin:/data/fineweb_edu
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 """
 
 import ml_collections

@@ -9,7 +9,7 @@ d_ffn=8320 so the model lands at 129,234,848 parameters (-0.6 % of 130M;
         --config.data.source=bin:/data/fineweb_edu
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 """
 
 import ml_collections

@@ -8,7 +8,7 @@ Paper result (FineWeb-Edu, 10k steps of 128 x 2048): held-out PPL 18.06; LAMBADA
         --config.data.source=bin:/data/fineweb_edu
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 """
 
 import ml_collections

@@ -10,7 +10,7 @@ windows of 512 with the carry passed between consecutive windows of the same seq
         --config.data.source=bin:/data/fineweb_edu
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 """
 
 import ml_collections

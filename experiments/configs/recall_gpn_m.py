@@ -3,10 +3,8 @@
     python -m gpn_jax.train --config=experiments/configs/recall_gpn_m.py --workdir=/tmp/recall_gpn_m
     python -m gpn_jax.evaluate --workdir=/tmp/recall_gpn_m --eval=recall,ppl
 
-Measured (2 idle CPU cores, 2026-11-30; 1500 steps in 25 s of training): held-out query
-accuracy 0.9632 (chance 0.0625), held-out PPL 4.48 over all positions (unigram 32.01).
-GPN at the same budget (`recall_gpn.py`): 0.1374 / 15.13 -- the matrix memory is what solves
-the task. Greedy `gpn_jax.generate --prompt_ids=10,26,13,28,7,30,14,24,10` answers 26 for
+GPN+M recalls almost every query where GPN at the same budget (`recall_gpn.py`) barely beats
+chance (1/16): the matrix memory is what solves the task (docs/results.md). Greedy `gpn_jax.generate --prompt_ids=10,26,13,28,7,30,14,24,10` answers 26 for
 key 10, then asks key 14 itself and answers 24; prompts ending in 7 or 13 get 30 and 28.
 Tuning notes (GPN+M, 1500 steps): lr 3e-3 reached only 0.67 on this task; 8 pairs of 32 keys /
 32 values in 64 tokens stayed at chance (0.036) at lr 1e-3 and 3e-3 (a longer plateau).

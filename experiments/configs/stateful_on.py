@@ -7,7 +7,7 @@ the r-th contiguous stretch of the training tokens).
     python -m gpn_jax.evaluate --workdir=/tmp/st_on --eval=stream --stream_documents \\
         --stream_buckets=0,128,256,512,1k,2k --stream_streams=4
 
-The README's "Stateful training" section has what was measured.
+What was measured: docs/results.md, "Stateful training".
 """
 
 import ml_collections

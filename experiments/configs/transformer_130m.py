@@ -9,7 +9,7 @@ tied embeddings, RoPE, no biases: 128,994,048 parameters (GPN+M 1L: 129,151,902,
         --config.data.source=bin:/data/fineweb_edu
 
 `/data/fineweb_edu` is FineWeb-Edu tokenized with LLaMA-2's tokenizer by `gpn-prepare` (it holds
-the tokenizer and the held-out shards): README.md, "Preparing a real corpus".
+the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 """
 
 import ml_collections

@@ -2,15 +2,13 @@
 
 Small models (the MQAR grid's ~236K-parameter runs, 1,024 tokens a step) use a second core
 poorly, so runs pinned one per core train more steps per second than the same runs one after
-another on every core: measured in alternation on a 2-core AVX-512 machine (2026-12-02, 2 seeds
-x 500 steps each, 2 workers vs 1), Gated DeltaNet 59 vs 89 s and 74 vs 96 s, GPN+M 37 vs 48 s,
-Transformer++ 33 vs 37 s. `map_unordered` runs a function over tasks in `workers` spawned
+another on every core (docs/results.md, the MQAR sweep). `map_unordered` runs a function over tasks in `workers` spawned
 processes, each pinned to its own core before JAX starts a backend in it, and yields the
 results as they finish. `workers == 1` runs the tasks in this process, one after the other.
 
-Why not `jax.vmap` over runs: XLA:CPU ran the batched matmuls of a vmapped grid 0.8-1.7x as
-long per run as one run's step (2026-12-01, AVX2); separate processes keep each run's
-program the one a single run compiles.
+Why not `jax.vmap` over runs: XLA:CPU runs the batched matmuls of a vmapped grid no faster per
+run than one run's step, and separate processes keep each run's program the one a single run
+compiles.
 
 The function and tasks are pickled to the workers (spawn, never fork: JAX's threads do not
 survive a fork), so the function must be importable at module level. An exception in a

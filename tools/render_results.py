@@ -1,0 +1,279 @@
+"""Renders the result files in experiments/results/ into the Markdown tables of the docs.
+
+Every measured result is a JSON file `experiments/results/NAME.json`:
+
+    {"command": str, "date": str, "machine": str, "version": str, "rows": [{...}, ...], ...}
+
+A page (README.md or docs/*.md) shows it as a table between two markers:
+
+    <!-- results:NAME -->
+    <!-- /results:NAME -->
+
+    python tools/render_results.py           # rewrite every table from its data
+    python tools/render_results.py --check   # exit 1 if any table differs from its data
+
+The column layout of a known result set is in `COLUMNS` (header, format over the row's fields,
+alignment); any other file's table has one column per key of its first row. The result files
+are data only: each is checked for size and shape, and a bad one stops the script with one line
+naming it and what to fix, before any page is written.
+"""
+
+import argparse
+import json
+import os
+import re
+import string
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join("experiments", "results")
+PAGES = ("README.md", "docs")
+MAX_BYTES = 1 << 20  # a result file is a small table; anything larger is not one of ours
+REQUIRED = ("command", "date", "machine", "version", "rows")
+_NAME = re.compile(r"^[a-z0-9_]+$")
+_MARKER = re.compile(
+    r"<!-- results:(?P<name>[^ ]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.DOTALL
+)
+
+_PPL = "{heldout_ppl_mean:.2f} ± {heldout_ppl_std:.2f}"
+_COMPARE = [
+    ("Model", "{model}", "l"),
+    ("Params", "{params:,}", "r"),
+    ("Layers", "{layers}", "r"),
+    ("State dim", "{state_dim}", "r"),
+    ("Memory cells / state size", "{cells}", "l"),
+    ("Held-out PPL", _PPL, "r"),
+    ("Train PPL", "{train_ppl_mean:.2f} ± {train_ppl_std:.2f}", "r"),
+    ("Held-out / train − 1", "{gap_pct_mean:+.1f} % ± {gap_pct_std:.1f} %", "r"),
+    ("Same, unigram", "{unigram_gap_pct:+.1f} %", "r"),
+]
+_PREPARE = [
+    ("corpus", "{corpus_mb} MB", "l"),
+    ("workers", "{workers}", "r"),
+    ("tokens", "{tokens:,.0f}", "r"),
+    ("tokens/s (whole command)", "{tokens_per_s:,.0f}", "r"),
+    ("as `prepare` reports it", "{tokens_per_s_reported:,.0f}", "r"),
+    (
+        "peak RSS: prepare / with workers",
+        "{peak_rss_main_mb:.0f} / {peak_rss_with_workers_mb:.0f} MB",
+        "r",
+    ),
+]
+COLUMNS = {
+    "bench_small": [
+        ("model", "{model}", "l"),
+        ("params", "{params_m:.2f}M", "r"),
+        ("tokens/s", "{tokens_per_s:,}", "r"),
+        ("vs Transformer++", "{vs_transformer:.2f}×", "r"),
+        ("MFU", "{mfu_pct:.1f} %", "r"),
+        ("peak RSS", "{peak_rss_gib:.2f} GiB", "r"),
+    ],
+    "bench_small_runs": [
+        ("CPU", "{cpu}", "l"),
+        ("code", "{code}", "l"),
+        ("matmul peak", "{peak_gflops:.1f} GFLOP/s", "r"),
+        ("GPN+M MFU", "{gpn_m_mfu_pct:.1f} %", "r"),
+        ("vs T++", "{vs_transformer:.2f}×", "r"),
+        ("alternated: vs T++, MFU", "{alternated}", "r"),
+        ("GPN MFU", "{gpn_mfu_pct:.1f} %", "r"),
+        ("GPN+M peak RSS", "{rss_gib:.2f} GiB", "r"),
+    ],
+    "memory_kernels_ab": [
+        ("change", "{change}", "l"),
+        ("GPN+M step time", "×{ratio:.3f}", "r"),
+        ("rounds faster", "{faster}", "r"),
+    ],
+    "roofline_130m": [
+        ("B per chip", "{batch_per_chip}", "r"),
+        ("memory_dtype", "{memory_dtype}", "l"),
+        ("bytes/token", "{bytes_per_token:,.0f}", "r"),
+        ("of which weights / memory matrix", "{weights_bytes:,.0f} / {memory_bytes:,.0f}", "r"),
+        ("H100 bound", "{h100:,.0f}", "r"),
+        ("H200", "{h200:,.0f}", "r"),
+        ("v5e", "{v5e:,.0f}", "r"),
+        ("v5p", "{v5p:,.0f}", "r"),
+    ],
+    "compare_tiny": [
+        ("Model", "{model}", "l"),
+        ("Params", "{params:,}", "r"),
+        ("Layers", "{layers}", "r"),
+        ("State dim", "{state_dim}", "r"),
+        ("Memory cells / state size", "{cells}", "l"),
+        ("Held-out PPL", "{heldout_ppl:.2f}", "r"),
+    ],
+    "compare_small": _COMPARE,
+    "compare_small_pydoc": _COMPARE,
+    "window_ppl": [
+        ("seed-0 run", "{model}", "l"),
+        ("read", "{read:.2f}", "r"),
+        ("unread", "{unread:.2f}", "r"),
+        ("held-out", "{heldout:.2f}", "r"),
+        ("memorisation", "{memorisation_pct:+.1f} %", "r"),
+        ("held-out shift", "{shift_pct:+.1f} %", "r"),
+    ],
+    "mqar_sweep": [
+        ("Pairs", "{pairs}", "r"),
+        ("T", "{seq_len}", "r"),
+        ("Width", "{width}", "r"),
+        ("Model", "{model}", "l"),
+        ("Params", "{params:,}", "r"),
+        ("Best LR", "{best_lr:g}", "r"),
+        ("Accuracy (mean over seeds)", "{accuracy:.3f}", "r"),
+        ("Seeds", "{seeds}", "l"),
+    ],
+    "stateful": [
+        ("position", "{run}", "l"),
+        ("0-128", "{b0_128:.2f}", "r"),
+        ("128-256", "{b128_256:.2f}", "r"),
+        ("256-512", "{b256_512:.2f}", "r"),
+        ("512-1k", "{b512_1k:.2f}", "r"),
+        ("1k-1536", "{b1k_1536:.2f}", "r"),
+        ("all", "{all:.2f}", "r"),
+    ],
+    "prepare_bench": _PREPARE,
+    "prepare_bench_log": _PREPARE,
+    "prepare_loader": [
+        ("layout", "{layout}", "l"),
+        ("batch", "{batch}", "r"),
+        ("Grain batches/s", "{grain_batches_per_s:,.1f}", "r"),
+        ("hand-written loop batches/s", "{hand_written_batches_per_s:,.1f}", "r"),
+    ],
+}
+
+
+class ResultError(Exception):
+    """A result file or page that cannot be rendered; the message is the one line to print."""
+
+
+class _Fields(string.Formatter):
+    """str.format over a row, with only plain field names (no attribute or index access)."""
+
+    def get_field(self, field_name, args, kwargs):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", field_name):
+            raise KeyError(field_name)
+        return kwargs[field_name], field_name
+
+
+def load(root: str, name: str) -> dict:
+    """The checked contents of experiments/results/NAME.json."""
+    rel = os.path.join(RESULTS, f"{name}.json")
+    if not _NAME.match(name):
+        raise ResultError(f"marker names result {name!r}: use [a-z0-9_]+ (a file in {RESULTS}/)")
+    path = os.path.join(root, rel)
+    if not os.path.isfile(path):
+        raise ResultError(f"{rel}: no such result file; write it with the command's --out")
+    if os.path.getsize(path) > MAX_BYTES:
+        raise ResultError(f"{rel}: larger than {MAX_BYTES} bytes; a result file is a small table")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ResultError(
+            f"{rel}: not valid JSON ({e}); rewrite it with the command's --out"
+        ) from e
+    if not isinstance(data, dict):
+        raise ResultError(f"{rel}: top level must be an object with keys {', '.join(REQUIRED)}")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ResultError(f"{rel}: missing {', '.join(missing)}; every result records them")
+    rows = data["rows"]
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ResultError(f"{rel}: 'rows' must be a non-empty list of objects")
+    return data
+
+
+def table(name: str, data: dict, page_dir: str, root: str) -> str:
+    """The Markdown table of one result set, with a line naming its data file and command."""
+    rows = data["rows"]
+    cols = COLUMNS.get(name) or [(k, "{" + k + "}", "l") for k in rows[0]]
+    fmt = _Fields()
+    cells = []
+    for i, row in enumerate(rows):
+        try:
+            cells.append([fmt.vformat(spec, (), row) for _, spec, _ in cols])
+        except (KeyError, ValueError, TypeError) as e:
+            raise ResultError(
+                f"{RESULTS}/{name}.json: row {i} does not fit the table ({type(e).__name__}: {e}); "
+                f"fix the row or the columns of {name!r} in tools/render_results.py"
+            ) from e
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |"]
+    lines.append("|" + "|".join("---:" if a == "r" else "---" for _, _, a in cols) + "|")
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells]
+    link = os.path.relpath(os.path.join(root, RESULTS, f"{name}.json"), page_dir)
+    lines.append("")
+    lines.append(f"<sub>Data: [{RESULTS}/{name}.json]({link}).</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def render_page(text: str, page_dir: str, root: str) -> str:
+    """The page with every results block replaced by the table of its data."""
+
+    def block(m):
+        name = m.group("name")
+        return (
+            f"<!-- results:{name} -->\n{table(name, load(root, name), page_dir, root)}"
+            f"<!-- /results:{name} -->"
+        )
+
+    return _MARKER.sub(block, text)
+
+
+def pages(root: str) -> list[str]:
+    """README.md and every docs/*.md (no subdirectories, no links followed)."""
+    out = [os.path.join(root, "README.md")]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        out += sorted(
+            os.path.join(docs, f)
+            for f in os.listdir(docs)
+            if f.endswith(".md") and not os.path.islink(os.path.join(docs, f))
+        )
+    return [p for p in out if os.path.isfile(p)]
+
+
+def _write(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".render-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run(root: str, check: bool) -> list[str]:
+    """Renders (or, with `check`, compares) every page; returns the pages that differ."""
+    rendered = {}
+    for path in pages(root):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        new = render_page(old, os.path.dirname(path), root)
+        if new != old:
+            rendered[path] = new
+    if not check:
+        for path, new in rendered.items():
+            _write(path, new)
+    return [os.path.relpath(p, root) for p in rendered]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table is out of date")
+    parser.add_argument("--root", default=ROOT, help="repository root (default: this checkout)")
+    args = parser.parse_args(argv)
+    try:
+        changed = run(args.root, args.check)
+    except ResultError as e:
+        print(f"render_results: {e}", file=sys.stderr)
+        return 2
+    if args.check and changed:
+        print(
+            f"render_results: tables out of date in {', '.join(changed)}; "
+            "run `python tools/render_results.py` and commit the result",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"render_results: {'rewrote ' + ', '.join(changed) if changed else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
