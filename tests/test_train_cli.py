@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gpn_jax.data.tokenizer import train_tokenizer
+from tests.data.corpus_files import write_corpus, write_manifest
 from tests.environment import one_device_env, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +64,15 @@ def test_empty_corpus(tmp_path):
     empty.write_text("")
     proc = run_train(tmp_path / "w", f"--config.data.source={empty}")
     assert_one_line_error(proc, "empty", tmp_path / "w")
+
+
+def test_object_dtype_manifest_is_one_line_not_a_segfault(tmp_path):
+    """Issue 45 item 1: `"dtype": "O"` in a prepared corpus's manifest crashed with exit 139."""
+    manifest = write_corpus(tmp_path / "corpus")
+    write_manifest(tmp_path / "corpus", dict(manifest, dtype="O"))
+    proc = run_train(tmp_path / "w", f"--config.data.source=bin:{tmp_path / 'corpus'}")
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "manifest.json: dtype 'O' is not one of uint16, uint32")
 
 
 def test_unknown_config_field(tmp_path):
