@@ -190,6 +190,10 @@ def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
             "config.train.keep_best=1 needs an evaluation on a checkpoint step",
         ),
         (["--config.data.heldout_fraction=1.0"], "config.data.heldout_fraction must be in [0, 1)"),
+        (["--config.train.min_lr_ratio=-0.5"], "config.train.min_lr_ratio must be in [0, 1]"),
+        (["--config.train.grad_clip=-1.0"], "config.train.grad_clip must be > 0"),
+        (["--config.model.compute_dtype=float7"], "config.model.compute_dtype must be one of"),
+        (["--config.logging.writers="], "config.logging.writers is empty"),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )

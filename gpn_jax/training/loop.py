@@ -78,15 +78,8 @@ def prepare_workdir(workdir: str) -> str:
 
 
 def check_config(config, model) -> None:
-    """Config errors that should stop a run before any work is done."""
-    t = config.train
-    if t.batch_size % t.grad_accum:
-        raise ValueError(f"batch_size {t.batch_size} is not divisible by grad_accum {t.grad_accum}")
-    if t.batch_size % jax.process_count():
-        raise ValueError(
-            f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts"
-        )
-    check_remat_segment(t.seq_len, getattr(model.config, "remat_segment", 0))
+    """The model-dependent config errors (the rest: `validate.check_config`)."""
+    check_remat_segment(config.train.seq_len, getattr(model.config, "remat_segment", 0))
     parse_writers(config)
 
 
@@ -177,7 +170,7 @@ class _Run:
     def __init__(self, config, workdir: str):
         # Before anything is built: a bad field is one line, not a traceback after the work.
         data, fsdp, _ = meshlib.mesh_shape(config.mesh, jax.device_count())
-        validate.check_config(config, data_parallel=data * fsdp)
+        validate.check_config(config, data_parallel=data * fsdp, process_count=jax.process_count())
         self.config, self.workdir = config, prepare_workdir(workdir)
         model = factory.build_model(config.model)
         check_config(config, model)
