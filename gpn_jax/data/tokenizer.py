@@ -82,10 +82,13 @@ def load_tokenizer(path: str) -> Tokenizer:
             raise ValueError(f"tokenizer file not found: {path}")
         if not os.path.isfile(path):
             raise bad_file(path, "the tokenizer is not a regular file", fix)
-        if os.path.getsize(path) > MAX_MODEL_BYTES:
+        size = os.path.getsize(path)
+        if size > MAX_MODEL_BYTES:
             raise bad_file(path, f"over {MAX_MODEL_BYTES} bytes: not a SentencePiece model", fix)
         with open(path, "rb") as f:
-            proto = f.read(MAX_MODEL_BYTES + 1)
+            proto = f.read(size + 1)  # its own size: `read(n)` allocates n bytes up front
+    if not proto:
+        raise bad_file(path, "an empty file is not a SentencePiece model", fix)
     try:
         tokenizer = Tokenizer(proto, path)
     except (RuntimeError, ValueError, TypeError) as e:

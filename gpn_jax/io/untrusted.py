@@ -60,7 +60,7 @@ def read_json(path, *, fix: str, max_bytes: int = MAX_JSON_BYTES):
     if size > max_bytes:
         raise bad_file(path, f"{size} bytes, more than the {max_bytes} a JSON file may hold", fix)
     with open(path, "rb") as f:
-        raw = f.read(max_bytes + 1)
+        raw = f.read(size + 1)  # the file's own size: `read(n)` allocates n bytes up front
     try:
         return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting

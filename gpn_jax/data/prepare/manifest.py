@@ -126,6 +126,8 @@ def read_prepared(directory: str) -> PreparedCorpus | None:
     if not isinstance(eos, int) or isinstance(eos, bool) or not 0 <= eos < 2 ** (8 * itemsize):
         raise untrusted.bad_file(path, f"document_separator.id {eos!r:.40} is not a token id", _FIX)
     tok_file = untrusted.inside(directory, tok.get("file"), source=path, field="tokenizer.file")
+    if not os.path.isfile(tok_file):
+        raise untrusted.bad_file(path, f"tokenizer.file {tok['file']!r:.200} is missing", _FIX)
     return PreparedCorpus(directory, dtype, files["train"], files["heldout"], tok_file, sha, eos)
 
 
