@@ -291,9 +291,8 @@ def test_ordered_map_keeps_order_and_reads_a_bounded_number_of_chunks_ahead():
 
 
 def test_the_tokenizing_worker_imports_neither_jax_nor_grain():
-    """Each spawned worker imports `encode`; with JAX and Grain on that path (1.7 s per
-    worker, measured) two workers tokenized only 1.2x as fast as one on 2 cores (1.9x
-    without)."""
+    """Each spawned worker imports `encode`; with JAX and Grain on that path every worker
+    pays seconds of imports, and extra workers barely speed tokenizing up."""
     code = (
         "import sys, gpn_jax.data.prepare.encode as e; "
         "print(sorted(m for m in ('jax', 'grain', 'tensorflow') if m in sys.modules))"
