@@ -189,3 +189,16 @@ def test_a_tokenizer_that_is_not_a_model_is_one_line(tmp_path, content):
 def test_a_directory_as_tokenizer_is_one_line(tmp_path):
     with pytest.raises(BadFileError, match="not a regular file"):
         load_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "content, what",
+    [(b"[]", "not a JSON object"), (b'{"writers": []}', "writers is not an object"),
+     (b'{"writers": {"train": {"shards": 3}}}', "writers is not an object"), (b"\xff", "JSON")],
+)  # fmt: skip
+def test_a_damaged_progress_file_is_one_line(tmp_path, content, what):
+    from gpn_jax.data.prepare.manifest import check_output
+
+    (tmp_path / "progress.json").write_bytes(content)
+    with pytest.raises(BadFileError, match=f"progress.json: .*{what}.*delete the output directory"):
+        check_output(str(tmp_path), {"source": "x"})

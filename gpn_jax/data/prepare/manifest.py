@@ -37,13 +37,15 @@ def write_json(path: str, obj: dict) -> None:
 
 
 def read_json(path: str) -> dict | None:
-    if not os.path.exists(path):
+    """The JSON object in `path` (None if there is none); untrusted: one `BadFileError` line
+    if it is not a JSON object (`io.untrusted.read_json`)."""
+    if not os.path.lexists(path):
         return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
+    fix = "delete the output directory (or use a new --output) and prepare again"
+    value = untrusted.read_json(path, fix=fix)
+    if not isinstance(value, dict):
+        raise untrusted.bad_file(path, "not a JSON object", fix)
+    return value
 
 
 def differences(saved: dict, settings: dict) -> list[str]:
@@ -58,6 +60,8 @@ def check_output(output: str, settings: dict) -> tuple[dict | None, dict | None]
     manifest = read_json(os.path.join(output, MANIFEST))
     progress = read_json(os.path.join(output, PROGRESS)) if manifest is None else None
     saved = (manifest or progress or {}).get("settings")
+    if progress is not None:
+        _check_progress(os.path.join(output, PROGRESS), progress)
     if saved is not None and saved != settings:
         if manifest is None and not any(w["shards"] for w in progress["writers"].values()):
             return None, None  # an earlier attempt finished no shard: start afresh
@@ -71,6 +75,19 @@ def check_output(output: str, settings: dict) -> tuple[dict | None, dict | None]
             f"{PROGRESS}); use a new --output or delete it"
         )
     return manifest, progress
+
+
+def _check_progress(path: str, progress: dict) -> None:
+    """The writers' part of a progress file, the part read before the settings are compared."""
+    writers = progress.get("writers")
+    ok = isinstance(writers, dict) and all(
+        isinstance(w, dict) and isinstance(w.get("shards"), list) for w in writers.values()
+    )
+    if not ok:
+        raise untrusted.bad_file(
+            path, "writers is not an object of {shards: [...]} records",
+            "delete the output directory (or use a new --output) and prepare again",
+        )  # fmt: skip
 
 
 def _has_shards(output: str) -> bool:
