@@ -21,7 +21,6 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
-from gpn_jax.core.window import check_remat_segment
 from gpn_jax.errors import TrainingError
 from gpn_jax.io import paths
 from gpn_jax.models import accounting, factory
@@ -75,12 +74,6 @@ def prepare_workdir(workdir: str) -> str:
     except OSError as e:
         raise ValueError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
     return workdir
-
-
-def check_config(config, model) -> None:
-    """The model-dependent config errors (the rest: `validate.check_config`)."""
-    check_remat_segment(config.train.seq_len, getattr(model.config, "remat_segment", 0))
-    parse_writers(config)
 
 
 class StopSignal:
@@ -173,7 +166,6 @@ class _Run:
         validate.check_config(config, data_parallel=data * fsdp, process_count=jax.process_count())
         self.config, self.workdir = config, prepare_workdir(workdir)
         model = factory.build_model(config.model)
-        check_config(config, model)
         self.is_lead = jax.process_index() == 0
         # Model, optimiser, abstract state, shardings and jitted steps: `setup.build`, as AOT
         # and the bench build them. Data-parallel over data x fsdp, weights gathered once per step.

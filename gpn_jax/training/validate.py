@@ -12,6 +12,7 @@ the knob that fixes it (`config.<block>.<field>`) and its allowed range. No JAX 
   it builds anything.
 """
 
+import importlib.util
 import math
 
 from gpn_jax.models.configs import COMPUTE_DTYPES
@@ -189,8 +190,8 @@ WRITERS = ("jsonl", "tensorboard", "wandb")  # as `training.metric_writer.WRITER
 
 
 def check_logging(config) -> None:
-    """`config.logging.writers` names at least one writer (`metric_writer.parse_writers`
-    checks the names themselves): with none, a run would leave no record of itself."""
+    """`config.logging.writers` names at least one known writer (with none, a run would leave
+    no record of itself), and wandb only where it is installed."""
     logging_cfg = config.get("logging") or {}
     spec = logging_cfg.get("writers", "jsonl")
     if not isinstance(spec, str):
@@ -200,6 +201,27 @@ def check_logging(config) -> None:
         raise ValueError(
             f"config.logging.writers is empty, so the run would write no metrics.jsonl or "
             f"run_info; name at least one of {','.join(WRITERS)}"
+        )
+    unknown = [n for n in names if n not in WRITERS]
+    if unknown:
+        raise ValueError(
+            f"unknown metric writer {unknown[0]!r} in config.logging.writers={spec!r}; "
+            f"choose from {','.join(WRITERS)}"
+        )
+    if "wandb" in names and importlib.util.find_spec("wandb") is None:
+        raise ValueError(
+            "config.logging.writers names wandb, which is not installed: "
+            "pip install 'gpn_jax[wandb]'"
+        )
+
+
+def check_remat_segment(config) -> None:
+    """The window splits into whole remat segments (`core.window` checks it again)."""
+    segment, seq_len = config.model.get("remat_segment", 0), config.train.seq_len
+    if segment and seq_len % segment:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by the remat segment {segment}: make "
+            "config.train.seq_len a multiple of config.model.remat_segment (or set it to 0)"
         )
 
 
@@ -217,6 +239,7 @@ def check_static(config) -> None:
     check_compute_dtype(config.model)
     check_stateful(config)
     check_train(config.train)
+    check_remat_segment(config)
     check_data(config.data)
     check_logging(config)
 

@@ -202,3 +202,20 @@ def test_a_damaged_progress_file_is_one_line(tmp_path, content, what):
     (tmp_path / "progress.json").write_bytes(content)
     with pytest.raises(BadFileError, match=f"progress.json: .*{what}.*delete the output directory"):
         check_output(str(tmp_path), {"source": "x"})
+
+
+def test_an_object_dtype_corpus_named_by_a_restored_or_exported_run_is_one_line(tmp_path):
+    """Issue 45 item 1, second path: evaluating an exported model directory (or a workdir)
+    rebuilds the held-out split from the data block its config records; a corpus there whose
+    manifest says `"dtype": "O"` is refused the same way (no segfault)."""
+    from experiments.configs import gpn_m_tiny
+    from gpn_jax.eval import run_evals
+    from gpn_jax.training.restore import RestoredRun
+
+    manifest = write_corpus(tmp_path / "corpus")
+    write_manifest(tmp_path / "corpus", dict(manifest, dtype="O"))
+    config = gpn_m_tiny.get_config()
+    config.data.source = f"bin:{tmp_path / 'corpus'}"
+    run = RestoredRun(config, None, {}, None, 0, str(tmp_path / "model_dir"))
+    with pytest.raises(BadFileError, match=r"manifest\.json: dtype 'O' is not one of"):
+        run_evals(run, ["ppl"], cache_dir=str(tmp_path / "cache"))

@@ -123,7 +123,7 @@ def check(content: bytes):
 
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MORE = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MORE = settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST

@@ -80,7 +80,7 @@ def check(content: bytes) -> None:
 
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MORE = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MORE = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST

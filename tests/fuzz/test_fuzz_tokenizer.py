@@ -45,7 +45,7 @@ def check(content: bytes) -> None:
 
 
 FAST = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MORE = settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MORE = settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST

@@ -153,3 +153,14 @@ def test_mesh_checks_are_separate_from_static_ones():
         validate.check_mesh(c, data_parallel=8)
     with pytest.raises(ValueError, match=r"multiple of the 3 hosts, got 4$"):
         validate.check_mesh(c, data_parallel=1, process_count=3)
+
+
+def test_unknown_writer_and_remat_segment_are_checked_here():
+    c = gpn_m_tiny.get_config()
+    c.logging.writers = "jsonl,csv"
+    with pytest.raises(ValueError, match=r"unknown metric writer 'csv'"):
+        validate.check_static(c)
+    c = gpn_m_tiny.get_config()
+    c.model.remat_segment = 5
+    with pytest.raises(ValueError, match=r"make config\.train\.seq_len a multiple of"):
+        validate.check_static(c)
