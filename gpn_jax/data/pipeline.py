@@ -400,8 +400,8 @@ def _check_heldout(heldout, batch_size, seq_len, heldout_fraction) -> None:
     if len(heldout) < batch_size * seq_len:
         raise ValueError(
             f"held-out split too small: {len(heldout)} tokens available, one ({batch_size}, "
-            f"{seq_len}) batch needs {batch_size * seq_len}; raise heldout_fraction "
-            f"({heldout_fraction}), use more data, or set heldout_fraction=0"
+            f"{seq_len}) batch needs {batch_size * seq_len}; raise config.data.heldout_fraction "
+            f"({heldout_fraction}), use more data, or set config.data.heldout_fraction=0"
         )
 
 
