@@ -51,8 +51,11 @@ def analyze(workdir: str) -> dict:
         seed=_SEED.value,
         cache_dir=_CACHE.value,
     )
+    from gpn_jax.io.outputs import check_out_dir
+
     if not _OUT.value:
         raise ValueError("--out is required (the analysis never writes into the run's workdir)")
+    check_out_dir(_OUT.value, "--out")
     for name in ("max_batches", "batch_size", "seq_len", "micro_batch", "sample_size"):
         if getattr(config, name) < 0:
             raise ValueError(f"--{name} must be >= 0")

@@ -48,7 +48,9 @@ def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
     from gpn_jax.eval import lambada, runner
     from gpn_jax.interop.model_dir import load_either
+    from gpn_jax.io.outputs import check_out_file
 
+    check_out_file(_OUT.value, "--out")  # before any work: a result that cannot be written
     evals = runner.parse_evals(_EVAL.value)
     if "lambada" in evals:
         if not _LAMBADA.value:

@@ -32,7 +32,7 @@ _TIMEOUT = flags.DEFINE_integer(
 
 def _body():
     config = cli.config_or_exit(_CONFIG, "gpn-train")
-    validate.check_config(config)  # static checks; the loop reruns them with the mesh's size
+    validate.check_static(config)  # before JAX loads; the loop adds `validate.check_mesh`
     # Imported only now: JAX and the training stack (flax, orbax, grain) take seconds to load,
     # and a bad config above is reported without them.
     from gpn_jax.parallel import distributed

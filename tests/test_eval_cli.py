@@ -132,6 +132,24 @@ def test_missing_checkpoint(tmp_path):
     one_line_error(cli("gpn_jax.generate", f"--workdir={tmp_path}", "--prompt=x"), "no checkpoint")
 
 
+def test_bad_out_fails_before_loading_anything(tmp_path):
+    """Issue 45 items 4 and 7: `--out=<existing directory>` (or a path under a file) failed only
+    after the whole evaluation. The workdir here has no checkpoint, so an error about --out
+    (not "no checkpoint") shows the check runs before the run is loaded."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("keep me")
+    for out, match in (
+        (tmp_path, "is a directory; give a file path"),
+        (blocker / "r.json", "is a file, not a directory"),
+    ):
+        proc = cli("gpn_jax.evaluate", f"--workdir={tmp_path / 'run'}", f"--out={out}")
+        one_line_error(proc, f"gpn-evaluate: error: --out={out}")
+        assert match in proc.stderr
+    proc = cli("gpn_jax.analyze", f"--workdir={tmp_path / 'run'}", f"--out={blocker}")
+    one_line_error(proc, f"gpn-analyze: error: --out={blocker} is a file, not a directory")
+    assert blocker.read_text() == "keep me"
+
+
 @pytest.mark.parametrize(
     "content, match",
     [('{"text": "a b"}\n{"text": "c d\n', "line 2: not valid JSON"), ("", "is empty")],

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gpn_jax.data.tokenizer import train_tokenizer
+from tests.data.corpus_files import write_corpus, write_manifest
 from tests.environment import one_device_env, xla_flags
 from tests.helpers.cli import TINY, assert_one_line_error, run_train, train_cmd
 
@@ -29,6 +30,15 @@ def test_empty_corpus(tmp_path):
     empty.write_text("")
     proc = run_train(tmp_path / "w", f"--config.data.source={empty}")
     assert_one_line_error(proc, "empty", tmp_path / "w")
+
+
+def test_object_dtype_manifest_is_one_line_not_a_segfault(tmp_path):
+    """Issue 45 item 1: `"dtype": "O"` in a prepared corpus's manifest crashed with exit 139."""
+    manifest = write_corpus(tmp_path / "corpus")
+    write_manifest(tmp_path / "corpus", dict(manifest, dtype="O"))
+    proc = run_train(tmp_path / "w", f"--config.data.source=bin:{tmp_path / 'corpus'}")
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "manifest.json: dtype 'O' is not one of uint16, uint32")
 
 
 def test_unknown_config_field(tmp_path):
@@ -145,6 +155,10 @@ def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
             "config.train.keep_best=1 needs an evaluation on a checkpoint step",
         ),
         (["--config.data.heldout_fraction=1.0"], "config.data.heldout_fraction must be in [0, 1)"),
+        (["--config.train.min_lr_ratio=-0.5"], "config.train.min_lr_ratio must be in [0, 1]"),
+        (["--config.train.grad_clip=-1.0"], "config.train.grad_clip must be > 0"),
+        (["--config.model.compute_dtype=float7"], "config.model.compute_dtype must be one of"),
+        (["--config.logging.writers="], "config.logging.writers is empty"),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )

@@ -24,7 +24,8 @@ from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, atomic_write, load_npy
+from gpn_jax.io.files import atomic_save_npy, atomic_write, load_cache_npy
+from gpn_jax.io.untrusted import bad_file
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -195,6 +196,8 @@ def read(dc: DataConfig, *, workdir: str | None = None, cache_dir: str | None = 
             parts = _prepared_parts(
                 prepared, dc.tokenizer_path, dc.vocab_size, dc.heldout_fraction, cache_dir, workdir
             )
+            if prepared.heldout and dc.heldout_fraction > 0:
+                _check_prepared_heldout(parts[2], dc, prepared.directory)
         else:
             parts = _bin_parts(
                 source.path,
@@ -363,8 +366,11 @@ def _bin_counts(shards, tokens, vocab_size, cache_dir, span) -> np.ndarray:
     ]
     file = paths.join(cache_dir, f"counts-{key}.npy")
     if paths.exists(file):
-        # Safe on any file: a plain .npy array, object arrays (pickles) refused.
-        return load_npy(file)
+        counts = load_cache_npy(file, "int64")
+        if counts.shape != (vocab_size,):
+            raise bad_file(file, f"{counts.shape[0]} counts for vocab_size {vocab_size}",
+                           "delete this cache file (it is rebuilt on the next run)")  # fmt: skip
+        return counts
     counts = unigram_counts(tokens, vocab_size)
     atomic_save_npy(file, counts)
     return counts
@@ -394,6 +400,19 @@ def _check_heldout(heldout, batch_size, seq_len, heldout_fraction) -> None:
     if len(heldout) < batch_size * seq_len:
         raise ValueError(
             f"held-out split too small: {len(heldout)} tokens available, one ({batch_size}, "
-            f"{seq_len}) batch needs {batch_size * seq_len}; raise heldout_fraction "
-            f"({heldout_fraction}), use more data, or set heldout_fraction=0"
+            f"{seq_len}) batch needs {batch_size * seq_len}; raise config.data.heldout_fraction "
+            f"({heldout_fraction}), use more data, or set config.data.heldout_fraction=0"
+        )
+
+
+def _check_prepared_heldout(heldout, dc: DataConfig, corpus: str) -> None:
+    """A prepared corpus's held-out shards are cut by `gpn-prepare --heldout_fraction`; the
+    training config's `heldout_fraction` does not apply to them, so the fix is named there."""
+    need = dc.batch_size * dc.seq_len
+    if len(heldout) < need:
+        raise ValueError(
+            f"held-out split of {corpus} too small: {len(heldout)} tokens, one "
+            f"({dc.batch_size}, {dc.seq_len}) batch needs {need}; re-run gpn-prepare with a "
+            "larger --heldout_fraction (config.data.heldout_fraction does not apply to a "
+            "prepared corpus), or set config.data.heldout_fraction=0 to skip this check"
         )

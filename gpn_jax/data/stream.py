@@ -7,7 +7,7 @@ import numpy as np
 
 from gpn_jax.data.tokenizer import Tokenizer
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, load_npy
+from gpn_jax.io.files import atomic_save_npy, load_cache_npy
 
 _ENCODE_BATCH = 512
 
@@ -39,8 +39,7 @@ def cached_token_stream(
         return tokenize_documents(docs, tokenizer)
     path = paths.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
     if paths.exists(path):
-        # Safe on any file: a plain .npy array, object arrays (pickles) refused.
-        return load_npy(path)
+        return load_cache_npy(path, "uint32")
     tokens = tokenize_documents(docs, tokenizer)
     atomic_save_npy(path, tokens)
     return tokens

@@ -14,6 +14,7 @@ import sentencepiece as spm
 
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
+from gpn_jax.io.untrusted import bad_file
 
 _MAX_LINE_CHARS = 2048  # training lines are chopped to this (SentencePiece skips long ones)
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -61,25 +62,40 @@ class Tokenizer:
         self.path = path
 
 
+MAX_MODEL_BYTES = 256 << 20  # a 256k-piece SentencePiece model is a few MiB
+
+
 def load_tokenizer(path: str) -> Tokenizer:
     """Loads a SentencePiece `.model` file.
 
-    Safe on untrusted files: the model is a protobuf message (data only), parsed by
-    SentencePiece; nothing in it is executed.
+    Untrusted input: the file must be a regular file of at most MAX_MODEL_BYTES; the model is a
+    protobuf message (data only), parsed by SentencePiece; nothing in it is executed. A file
+    that is not a model is one `BadFileError` line naming it.
     """
+    fix = "give a SentencePiece .model file (data.tokenizer_path) or delete this one"
     if paths.is_remote(path):
         if not paths.exists(path):
             raise ValueError(f"tokenizer file not found: {path}")
         proto = paths.read_bytes(path)
     else:
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ValueError(f"tokenizer file not found: {path}")
+        if not os.path.isfile(path):
+            raise bad_file(path, "the tokenizer is not a regular file", fix)
+        size = os.path.getsize(path)
+        if size > MAX_MODEL_BYTES:
+            raise bad_file(path, f"over {MAX_MODEL_BYTES} bytes: not a SentencePiece model", fix)
         with open(path, "rb") as f:
-            proto = f.read()
+            proto = f.read(size + 1)  # its own size: `read(n)` allocates n bytes up front
+    if not proto:
+        raise bad_file(path, "an empty file is not a SentencePiece model", fix)
     try:
-        return Tokenizer(proto, path)
-    except RuntimeError as e:
-        raise ValueError(f"{path} is not a SentencePiece model ({_first_line(e)})") from None
+        tokenizer = Tokenizer(proto, path)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise bad_file(path, f"not a SentencePiece model ({_first_line(e)})", fix) from None
+    if tokenizer.vocab_size < 1:
+        raise bad_file(path, "a SentencePiece model with no pieces", fix)
+    return tokenizer
 
 
 def train_tokenizer(

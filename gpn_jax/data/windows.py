@@ -27,13 +27,10 @@ trainer saves through Grain's orbax handler (`training.checkpointing`).
 `window_ids` / `batch_at` are the plain-numpy reference of the same order (tests compare the
 two; `gpn_jax.benchmarks.prepare` times the pipeline against it). That hand-written loop was
 the iterator before Grain, and is no longer iterated in training.
-`python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2`, 128 x 2048 batches from the
-500 MB shards, 2-core AVX2 CPU: on 2026-11-30 (load average 2-4.4) Grain 783 / 767 batches/s
-(shuffled / streams), hand-written 783 / 771; on 2026-12-01 on an idle machine Grain 731 /
-718 and 444 / 518 in two runs, hand-written 834 / 832 and 664 / 684. Grain is up to a third
-slower in the raw rate, which does not matter here: either reads over 40,000x what a
-bench_small training step consumes (an accelerator step at 1e6 tokens/s would still leave
->100x), and Grain brings checkpointable iterator state and per-host sharding.
+`python -m gpn_jax.bench_prepare` compares the two rates (docs/performance.md): Grain is
+somewhat slower in the raw rate, which does not matter here, since either reads batches many
+times faster than a training step consumes them; Grain brings checkpointable iterator state
+and per-host sharding.
 """
 
 import grain

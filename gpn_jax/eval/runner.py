@@ -12,6 +12,7 @@ import json
 from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
 from gpn_jax.io.files import atomic_write
+from gpn_jax.io.outputs import check_out_file
 
 
 def parse_evals(evals) -> list[str]:
@@ -148,6 +149,7 @@ def run_evals(
 def write_results(results: dict, out: str) -> str:
     """Writes `results` to `out`, merged with an earlier file there of the same run and step
     (so evals run one at a time accumulate). Never writes into the run's workdir."""
+    check_out_file(out, "--out")
     merged = dict(results)
     try:
         with open(out) as f:  # json: data only

@@ -4,11 +4,10 @@ Temporary names are unique per host, process and call (`paths.write_bytes`); on 
 store (`gs://`) one object upload is atomic by itself.
 """
 
-import io
-
 import numpy as np
 
 from gpn_jax.io import paths
+from gpn_jax.io.untrusted import read_npy
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -22,8 +21,12 @@ def atomic_save_npy(path: str, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)  # read back with allow_pickle=False too
 
 
-def load_npy(path: str) -> np.ndarray:
-    """Reads a .npy file from a local path or a URL."""
-    if paths.is_remote(path):
-        return np.load(io.BytesIO(paths.read_bytes(path)), allow_pickle=False)
-    return np.load(path, allow_pickle=False)
+def load_cache_npy(path: str, dtype: str) -> np.ndarray:
+    """A 1-D `dtype` array cached by `atomic_save_npy` (a local path or a URL).
+
+    Untrusted: the header's dtype and shape are checked against the file's size before the
+    data is read, and nothing is unpickled; a bad file is one line naming it for deletion.
+    """
+    return read_npy(
+        path, dtypes=(dtype,), ndim=1, fix="delete this cache file (it is rebuilt on the next run)"
+    )

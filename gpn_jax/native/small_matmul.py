@@ -8,9 +8,9 @@ streams it (`matmul`), its tiles shared out between the calling thread and XLA's
 `python experiments/window_ab.py` measures what it gains (README, Speed).
 
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
-FFI headers jaxlib ships, into a cache keyed by the source, the flags, those headers, JAX's
-version and this CPU (`-march=native`): $GPN_JAX_NATIVE_CACHE, default ~/.cache/gpn_jax/native
-(`built`, which `gpn_jax.native.memory` also uses for its kernels). Compiling at install time
+FFI headers jaxlib ships, into a private cache keyed by the source, the flags, those headers,
+JAX's version and this CPU (`-march=native`; `build_cache` says where, and what it checks
+before loading a library) (`built`, which `gpn_jax.native.memory` also uses for its kernels). Compiling at install time
 instead would make `pip install` need a compiler and jaxlib's headers in its build environment;
 a machine without a compiler (or where the build fails) keeps XLA's products, with one warning.
 
@@ -26,15 +26,13 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.native import cpu
+from gpn_jax.native import build_cache, cpu
 
 Array = jax.Array
 
@@ -76,39 +74,20 @@ def library_path(source: Path = SOURCE) -> Path:
     for header in sorted(headers):
         key.update(header.read_bytes())
     key.update(_cpu_id().encode())
-    root = os.environ.get("GPN_JAX_NATIVE_CACHE")
-    cache = Path(root) if root else Path.home() / ".cache" / "gpn_jax" / "native"
-    return cache / f"{source.stem}_{key.hexdigest()[:16]}.so"
+    return build_cache.cache_dir() / f"{source.stem}_{key.hexdigest()[:16]}.so"
 
 
 def build(out: Path, source: Path = SOURCE) -> None:
-    """Compiles the kernel (or another version of its `source`) to `out` atomically (a
-    temporary file renamed into place), so that processes racing to build it each load a whole
-    library."""
-    cxx = shutil.which(os.environ.get("CXX", "c++"))
-    if cxx is None:
-        raise RuntimeError("no C++ compiler (c++ or $CXX) on PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
+    """Compiles the kernel (or another version of its `source`) to `out` atomically, its
+    digest recorded for `build_cache.trusted` (`build_cache.compile_library`)."""
     includes = [f"-I{SOURCE.parent}", f"-I{jax.ffi.include_dir()}"]
-    cmd = [cxx, *FLAGS, *includes, str(source), "-o", tmp]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    build_cache.compile_library(out, source, FLAGS, includes)
 
 
 def built(source: Path = SOURCE) -> Path:
-    """The library compiled from `source` for this CPU and JAX, built first if not cached."""
-    path = library_path(source)
-    if not path.exists():
-        build(path, source)
-    return path
+    """The library compiled from `source` for this CPU and JAX: loaded from the private cache
+    if trusted there, else (re)built (`build_cache.built`)."""
+    return build_cache.built(library_path(source), lambda out: build(out, source))
 
 
 def register(library: Path, target: str) -> int:

@@ -21,7 +21,6 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
-from gpn_jax.core.window import check_remat_segment
 from gpn_jax.errors import TrainingError
 from gpn_jax.io import paths
 from gpn_jax.models import accounting, factory
@@ -75,19 +74,6 @@ def prepare_workdir(workdir: str) -> str:
     except OSError as e:
         raise ValueError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
     return workdir
-
-
-def check_config(config, model) -> None:
-    """Config errors that should stop a run before any work is done."""
-    t = config.train
-    if t.batch_size % t.grad_accum:
-        raise ValueError(f"batch_size {t.batch_size} is not divisible by grad_accum {t.grad_accum}")
-    if t.batch_size % jax.process_count():
-        raise ValueError(
-            f"batch_size {t.batch_size} is not divisible by {jax.process_count()} hosts"
-        )
-    check_remat_segment(t.seq_len, getattr(model.config, "remat_segment", 0))
-    parse_writers(config)
 
 
 class StopSignal:
@@ -177,10 +163,9 @@ class _Run:
     def __init__(self, config, workdir: str):
         # Before anything is built: a bad field is one line, not a traceback after the work.
         data, fsdp, _ = meshlib.mesh_shape(config.mesh, jax.device_count())
-        validate.check_config(config, data_parallel=data * fsdp)
+        validate.check_config(config, data_parallel=data * fsdp, process_count=jax.process_count())
         self.config, self.workdir = config, prepare_workdir(workdir)
         model = factory.build_model(config.model)
-        check_config(config, model)
         self.is_lead = jax.process_index() == 0
         # Model, optimiser, abstract state, shardings and jitted steps: `setup.build`, as AOT
         # and the bench build them. Data-parallel over data x fsdp, weights gathered once per step.

@@ -24,7 +24,8 @@ def learning_rate_schedule(train_cfg) -> optax.Schedule:
 def make_optimizer(train_cfg, decay_mask) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay on `decay_mask` leaves only) after global-norm clipping."""
     return optax.chain(
-        optax.clip_by_global_norm(train_cfg.grad_clip),
+        # grad_clip 0 (or None): no clipping, same chain structure (validate refuses < 0)
+        optax.clip_by_global_norm(train_cfg.grad_clip or float("inf")),
         optax.adamw(
             learning_rate_schedule(train_cfg),
             b1=train_cfg.b1,

@@ -1,11 +1,21 @@
-"""Config checks that run before any expensive work (tokenizer training, data, compilation).
+"""Every config check, in one module, run before any expensive work (tokenizer training,
+data, compilation).
 
 Pure functions over the ml_collections config: each failure is one `ValueError` line naming
-the field (`config.<block>.<field>`) and its allowed range. No JAX import: the data-parallel
-size of the mesh is passed in by the caller.
+the knob that fixes it (`config.<block>.<field>`) and its allowed range. No JAX import.
+
+* `check_static(config)`: what the config alone decides (ranges, types, divisibility by
+  grad_accum). `gpn_jax.train` runs it before JAX is even imported.
+* `check_mesh(config, data_parallel, process_count)`: the mesh-dependent checks (the batch
+  split over grad_accum x data-parallel devices, and over hosts); the caller passes the sizes.
+* `check_config(config, data_parallel, process_count)`: both; the trainer calls it once before
+  it builds anything.
 """
 
+import importlib.util
 import math
+
+from gpn_jax.models.configs import COMPUTE_DTYPES
 
 # Minimum allowed value of each integer size field of the model families' configs
 # (gpn, transformer, gdn). tests/training/test_validate.py checks that every int field of every
@@ -68,25 +78,57 @@ def check_model(model_cfg) -> None:
         )
 
 
-def check_train(train_cfg, data_parallel: int = 1) -> None:
-    """Train sizes, divisibility of the batch, and a keep_best that can rank something."""
+def check_train(train_cfg, data_parallel: int | None = None) -> None:
+    """Train sizes and ranges, divisibility of the batch by grad_accum, and a keep_best that
+    can rank something; with `data_parallel`, also the mesh split (`check_batch_split`)."""
     t = train_cfg
     for field, minimum in TRAIN_MINIMUM.items():
         if field in t:
             _at_least("train", field, t[field], minimum)
-    if not t.learning_rate >= 0 or not math.isfinite(t.learning_rate):
-        raise ValueError(f"config.train.learning_rate must be >= 0, got {t.learning_rate}")
+    _finite_at_least(t.learning_rate, "config.train.learning_rate must be >= 0", 0.0)
+    ratio = t.get("min_lr_ratio", 0.0)
+    if not _number(ratio) or not 0 <= ratio <= 1:
+        raise ValueError(
+            f"config.train.min_lr_ratio must be in [0, 1] (the cosine's end as a fraction of "
+            f"the peak learning rate), got {ratio!r}"
+        )
+    clip = t.get("grad_clip", None)
+    if clip is not None and (not _number(clip) or not math.isfinite(clip) or clip < 0):
+        raise ValueError(
+            f"config.train.grad_clip must be > 0 (global-norm clipping) or 0 / None for no "
+            f"clipping, got {clip!r}"
+        )
     if t.batch_size % t.grad_accum:
         raise ValueError(
             f"config.train.batch_size must be a multiple of config.train.grad_accum "
             f"({t.grad_accum}), got {t.batch_size}"
         )
+    _check_keep_best(t)
+    if data_parallel is not None:
+        check_batch_split(t, data_parallel)
+
+
+def check_batch_split(t, data_parallel: int, process_count: int = 1) -> None:
+    """Mesh-dependent: the batch splits over grad_accum x data-parallel devices and hosts."""
     if t.batch_size % (t.grad_accum * data_parallel):
         raise ValueError(
             f"config.train.batch_size must be a multiple of grad_accum x data-parallel devices "
             f"(data x fsdp) = {t.grad_accum} x {data_parallel}, got {t.batch_size}"
         )
-    _check_keep_best(t)
+    if t.batch_size % process_count:
+        raise ValueError(
+            f"config.train.batch_size must be a multiple of the {process_count} hosts, "
+            f"got {t.batch_size}"
+        )
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite_at_least(value, message: str, minimum: float) -> None:
+    if not _number(value) or not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{message}, got {value!r}")
 
 
 def _check_keep_best(t) -> None:
@@ -108,9 +150,10 @@ def _check_keep_best(t) -> None:
         )
 
 
-def check_stateful(config, data_parallel: int = 1) -> None:
-    """Stateful training (`train.carry_state`) needs a model with a carry, the 'streams' window
-    layout, and its streams (one per batch row) split evenly over micro-batches and devices."""
+def check_stateful(config, data_parallel: int | None = None) -> None:
+    """Stateful training (`train.carry_state`) needs a model with a carry and the 'streams'
+    window layout; with `data_parallel` (mesh-dependent), its streams (one per batch row)
+    must split evenly over micro-batches and devices."""
     t = config.train
     if not t.get("carry_state", False):
         return
@@ -126,6 +169,8 @@ def check_stateful(config, data_parallel: int = 1) -> None:
             "config.train.carry_state=true reads one contiguous stream per batch row: "
             f"config.data.train_layout must be 'streams' (or '' for automatic), got {layout!r}"
         )
+    if data_parallel is None:
+        return
     split = t.grad_accum * data_parallel
     if t.batch_size % split:
         raise ValueError(
@@ -137,13 +182,77 @@ def check_stateful(config, data_parallel: int = 1) -> None:
 
 def check_data(data_cfg) -> None:
     f = data_cfg.heldout_fraction
-    if not 0 <= f < 1:
-        raise ValueError(f"config.data.heldout_fraction must be in [0, 1), got {f}")
+    if not _number(f) or not 0 <= f < 1:
+        raise ValueError(f"config.data.heldout_fraction must be in [0, 1), got {f!r}")
 
 
-def check_config(config, data_parallel: int = 1) -> None:
-    """All of the above; raises a one-line ValueError on the first bad field."""
+WRITERS = ("jsonl", "tensorboard", "wandb")  # as `training.metric_writer.WRITERS`
+
+
+def check_logging(config) -> None:
+    """`config.logging.writers` names at least one known writer (with none, a run would leave
+    no record of itself), and wandb only where it is installed."""
+    logging_cfg = config.get("logging") or {}
+    spec = logging_cfg.get("writers", "jsonl")
+    if not isinstance(spec, str):
+        raise ValueError(f"config.logging.writers must be a comma-separated string, got {spec!r}")
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError(
+            f"config.logging.writers is empty, so the run would write no metrics.jsonl or "
+            f"run_info; name at least one of {','.join(WRITERS)}"
+        )
+    unknown = [n for n in names if n not in WRITERS]
+    if unknown:
+        raise ValueError(
+            f"unknown metric writer {unknown[0]!r} in config.logging.writers={spec!r}; "
+            f"choose from {','.join(WRITERS)}"
+        )
+    if "wandb" in names and importlib.util.find_spec("wandb") is None:
+        raise ValueError(
+            "config.logging.writers names wandb, which is not installed: "
+            "pip install 'gpn_jax[wandb]'"
+        )
+
+
+def check_remat_segment(config) -> None:
+    """The window splits into whole remat segments (`core.window` checks it again)."""
+    segment, seq_len = config.model.get("remat_segment", 0), config.train.seq_len
+    if segment and seq_len % segment:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by the remat segment {segment}: make "
+            "config.train.seq_len a multiple of config.model.remat_segment (or set it to 0)"
+        )
+
+
+def check_compute_dtype(model_cfg) -> None:
+    dtype = dict(model_cfg).get("compute_dtype", "float32")
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(
+            f"config.model.compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {dtype!r}"
+        )
+
+
+def check_static(config) -> None:
+    """Every check the config alone decides; a one-line ValueError on the first bad field."""
     check_model(config.model)
-    check_stateful(config, data_parallel)
-    check_train(config.train, data_parallel)
+    check_compute_dtype(config.model)
+    check_stateful(config)
+    check_train(config.train)
+    check_remat_segment(config)
     check_data(config.data)
+    check_logging(config)
+
+
+def check_mesh(config, data_parallel: int, process_count: int = 1) -> None:
+    """The mesh-dependent checks: the batch (and a stateful run's streams) split evenly over
+    grad_accum x `data_parallel` devices and over `process_count` hosts."""
+    check_stateful(config, data_parallel)
+    check_batch_split(config.train, data_parallel, process_count)
+
+
+def check_config(config, data_parallel: int | None = None, process_count: int = 1) -> None:
+    """`check_static`, then `check_mesh` when the mesh's data-parallel size is given."""
+    check_static(config)
+    if data_parallel is not None:
+        check_mesh(config, data_parallel, process_count)

@@ -291,9 +291,8 @@ def test_ordered_map_keeps_order_and_reads_a_bounded_number_of_chunks_ahead():
 
 
 def test_the_tokenizing_worker_imports_neither_jax_nor_grain():
-    """Each spawned worker imports `encode`; with JAX and Grain on that path (1.7 s per
-    worker, measured) two workers tokenized only 1.2x as fast as one on 2 cores (1.9x
-    without)."""
+    """Each spawned worker imports `encode`; with JAX and Grain on that path every worker
+    pays seconds of imports, and extra workers barely speed tokenizing up."""
     code = (
         "import sys, gpn_jax.data.prepare.encode as e; "
         "print(sorted(m for m in ('jax', 'grain', 'tensorflow') if m in sys.modules))"
@@ -317,6 +316,25 @@ def test_option_errors():
     o = Options(input="x", output="y", vocab_size=V)
     check_options(o)
     assert o.heldout_fraction == 0.001
+
+
+def test_output_that_is_a_file_fails_before_reading_the_input(tmp_path):
+    """Issue 45 items 4 and 7: `--output` naming a file is one line, before any input is read
+    (the input here does not exist, so the --output error shows it came first)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("keep me")
+    for output in (blocker, blocker / "sub"):
+        with pytest.raises(ValueError, match=f"--output={output}.* is a file, not a directory"):
+            check_options(
+                Options(input=str(tmp_path / "missing"), output=str(output), vocab_size=V)
+            )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpn_jax.prepare", f"--input={tmp_path / 'missing'}",
+         f"--output={blocker}", f"--vocab_size={V}"],
+        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+    )  # fmt: skip
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "gpn-prepare: error: --output=" in proc.stderr and blocker.read_text() == "keep me"
 
 
 def test_uint32_shards_for_a_vocabulary_over_65536(tmp_path, tokenizer_path):

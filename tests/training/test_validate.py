@@ -88,3 +88,79 @@ def test_heldout_fraction_range(fraction):
     c.data.heldout_fraction = fraction
     with pytest.raises(ValueError, match=r"heldout_fraction must be in \[0, 1\)"):
         validate.check_config(c)
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, float("nan")])
+def test_min_lr_ratio_in_unit_interval(ratio):
+    """Issue 45 item 8: a negative min_lr_ratio logged a negative learning rate (ascent)."""
+    c = gpn_m_tiny.get_config()
+    c.train.min_lr_ratio = ratio
+    with pytest.raises(ValueError, match=r"^config\.train\.min_lr_ratio must be in \[0, 1\]"):
+        validate.check_config(c)
+    c.train.min_lr_ratio = 0.0
+    validate.check_config(c)
+
+
+def test_grad_clip_positive_or_off():
+    """Issue 45 item 8: a negative grad_clip flipped the gradient's sign; 0 means no clipping."""
+    c = gpn_m_tiny.get_config()
+    c.train.grad_clip = -1.0
+    with pytest.raises(ValueError, match=r"^config\.train\.grad_clip must be > 0 .* got -1\.0"):
+        validate.check_config(c)
+    c.train.grad_clip = 0.0
+    validate.check_config(c)
+
+
+def test_grad_clip_zero_leaves_gradients_unclipped():
+    import jax.numpy as jnp
+
+    from gpn_jax.training.optimizer import make_optimizer
+
+    c = gpn_m_tiny.get_config()
+    c.train.update(grad_clip=0.0, weight_decay=0.0, warmup_steps=0, learning_rate=1.0)
+    g = {"w": jnp.array([3.0, -4.0])}  # global norm 5
+    opt = make_optimizer(c.train, {"w": False})
+    update, _ = opt.update(g, opt.init(g), g)
+    # Adam's first step is -lr * g / (|g| + eps): the sign of each unclipped, non-zero gradient.
+    assert jnp.all(jnp.sign(update["w"]) == -jnp.sign(g["w"]))
+
+
+def test_unknown_compute_dtype_lists_the_choices():
+    """Issue 45 item 7: compute_dtype=float7 gave numpy's TypeError traceback."""
+    c = gpn_m_tiny.get_config()
+    c.model.compute_dtype = "float7"
+    with pytest.raises(
+        ValueError,
+        match=r"^config\.model\.compute_dtype must be one of float32, bfloat16, float16, "
+        r"float64, got 'float7'$",
+    ):
+        validate.check_config(c)
+
+
+def test_empty_metric_writers_is_refused():
+    """Issue 45 item 8: an empty logging.writers trained without metrics.jsonl or run_info."""
+    c = gpn_m_tiny.get_config()
+    c.logging.writers = " , "
+    with pytest.raises(ValueError, match=r"^config\.logging\.writers is empty"):
+        validate.check_config(c)
+
+
+def test_mesh_checks_are_separate_from_static_ones():
+    c = gpn_m_tiny.get_config()
+    c.train.batch_size = 4
+    validate.check_static(c)  # nothing mesh-dependent here
+    with pytest.raises(ValueError, match=r"= 1 x 8, got 4$"):
+        validate.check_mesh(c, data_parallel=8)
+    with pytest.raises(ValueError, match=r"multiple of the 3 hosts, got 4$"):
+        validate.check_mesh(c, data_parallel=1, process_count=3)
+
+
+def test_unknown_writer_and_remat_segment_are_checked_here():
+    c = gpn_m_tiny.get_config()
+    c.logging.writers = "jsonl,csv"
+    with pytest.raises(ValueError, match=r"unknown metric writer 'csv'"):
+        validate.check_static(c)
+    c = gpn_m_tiny.get_config()
+    c.model.remat_segment = 5
+    with pytest.raises(ValueError, match=r"make config\.train\.seq_len a multiple of"):
+        validate.check_static(c)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 
+from gpn_jax.io import untrusted
 from gpn_jax.io.files import atomic_write
 
 MANIFEST = "manifest.json"
@@ -36,13 +37,15 @@ def write_json(path: str, obj: dict) -> None:
 
 
 def read_json(path: str) -> dict | None:
-    if not os.path.exists(path):
+    """The JSON object in `path` (None if there is none); untrusted: one `BadFileError` line
+    if it is not a JSON object (`io.untrusted.read_json`)."""
+    if not os.path.lexists(path):
         return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
+    fix = "delete the output directory (or use a new --output) and prepare again"
+    value = untrusted.read_json(path, fix=fix)
+    if not isinstance(value, dict):
+        raise untrusted.bad_file(path, "not a JSON object", fix)
+    return value
 
 
 def differences(saved: dict, settings: dict) -> list[str]:
@@ -57,6 +60,8 @@ def check_output(output: str, settings: dict) -> tuple[dict | None, dict | None]
     manifest = read_json(os.path.join(output, MANIFEST))
     progress = read_json(os.path.join(output, PROGRESS)) if manifest is None else None
     saved = (manifest or progress or {}).get("settings")
+    if progress is not None:
+        _check_progress(os.path.join(output, PROGRESS), progress)
     if saved is not None and saved != settings:
         if manifest is None and not any(w["shards"] for w in progress["writers"].values()):
             return None, None  # an earlier attempt finished no shard: start afresh
@@ -70,6 +75,19 @@ def check_output(output: str, settings: dict) -> tuple[dict | None, dict | None]
             f"{PROGRESS}); use a new --output or delete it"
         )
     return manifest, progress
+
+
+def _check_progress(path: str, progress: dict) -> None:
+    """The writers' part of a progress file, the part read before the settings are compared."""
+    writers = progress.get("writers")
+    ok = isinstance(writers, dict) and all(
+        isinstance(w, dict) and isinstance(w.get("shards"), list) for w in writers.values()
+    )
+    if not ok:
+        raise untrusted.bad_file(
+            path, "writers is not an object of {shards: [...]} records",
+            "delete the output directory (or use a new --output) and prepare again",
+        )  # fmt: skip
 
 
 def _has_shards(output: str) -> bool:
@@ -90,26 +108,71 @@ class PreparedCorpus:
     eos_id: int
 
 
+_FIX = "re-run gpn-prepare into a new --output"
+_DTYPES = ("uint16", "uint32")  # the token dtypes gpn-prepare writes (bin_source.BIN_DTYPES)
+
+
 def read_prepared(directory: str) -> PreparedCorpus | None:
-    """The prepared corpus in `directory`, or None if it has no manifest (plain shards)."""
-    if not os.path.isdir(directory):
+    """The prepared corpus in `directory`, or None if it has no manifest (plain shards).
+
+    The manifest is untrusted: every field is checked against a schema (dtype from an
+    allow-list, names that stay inside `directory`, counts that agree with the shard files'
+    sizes) before any shard is opened; a bad one is one `BadFileError` line naming it.
+    """
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isdir(directory) or not os.path.lexists(path):
         return None
-    manifest = read_json(os.path.join(directory, MANIFEST))
-    if manifest is None:
-        return None
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{directory}/{MANIFEST} is not a {FORMAT} manifest")
-    paths = {
-        split: [os.path.join(directory, s["file"]) for s in manifest["splits"][split]["shards"]]
-        for split in SPLITS
-    }
-    tok = manifest["tokenizer"]
-    return PreparedCorpus(
-        directory,
-        manifest["dtype"],
-        paths["train"],
-        paths["heldout"],
-        os.path.join(directory, tok["file"]),
-        tok["sha256"],
-        manifest["document_separator"]["id"],
-    )
+    m = untrusted.read_json(path, fix=_FIX)
+    _expect(path, m, dict, "the manifest")
+    if m.get("format") != FORMAT:
+        raise untrusted.bad_file(path, f"not a {FORMAT} manifest", _FIX)
+    dtype = m.get("dtype")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise untrusted.bad_file(
+            path, f"dtype {dtype!r:.40} is not one of {', '.join(_DTYPES)}", _FIX
+        )
+    splits = _expect(path, m.get("splits"), dict, "splits")
+    itemsize = 2 if dtype == "uint16" else 4
+    files = {s: _split_files(directory, path, splits.get(s), s, itemsize) for s in SPLITS}
+    tok = _expect(path, m.get("tokenizer"), dict, "tokenizer")
+    sha = tok.get("sha256")
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        raise untrusted.bad_file(path, "tokenizer.sha256 is not a sha256 hex digest", _FIX)
+    sep = _expect(path, m.get("document_separator"), dict, "document_separator")
+    eos = sep.get("id")
+    if not isinstance(eos, int) or isinstance(eos, bool) or not 0 <= eos < 2 ** (8 * itemsize):
+        raise untrusted.bad_file(path, f"document_separator.id {eos!r:.40} is not a token id", _FIX)
+    tok_file = untrusted.inside(directory, tok.get("file"), source=path, field="tokenizer.file")
+    if not os.path.isfile(tok_file):
+        raise untrusted.bad_file(path, f"tokenizer.file {tok['file']!r:.200} is missing", _FIX)
+    return PreparedCorpus(directory, dtype, files["train"], files["heldout"], tok_file, sha, eos)
+
+
+def _expect(path: str, value, kind: type, what: str):
+    if not isinstance(value, kind):
+        name = {dict: "an object", list: "a list"}[kind]
+        raise untrusted.bad_file(path, f"{what} is not {name}", _FIX)
+    return value
+
+
+def _split_files(directory: str, path: str, split, name: str, itemsize: int) -> list[str]:
+    """The shard paths of one split, each a regular file inside `directory` whose size is its
+    recorded token count x `itemsize`."""
+    split = _expect(path, split, dict, f"splits.{name}")
+    out = []
+    for i, shard in enumerate(_expect(path, split.get("shards"), list, f"splits.{name}.shards")):
+        field = f"splits.{name}.shards[{i}]"
+        shard = _expect(path, shard, dict, field)
+        file = untrusted.inside(directory, shard.get("file"), source=path, field=f"{field}.file")
+        tokens = shard.get("tokens")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise untrusted.bad_file(path, f"{field}.tokens {tokens!r:.40} is not a count", _FIX)
+        if not os.path.isfile(file):
+            raise untrusted.bad_file(path, f"{field}.file {shard['file']!r} is missing", _FIX)
+        size = os.path.getsize(file)
+        if size != tokens * itemsize:
+            raise untrusted.bad_file(
+                file, f"{size} bytes, but {MANIFEST} records {tokens} tokens ({tokens * itemsize} "
+                "bytes)", _FIX)  # fmt: skip
+        out.append(file)
+    return out

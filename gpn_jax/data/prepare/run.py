@@ -26,6 +26,7 @@ from gpn_jax.data.prepare.manifest import (
 from gpn_jax.data.prepare.parallel import ordered_map
 from gpn_jax.data.prepare.shards import ShardWriter
 from gpn_jax.data.prepare.tokenizer_step import corpus_tokenizer, tokenizer_settings
+from gpn_jax.io.outputs import check_out_dir
 
 # Test hook: SIGKILL this process right after the N-th shard of this run is renamed into
 # place, before the progress file records it (the hardest moment to be killed at).
@@ -63,6 +64,7 @@ def check_options(o: Options) -> None:
         o.heldout_fraction = 0.0 if o.heldout_docs else DEFAULT_HELDOUT_FRACTION
     if not o.output:
         raise ValueError("--output is required")
+    check_out_dir(o.output, "--output")  # a file there fails now, not after reading the input
     if bool(o.tokenizer_path) == bool(o.vocab_size):
         raise ValueError("give exactly one of --tokenizer_path (existing model) or --vocab_size")
     check_heldout(o.heldout_fraction, o.heldout_docs, o.heldout_stratified)

@@ -1,0 +1,194 @@
+"""The private cache of compiled C++ kernels: a library is loaded only if this user built it.
+
+`ctypes` runs a shared library's constructors as it loads it, so a cached `.so` is code this
+process will execute. The cache therefore trusts nothing it finds:
+
+* It lives under the user's own cache directory (`$GPN_JAX_NATIVE_CACHE`, else
+  `$XDG_CACHE_HOME/gpn_jax/native`, else `~/.cache/gpn_jax/native`), created with mode 0700;
+  a cache directory someone else owns, or that others can write, is refused.
+* Each library `<name>.so` has a sidecar `<name>.json` holding its sha256, written
+  (atomically, after the library is in place) by the build that produced it. A library is
+  loaded only if it is a regular file (not a link) owned by the current user, writable by no
+  one else, non-empty, and its sha256 matches the sidecar; anything else (a planted, empty,
+  truncated or corrupt file, or one without a sidecar) is removed and rebuilt.
+* The compiler is `$CXX` (a command with flags, split like a shell would: `CXX='g++ -O2'`)
+  or `c++`, run with a timeout (`$GPN_JAX_CXX_TIMEOUT` seconds, default COMPILE_TIMEOUT_S).
+* Entries not used for PRUNE_AFTER_S (each load refreshes its entry's time) and stale
+  temporary files are pruned after every build.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+COMPILE_TIMEOUT_S = 600.0
+PRUNE_AFTER_S = 30 * 24 * 3600.0
+_STALE_TMP_S = 3600.0
+
+
+def cache_dir() -> Path:
+    """The cache directory (module doc), created 0700 if missing; RuntimeError if it is not
+    private to this user."""
+    root = os.environ.get("GPN_JAX_NATIVE_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "gpn_jax", "native")
+    path = Path(root)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise RuntimeError(
+            f"kernel cache {path} is not a directory of this user; set GPN_JAX_NATIVE_CACHE "
+            "to a private directory"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours: make it private (no one else may plant a library)
+    return path
+
+
+def compiler() -> list[str]:
+    """The C++ compiler command: `$CXX` split like a shell would (flags allowed), else `c++`."""
+    try:
+        argv = shlex.split(os.environ.get("CXX", "") or "c++")
+    except ValueError as e:
+        raise RuntimeError(f"cannot parse $CXX ({e})") from None
+    exe = shutil.which(argv[0]) if argv else None
+    if exe is None:
+        raise RuntimeError(f"no C++ compiler ({argv[0] if argv else 'c++'}: $CXX or c++) on PATH")
+    return [exe, *argv[1:]]
+
+
+def _timeout() -> float:
+    value = os.environ.get("GPN_JAX_CXX_TIMEOUT", "")
+    try:
+        return float(value) if value else COMPILE_TIMEOUT_S
+    except ValueError:
+        raise RuntimeError(f"GPN_JAX_CXX_TIMEOUT must be seconds, got {value!r}") from None
+
+
+def compile_library(out: Path, source: Path, flags: Sequence[str], includes: Sequence[str]):
+    """Compiles `source` into the shared library `out` (a temporary file renamed into place),
+    then records its digest in the sidecar. RuntimeError on a failure or a timeout."""
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
+    os.close(fd)
+    cmd = [*compiler(), *flags, *includes, str(source), "-o", tmp]
+    try:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_timeout())
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"{shlex.join(cmd[:2])} ... timed out after {_timeout()} s"
+            ) from None
+        if done.returncode:
+            raise RuntimeError(f"{shlex.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+        if os.path.getsize(tmp) == 0:
+            raise RuntimeError(f"{shlex.join(cmd)} wrote an empty library")
+        os.chmod(tmp, 0o700)
+        digest = sha256(Path(tmp))
+        os.replace(tmp, out)
+        _write_sidecar(out, digest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def sidecar(library: Path) -> Path:
+    return library.with_suffix(".json")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_sidecar(library: Path, digest: str) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".json.tmp", dir=library.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"sha256": digest, "library": library.name}, f)
+        os.replace(tmp, sidecar(library))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _private_file(path: Path) -> bool:
+    """A regular file (not a link), owned by this user, writable by no one else."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def trusted(library: Path) -> bool:
+    """True if `library` may be loaded: private (`_private_file`), non-empty, and its sha256
+    is the one its private sidecar recorded at build time."""
+    side = sidecar(library)
+    if not (_private_file(library) and _private_file(side)) or os.path.getsize(library) == 0:
+        return False
+    try:
+        if os.path.getsize(side) > 4096:
+            return False
+        with open(side, "rb") as f:
+            recorded = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(recorded, dict) and recorded.get("sha256") == sha256(library)
+
+
+def _remove(*files: Path) -> None:
+    for f in files:
+        try:
+            os.unlink(f)
+        except FileNotFoundError:
+            pass
+
+
+def built(library: Path, build: Callable[[Path], None]) -> Path:
+    """`library`, loaded from the cache if `trusted`, else (re)built by `build(library)`; old
+    entries are pruned after a build. RuntimeError if the build fails or is not trusted."""
+    if trusted(library):
+        os.utime(library)  # marks it used (pruning goes by this time)
+        return library
+    _remove(library, sidecar(library))  # planted, corrupt, empty or half-written: rebuild
+    build(library)
+    if not trusted(library):
+        raise RuntimeError(f"the kernel built at {library} does not match its recorded digest")
+    prune(library.parent, keep=library)
+    return library
+
+
+def prune(directory: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Removes libraries (with their sidecars) unused for PRUNE_AFTER_S, stale temporary files
+    and sidecars without a library; returns what it removed. Only this user's files."""
+    now = time.time() if now is None else now
+    removed = []
+    for entry in directory.iterdir():
+        if entry == keep or not _private_file(entry):
+            continue
+        age = now - os.lstat(entry).st_mtime
+        if entry.name.endswith(".tmp"):
+            stale = age > _STALE_TMP_S
+        elif entry.suffix == ".so":
+            stale = age > PRUNE_AFTER_S
+        elif entry.suffix == ".json":
+            stale = not entry.with_suffix(".so").exists()
+        else:
+            continue
+        if stale:
+            _remove(entry, *([sidecar(entry)] if entry.suffix == ".so" else []))
+            removed.append(entry)
+    return removed
