@@ -46,8 +46,8 @@ _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examp
 
 def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
+    from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import lambada, runner
-    from gpn_jax.interop.model_dir import load_either
 
     evals = runner.parse_evals(_EVAL.value)
     if "lambada" in evals:

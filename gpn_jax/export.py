@@ -3,7 +3,7 @@
     python -m gpn_jax.export --workdir=/tmp/run --out=/tmp/run_export [--step=N]
 
 writes model.safetensors, config.json, tokenizer.model and a README.md model card (layout:
-`gpn_jax.interop.model_dir`). `load(dir)` returns what `gpn_jax.training.restore.load_run`
+`gpn_jax.checkpoints.model_dir`). `load(dir)` returns what `gpn_jax.checkpoints.restore.load_run`
 returns for a workdir, without orbax or the workdir; `gpn-generate` / `gpn-evaluate` take
 `--model_dir=dir`. Publishing is the user's `huggingface-cli upload <repo> <dir>`.
 
@@ -26,15 +26,15 @@ def load(model_dir: str):
       ValueError: not a model directory, tensors that disagree with config.json (the first
         mismatch is named), or a tokenizer whose sha256 is not the recorded one.
     """
-    from gpn_jax.interop.model_dir import load_model_dir  # JAX: not loaded for a flag error
+    from gpn_jax.checkpoints.model_dir import load_model_dir  # JAX: not loaded for a flag error
 
     return load_model_dir(model_dir)
 
 
 def export(workdir: str, out: str, step: int | None = None, command: str = "") -> dict:
     """Writes the (given or newest readable) checkpoint of `workdir` to `out`; returns config.json."""
-    from gpn_jax.interop import model_card, model_dir
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints import model_card, model_dir
+    from gpn_jax.checkpoints.restore import load_run
 
     if not out:
         raise ValueError("--out is required")

@@ -12,17 +12,17 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.checkpoints import model_dir as md
+from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.export import export, load
-from gpn_jax.interop import model_dir as md
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.optimizer import make_optimizer
-from gpn_jax.training.restore import load_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = ["README.md", "config.json", "model.safetensors", "tokenizer.model"]

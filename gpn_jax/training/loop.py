@@ -21,6 +21,7 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.core.window import check_remat_segment
 from gpn_jax.errors import TrainingError
 from gpn_jax.io import paths
@@ -28,7 +29,6 @@ from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, setup, validate
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.host_memory import cpu_steps_inline, steady_step_memory
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 

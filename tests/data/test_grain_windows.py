@@ -7,9 +7,9 @@ import grain
 import numpy as np
 import pytest
 
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.bin_source import open_bin
 from gpn_jax.data.windows import WindowIterator, WindowSource
-from gpn_jax.training.checkpointing import Checkpointer
 
 T, B = 8, 4
 NUM_WINDOWS = 23  # 5 steps/epoch, 3 windows and 5 tokens unused

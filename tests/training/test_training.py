@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import (
     TrainingError,
     evaluate_heldout,

@@ -18,14 +18,9 @@ deleted files) is only found when reading, which `restore_latest_good` handles.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import re
-import sys
-import traceback
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,88 +30,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
+from gpn_jax.checkpoints import failures
 from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
 
 log = logging.getLogger(__name__)
-
-
-class _UnrankedSaveFilter(logging.Filter):
-    """Drops orbax's warning for a save without metrics when keep_best is on: periodic
-    checkpoints between held-out evaluations are unranked by design (kept as "last N", never
-    as "best"), so the warning would repeat at every such save and bury the progress output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Requested `tracked_metric`; did not provide metrics" not in record.getMessage()
-
-
-_UNRANKED_FILTER = _UnrankedSaveFilter()
-
-
-class _ReadOnlyNoticeFilter(logging.Filter):
-    """Drops orbax's warnings that a read-only manager is read-only (asked for on purpose; they
-    would turn a reader's one-line error into three lines)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not msg.startswith(
-            ("Given directory is read only", "CheckpointManagerOptions.read_only")
-        )
-
-
-_READ_ONLY_FILTER = _ReadOnlyNoticeFilter()
-
-
-class _BackgroundFailureFilter(logging.Filter):
-    """Drops the tracebacks orbax logs for a failed save or read (one per failed thread,
-    commit callback and asyncio task, through absl and asyncio's loggers): `Checkpointer`
-    re-raises the same error as one `CheckpointError` line naming the step and the path, so
-    these would only repeat it, hundreds of lines long. Records without a traceback, and
-    every record not about orbax, pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not record.exc_info:
-            return True
-        if "/orbax/" in record.pathname or "orbax" in record.getMessage():
-            return False
-        # asyncio's "Future exception was never retrieved", logged when a failed write's
-        # future is collected (often at exit): its own path and message name no orbax, its
-        # traceback does
-        return not _raised_in_orbax(record.exc_info[1])
-
-
-def _raised_in_orbax(e: BaseException | None) -> bool:
-    """Whether a frame of `e`'s traceback, or of an exception it was raised from or during,
-    is orbax's."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if any("/orbax/" in f.filename for f in traceback.extract_tb(e.__traceback__)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-_FAILURE_FILTER = _BackgroundFailureFilter()
-
-
-def _quiet_closed_loop_callbacks() -> None:
-    """After a failed tensorstore read or write, its C++ threads still call back into the
-    asyncio loop orbax already closed; each such call prints an 'Event loop is closed'
-    traceback through `sys.unraisablehook`. They are harmless (the operation is over and
-    its error was raised), so only those are dropped; every other unraisable is passed on."""
-    if getattr(sys.unraisablehook, "_gpn_jax", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        e = unraisable.exc_value
-        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    hook._gpn_jax = True
-    sys.unraisablehook = hook
 
 
 _JSON_ITEMS = ("config", "meta")
@@ -257,7 +175,9 @@ class Checkpointer:
         if best_mode not in ("min", "max"):
             raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
         if read_only:
-            logging.getLogger("absl").addFilter(_READ_ONLY_FILTER)  # orbax logs through absl
+            logging.getLogger("absl").addFilter(
+                failures.READ_ONLY_FILTER
+            )  # orbax logs through absl
             self.directory = paths.join(paths.absolute(workdir), "checkpoints")
             if not paths.exists(self.directory):
                 raise CheckpointError(f"no checkpoint in {paths.absolute(workdir)}")
@@ -271,11 +191,11 @@ class Checkpointer:
         self._in_flight: int | None = None  # step of the async save not yet known written
         self._write_failed = False
         for name in ("absl", "asyncio"):  # orbax logs through absl; its tasks through asyncio
-            logging.getLogger(name).addFilter(_FAILURE_FILTER)
-        _quiet_closed_loop_callbacks()
+            logging.getLogger(name).addFilter(failures.FAILURE_FILTER)
+        failures.quiet_closed_loop_callbacks()
         self._track_best = keep_best is not None
         if self._track_best:
-            logging.getLogger("absl").addFilter(_UNRANKED_FILTER)  # orbax logs through absl
+            logging.getLogger("absl").addFilter(failures.UNRANKED_FILTER)  # orbax logs through absl
         options = ocp.CheckpointManagerOptions(
             # orbax only writes/reads per-step metrics when best_fn is set.
             best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
@@ -416,7 +336,7 @@ class Checkpointer:
 
         Only damage is skipped: a step missing a part orbax writes (commit marker, metadata,
         an item) or whose read fails with a data error (truncated, missing or garbled array
-        file, unparsable JSON; see `_is_damage`). Any other error (permissions, a transient
+        file, unparsable JSON; see `failures.is_damage`). Any other error (permissions, a transient
         I/O error, a bug) stops here with a one-line CheckpointError and nothing is moved.
 
         Args:
@@ -437,27 +357,27 @@ class Checkpointer:
                 other than damage.
         """
         self.wait_until_finished()
-        failures, bad = [], []
+        reasons, bad = [], []
         for step in sorted(self.all_steps(), reverse=True):
             try:
                 restored = self._restore_checked(target, step, check_config, params_only)
-            except _Damaged as e:
+            except failures.Damaged as e:
                 log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
-                failures.append(f"step {step}: {e}")
+                reasons.append(f"step {step}: {e}")
                 bad.append(step)
                 continue
             if quarantine and bad:
                 self._quarantine(bad)
             return restored
-        detail = "; ".join(failures) or "no finalized steps"
+        detail = "; ".join(reasons) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
 
     def _restore_checked(self, target: Any, step: int, check_config, params_only=False) -> tuple:
-        """`restore(target, step)` after the completeness and config checks; raises _Damaged
+        """`restore(target, step)` after the completeness and config checks; raises failures.Damaged
         for damage, CheckpointError for any other read failure."""
         missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
         if missing:
-            raise _Damaged(f"incomplete (missing {', '.join(missing)})")
+            raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
         try:
             config = self.read_config(step)
         except Exception as e:  # noqa: BLE001 - sorted into damage / not below
@@ -470,10 +390,10 @@ class Checkpointer:
             raise self._read_failure(step, e) from None
 
     def _read_failure(self, step: int, e: BaseException) -> Exception:
-        if _is_damage(e):
-            return _Damaged(_one_line(e))
+        if failures.is_damage(e):
+            return failures.Damaged(failures.one_line(e))
         return CheckpointError(
-            f"cannot read checkpoint step {step} in {self.directory}: {_one_line(e)}; "
+            f"cannot read checkpoint step {step} in {self.directory}: {failures.one_line(e)}; "
             "not a sign of damage, so the run stops and every step directory stays where it is"
         )
 
@@ -549,7 +469,7 @@ class Checkpointer:
         here to give back the space (and said so in the message, not in a second log line).
         """
         self._write_failed = True
-        silence_abandoned_writes()
+        failures.silence_abandoned_writes()
         where = paths.join(self.directory, str(step) if step is not None else "")
         try:
             _remove_unfinished(self.directory, level=logging.INFO)
@@ -563,7 +483,7 @@ class Checkpointer:
             else "no complete checkpoint"
         )
         return CheckpointError(
-            f"cannot write checkpoint step {step} to {where}: {_write_reason(e)}; {removed}; {kept}"
+            f"cannot write checkpoint step {step} to {where}: {failures.write_reason(e)}; {removed}; {kept}"
         )
 
     def __enter__(self) -> Checkpointer:
@@ -571,26 +491,6 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def silence_abandoned_writes() -> None:
-    """After a failed save, no warning for the write coroutines orbax created but never ran.
-
-    When one array's write fails, orbax drops the other arrays' pending
-    `async_serialize_from_host.<locals>.write_fragment` coroutines; Python warns "coroutine
-    ... was never awaited" when they are collected, often at interpreter exit, after the
-    run's one-line error (seen in `test_failed_checkpoint_write_is_one_line`, 2026-12-02).
-    They hold nothing to save: the step's unfinished files are removed and the error says so.
-    Only that coroutine's warning is ignored."""
-    warnings.filterwarnings(
-        "ignore",
-        message=r"coroutine '[\w.<>]*write_fragment' was never awaited",
-        category=RuntimeWarning,
-    )
-
-
-class _Damaged(Exception):
-    """A step that is provably incomplete or corrupt (skipped by `restore_latest_good`)."""
 
 
 # What a finalized orbax step of this layout always holds; any missing means an incomplete
@@ -609,49 +509,3 @@ _REQUIRED_PARTS = (
 def _grain_file(process_index: int) -> str:
     """The file Grain's handler keeps a host's iterator state in."""
     return f"process_{process_index}-of-{jax.process_count()}.json"
-
-
-# tensorstore status codes of a read that found damaged or missing data. Others
-# (PERMISSION_DENIED, UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN, ...) are
-# not evidence about the checkpoint and stop the run instead.
-_DAMAGE_CODES = ("DATA_LOSS:", "NOT_FOUND:", "OUT_OF_RANGE:")
-
-
-def _is_damage(e: BaseException) -> bool:
-    """True for errors that prove the step's files are incomplete or corrupt.
-
-    tensorstore raises ValueError('<CODE>: ...'): a truncated array file is OUT_OF_RANGE, a
-    deleted one NOT_FOUND, a garbled manifest DATA_LOSS (measured with orbax 0.12 /
-    tensorstore 0.1.86). orbax raises KeyError for a missing item, json a JSONDecodeError for
-    an unparsable one. A PermissionError or other OSError is not damage.
-    """
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, json.JSONDecodeError | FileNotFoundError):
-            return True
-        if isinstance(e, KeyError) and "was not found in the checkpoint" in str(e):
-            return True
-        if isinstance(e, ValueError) and str(e).startswith(_DAMAGE_CODES):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _write_reason(e: BaseException) -> str:
-    """The OS reason of a failed write ('File too large (EFBIG)'), else the error in one line.
-
-    tensorstore reports OS errors inside a ValueError as `[os_error_code='27']`."""
-    code = getattr(e, "errno", None)
-    found = re.search(r"os_error_code='?(\d+)", str(e))
-    code = int(found.group(1)) if code is None and found else code
-    if code in errno.errorcode:
-        return f"{os.strerror(code)} ({errno.errorcode[code]})"
-    return _one_line(e)
-
-
-def _one_line(e: BaseException, limit: int = 300) -> str:
-    """`Type: message` squashed to one line, truncated."""
-    msg = " ".join(str(e).split())
-    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,7 +9,7 @@
                               lets evaluation rebuild the held-out split), the model block again
                               under "model" for readers that only want the architecture
     <dir>/tokenizer.model     the SentencePiece model (absent for runs without one, e.g. recall)
-    <dir>/README.md           a model card (`gpn_jax.interop.model_card`)
+    <dir>/README.md           a model card (`gpn_jax.checkpoints.model_card`)
 
 Loading needs neither orbax nor the training workdir. A directory whose tensors disagree
 with its config (missing, extra or mis-shaped tensor) or whose tokenizer is not the one
@@ -24,13 +24,13 @@ import os
 import jax
 import ml_collections
 
+from gpn_jax.checkpoints.restore import RestoredRun
 from gpn_jax.data.tokenizer import load_tokenizer
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
 from gpn_jax.models import factory
 from gpn_jax.models import params as params_lib
 from gpn_jax.models.accounting import abstract_params
-from gpn_jax.training.restore import RestoredRun
 
 WEIGHTS, CONFIG, TOKENIZER, CARD = (
     "model.safetensors",
@@ -178,7 +178,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
 
 def load_either(workdir: str | None, model_dir: str | None, step: int | None) -> RestoredRun:
     """What `--workdir` (a training run) or `--model_dir` (an export) of an entry point names."""
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
 
     if bool(workdir) == bool(model_dir):
         raise ValueError("give exactly one of --workdir (a training run) and --model_dir")

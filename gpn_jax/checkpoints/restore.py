@@ -14,11 +14,11 @@ import jax
 import ml_collections
 
 from gpn_jax import data as datalib
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
 from gpn_jax.models import factory
-from gpn_jax.training.checkpointing import Checkpointer
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from gpn_jax.interop import paper_checkpoint
+from gpn_jax.checkpoints import paper_pickle
 from gpn_jax.models.gpn import GPN
 from tests.core.test_gpn_core import random_params, tiny, tokens
 
@@ -76,7 +76,7 @@ def paper_optimizer(params):
 def test_paper_names_for_gpn_m(n_layers):
     params = GPN(tiny(n_layers=n_layers)).init(jax.random.PRNGKey(0))
     layers = {f"L{i}_{n}" for i in range(n_layers) for n in PAPER_LAYER}
-    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
+    assert set(paper_pickle.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
 
 
 def test_paper_ffn_w1_is_gate_then_up():
@@ -84,7 +84,7 @@ def test_paper_ffn_w1_is_gate_then_up():
     params = GPN(tiny()).init(jax.random.PRNGKey(0))
     lp = params["layer_0"]
     d, f = lp["w1"].shape
-    fused = paper_checkpoint.to_paper_params(params)["L0_ffn_w1_k"]
+    fused = paper_pickle.to_paper_params(params)["L0_ffn_w1_k"]
     assert fused.shape == (d, 2 * f)
     np.testing.assert_array_equal(fused[:, :f], lp["w1"])
     np.testing.assert_array_equal(fused[:, f:], lp["w3"])
@@ -92,7 +92,7 @@ def test_paper_ffn_w1_is_gate_then_up():
 
 def test_paper_names_for_gpn_without_memory():
     params = GPN(tiny(memory=False, n_heads=0, d_key=0, d_value=0)).init(jax.random.PRNGKey(0))
-    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT
+    assert set(paper_pickle.to_paper_params(params)) == PAPER_SOT
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     model = GPN(tiny(n_layers=1 if not memory else 2, **kw))
     ours = random_params(model)
     # A pickle as the paper's trainer writes it: its names, its optimiser, numpy leaves.
-    paper_params = paper_checkpoint.to_paper_params(ours)
+    paper_params = paper_pickle.to_paper_params(ours)
     opt = paper_optimizer(paper_params)
     opt_state = opt.init(paper_params)
     grads = jax.tree.map(np.ones_like, paper_params)
@@ -118,7 +118,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     with open(tmp_path / "run_7" / "checkpoint.pkl", "wb") as f:
         pickle.dump(ckpt, f, protocol=protocol)
 
-    loaded = paper_checkpoint.load(str(tmp_path / "run_7"))
+    loaded = paper_pickle.load(str(tmp_path / "run_7"))
     assert (loaded["step"], loaded["data_position"]) == (7, 21)
     jax.tree.map(np.testing.assert_array_equal, loaded["params"], jax.device_get(ours))
     x = tokens()
@@ -127,9 +127,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     our_state = paper_optimizer(ours).init(ours)
     assert jax.tree.structure(loaded["opt_state"]) == jax.tree.structure(our_state)
 
-    out = paper_checkpoint.save(
-        str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21
-    )
+    out = paper_pickle.save(str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21)
     with open(out, "rb") as f:
         again = pickle.load(f)
     assert set(again["params"]) == set(paper_params)
@@ -139,7 +137,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
 
 def test_unknown_paper_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown parameter 'L0_mystery'"):
-        paper_checkpoint.from_paper_params({"L0_mystery": np.zeros(3)})
+        paper_pickle.from_paper_params({"L0_mystery": np.zeros(3)})
 
 
 class _Payload:
@@ -170,7 +168,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, how)
     with open(path, "wb") as f:  # hidden inside an otherwise plausible checkpoint
         pickle.dump({"step": 1, "data_position": 0, "params": {}, "opt_state": (bad,)}, f)
     with pytest.raises(ValueError) as e:
-        paper_checkpoint.load(str(tmp_path))
+        paper_pickle.load(str(tmp_path))
     assert str(e.value) == f"refusing to load {path}: global {name!r} is not allowed"
     assert not target.exists()
 
@@ -183,7 +181,7 @@ def test_a_numpy_1_pickle_loads(tmp_path):
     assert b"numpy.core.multiarray\n_reconstruct" in old
     path = tmp_path / "old.pkl"
     path.write_bytes(old)
-    back = paper_checkpoint.read_pickle(str(path))
+    back = paper_pickle.read_pickle(str(path))
     np.testing.assert_array_equal(back["a"], arrays["a"])
     assert back["s"] == arrays["s"] and back["s"].dtype == np.float32
 
@@ -192,5 +190,5 @@ def test_a_truncated_pickle_is_one_line(tmp_path):
     path = tmp_path / "checkpoint.pkl"
     path.write_bytes(pickle.dumps({"step": np.zeros(4)})[:-9])
     with pytest.raises(ValueError, match=r"is not a readable paper checkpoint") as e:
-        paper_checkpoint.load(str(path))
+        paper_pickle.load(str(path))
     assert "\n" not in str(e.value)
