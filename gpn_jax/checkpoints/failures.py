@@ -140,8 +140,18 @@ def is_damage(e: BaseException) -> bool:
             return True
         if isinstance(e, ValueError) and str(e).startswith(_DAMAGE_CODES):
             return True
+        if isinstance(e, ValueError) and _undecodable(str(e)):
+            return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def _undecodable(msg: str) -> bool:
+    """A chunk that failed to decompress (tensorstore says FAILED_PRECONDITION with the
+    codec's error, e.g. a flipped byte in a zstd frame header)."""
+    return msg.startswith("FAILED_PRECONDITION:") and any(
+        word in msg for word in ("ZSTD", "zstd", "decod", "Decod", "checksum")
+    )
 
 
 def write_reason(e: BaseException) -> str:

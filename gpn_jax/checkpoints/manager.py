@@ -30,14 +30,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from gpn_jax.checkpoints import failures
+from gpn_jax.checkpoints import checksums, failures
 from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
 
 log = logging.getLogger(__name__)
 
 
-_JSON_ITEMS = ("config", "meta")
+_JSON_ITEMS = ("config", "meta", "checksums")
 
 
 class _DataState(grain.DatasetIterator):
@@ -236,11 +236,17 @@ class Checkpointer:
         Returns:
             False if orbax skipped the step (e.g. a step >= `step` exists).
         """
+        items = {
+            "config": _json_safe(config_dict),
+            "meta": _json_safe(meta),
+            "data": _json_safe(data_state),
+        }
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(_DataState(_json_safe(data_state))),
-            config=ocp.args.JsonSave(_json_safe(config_dict)),
-            meta=ocp.args.JsonSave(_json_safe(meta)),
+            data=grain.checkpoint.CheckpointSave(_DataState(items["data"])),
+            config=ocp.args.JsonSave(items["config"]),
+            meta=ocp.args.JsonSave(items["meta"]),
+            checksums=ocp.args.JsonSave(checksums.make(state, items)),
         )
         metrics = _json_safe(metrics)
         # Steps lacking the metric are not ranked (orbax treats None as "none").
@@ -260,7 +266,8 @@ class Checkpointer:
     def restore(
         self, target: Any, step: int | None = None, params_only: bool = False
     ) -> tuple[int, Any, dict, dict, dict]:
-        """Restores one step onto `target`'s structure, dtypes and shardings.
+        """Restores one step onto `target`'s structure, dtypes and shardings, verified
+        against the step's checksums.
 
         Args:
             target: Example pytree of arrays, or abstract pytree of
@@ -273,24 +280,52 @@ class Checkpointer:
             (step, state, data_state, config_dict, meta).
 
         Raises:
-            CheckpointError: If there is no checkpoint to restore.
+            CheckpointError: If there is no checkpoint to restore, or the step is damaged
+                (a checksum mismatch, a wrong-typed item).
         """
         self.wait_until_finished()
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        try:
+            return self._restore_verified(target, step, params_only)
+        except failures.Damaged as e:
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} is damaged: {e}"
+            ) from None
+
+    def _restore_verified(self, target: Any, step: int, params_only: bool) -> tuple:
+        """`restore` of one step; Damaged for a checksum mismatch or a wrong-typed item."""
+        record = self._read_checksums(step)
         abstract = jax.tree.map(_abstract_leaf, target)
-        json_args = {k: ocp.args.JsonRestore() for k in _JSON_ITEMS} | self._data_args(step)
-        if params_only:
-            out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
-            state = self._restore_params(step, abstract)
-            return step, state, self._data_state(step, out), out["config"], out["meta"]
+        names = ("config", "meta")
+        json_args = {k: ocp.args.JsonRestore() for k in names} | self._data_args(step)
         # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
         # structure (JSON metadata), JsonRestore and Grain's handler read JSON; orbax
         # unpickles nothing here.
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
-        out = self._mngr.restore(step, args=args)
-        return step, out["state"], self._data_state(step, out), out["config"], out["meta"]
+        if params_only:
+            out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
+            state = {"params": self._restore_params(step, abstract)}
+        else:
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
+            out = self._mngr.restore(step, args=args)
+            state = out["state"]
+        where = f"step {step}"
+        items = {k: _json_item(out[k], f"{where} {k}") for k in names}
+        items["data"] = _json_item(self._data_state(step, out), f"{where} data state")
+        if record is None:
+            log.info("checkpoint step %d has no checksums (an older save): not verified", step)
+        else:
+            checksums.verify(record, state, items, where)
+        state = state["params"] if params_only else state
+        return step, state, items["data"], items["config"], items["meta"]
+
+    def _read_checksums(self, step: int) -> dict | None:
+        """The step's checksum record (None for a step saved before checksums)."""
+        path = self._step_path(step) / "checksums" / _JSON_FILE
+        if not (self._step_path(step) / "checksums").exists():
+            return None
+        return checksums.validate(_read_json(path), f"step {step} checksums")
 
     def _data_args(self, step: int) -> dict:
         """Restore args of the `data` item if Grain's handler wrote this host's file."""
@@ -373,23 +408,23 @@ class Checkpointer:
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
 
     def _restore_checked(self, target: Any, step: int, check_config, params_only=False) -> tuple:
-        """`restore(target, step)` after the completeness and config checks; raises failures.Damaged
-        for damage, CheckpointError for any other read failure."""
-        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
-        if missing:
-            raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
+        """`restore(target, step)` after the completeness and config checks; raises
+        failures.Damaged for damage, CheckpointError for any other read failure."""
         try:
+            self._check_files(step)
             config = self.read_config(step)
         except Exception as e:  # noqa: BLE001 - sorted into damage / not below
             raise self._read_failure(step, e) from None
         if check_config is not None:
             check_config(config)
         try:
-            return self.restore(target, step, params_only)
+            return self._restore_verified(target, step, params_only)
         except Exception as e:  # noqa: BLE001
             raise self._read_failure(step, e) from None
 
     def _read_failure(self, step: int, e: BaseException) -> Exception:
+        if isinstance(e, failures.Damaged):
+            return e
         if failures.is_damage(e):
             return failures.Damaged(failures.one_line(e))
         return CheckpointError(
@@ -401,8 +436,13 @@ class Checkpointer:
         return epath.Path(self.directory) / str(step)
 
     def read_config(self, step: int) -> dict:
-        """The JSON `config` item of `step`, read without touching any array."""
-        return json.loads((self._step_path(step) / "config" / _JSON_FILE).read_text())
+        """The JSON `config` item of `step`, read without touching any array.
+
+        Raises:
+            failures.Damaged: unparsable, or not a JSON object.
+        """
+        path = self._step_path(step) / "config" / _JSON_FILE
+        return _json_item(_read_json(path), f"step {step} config")
 
     def _quarantine(self, steps: list[int]) -> None:
         """Moves step dirs aside under names orbax does not parse as steps."""
@@ -446,7 +486,40 @@ class Checkpointer:
             self._mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - any failed write becomes one line
             raise self._write_error(self._in_flight, e) from None
+        if self._in_flight is not None:
+            self._seal(self._in_flight)
         self._in_flight = None
+
+    def _seal(self, step: int) -> None:
+        """Records the sha256 of a finished step's metadata files (`checksums.file_record`),
+        written under a temporary name and renamed. A step without this record (the process
+        was killed before it) still has its leaf checksums."""
+        step_dir = self._step_path(step)
+        if jax.process_index() != 0 or not step_dir.exists():
+            return
+        target = step_dir / "checksums" / checksums.FILES
+        tmp = step_dir / "checksums" / f"{checksums.FILES}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(checksums.file_record(step_dir), sort_keys=True))
+        tmp.rename(target)
+
+    def newest_intact_step(self) -> int | None:
+        """The newest step that is complete and whose metadata files match their recorded
+        checksums (what a run stopped by the NaN guard can resume from); None if none."""
+        self.wait_until_finished()
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                self._check_files(step)
+            except Exception:  # noqa: BLE001 - any failure: not this step
+                continue
+            return step
+        return None
+
+    def _check_files(self, step: int) -> None:
+        """failures.Damaged if `step` lacks a part or a metadata file differs from its record."""
+        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
+        if missing:
+            raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
+        checksums.verify_files(self._step_path(step), f"step {step}")
 
     def close(self) -> None:
         """Waits for pending saves and releases orbax resources."""
@@ -457,7 +530,10 @@ class Checkpointer:
                 log.info("closing after a failed save", exc_info=True)
             return
         try:
+            self.wait_until_finished()
             self._mngr.close()
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise self._write_error(self._in_flight, e) from None
 
@@ -502,8 +578,21 @@ _REQUIRED_PARTS = (
     "state/_METADATA",
     "state/manifest.ocdbt",
     "data",
-    *(f"{item}/{_JSON_FILE}" for item in _JSON_ITEMS),
+    # `checksums` too, but a step saved before checksums has none (it is restored unverified)
+    *(f"{item}/{_JSON_FILE}" for item in ("config", "meta")),
 )
+
+
+def _read_json(path: epath.Path) -> Any:
+    """The JSON in `path` (UnicodeDecodeError / JSONDecodeError for a garbled one: damage)."""
+    return json.loads(path.read_text())
+
+
+def _json_item(value: Any, where: str) -> dict:
+    """`value` if a JSON object; else Damaged (a config, meta or data state of `[]`)."""
+    if not isinstance(value, dict):
+        raise failures.Damaged(f"{where} is a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def _grain_file(process_index: int) -> str:

@@ -275,11 +275,11 @@ def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
     finite = host.pop(ts.FINITE, 1.0)
     if not finite or not math.isfinite(host["loss"]):
         ckpt.wait_until_finished()
-        latest = ckpt.latest_step()
+        latest = ckpt.newest_intact_step()
         kept = (
-            f"newest checkpoint (all values finite): step {latest} in {ckpt.directory}"
+            f"newest intact checkpoint (all values finite): step {latest} in {ckpt.directory}"
             if latest is not None
-            else "no checkpoint was saved"
+            else "no intact checkpoint"
         )
         raise TrainingError(
             f"step {step} is not finite (loss {host['loss']}, grad norm {host['grad_norm']}); "
