@@ -277,7 +277,8 @@ def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
         ckpt.wait_until_finished()
         latest = ckpt.newest_intact_step()
         kept = (
-            f"newest intact checkpoint (all values finite): step {latest} in {ckpt.directory}"
+            f"newest checkpoint (all values finite): step {latest} in {ckpt.directory}, "
+            "its files matching their checksums"
             if latest is not None
             else "no intact checkpoint"
         )
