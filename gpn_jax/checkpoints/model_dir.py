@@ -19,6 +19,7 @@ directory makes, and they would otherwise surface as a shape error deep in a jit
 
 import hashlib
 import json
+import math
 import os
 
 import jax
@@ -97,19 +98,106 @@ def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> None:
         f.write(card)
 
 
+_MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB; more is not one of ours
+_MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on a header
+# safetensors dtype names -> bytes per element: what a model's parameters can be stored in
+_DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2),
+    "I8": ("int8", 1), "U64": ("uint64", 8), "U32": ("uint32", 4), "U16": ("uint16", 2),
+    "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}  # fmt: skip
+
+
+def _refuse(path: str, what: str, fix: str = "re-export it with gpn_jax.export") -> ValueError:
+    return ValueError(f"{path}: {what}; {fix}")
+
+
 def read_record(model_dir: str) -> dict:
-    """config.json of a model directory, or a one-line ValueError."""
+    """config.json of a model directory, checked against the schema `make_record` writes;
+    anything else is a one-line ValueError naming the file."""
     path = os.path.join(model_dir, CONFIG)
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {CONFIG}")
+    if os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise _refuse(path, f"over {_MAX_CONFIG_BYTES >> 20} MiB, not a model config")
     try:
-        with open(path) as f:
-            record = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if record.get("format") != FORMAT or "config" not in record:
-        raise ValueError(f"{path} was not written by gpn_jax.export")
+        with open(path, "rb") as f:
+            record = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _refuse(path, f"not valid JSON ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise _refuse(path, 'not written by gpn_jax.export (no "format": "gpn_jax")')
+    config = record.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise _refuse(path, "lacks the run config and its model block")
+    if not isinstance(config.get("data", {}), dict):
+        raise _refuse(path, "its config's data block is not an object")
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _refuse(path, f"its step is {step!r}, not a non-negative integer")
+    _check_tokenizer_fields(record, path)
     return record
+
+
+def _check_tokenizer_fields(record: dict, path: str) -> None:
+    """`tokenizer_file` is null or a plain file name in the directory, with its sha256."""
+    name = record.get("tokenizer_file")
+    if name is None:
+        return
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or os.path.basename(name) != name
+        or "\\" in name
+        or "\0" in name
+    ):
+        raise _refuse(path, f"tokenizer_file {name!r} is not a file name inside the directory")
+    digest = record.get("tokenizer_sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise _refuse(path, f"tokenizer_sha256 {str(digest)[:80]!r} is not a sha256")
+
+
+def read_header(path: str) -> dict:
+    """{name: (shape, dtype str)} from model.safetensors' header, checked against the file's
+    size before anything is allocated: a truncated or hostile file is one ValueError."""
+    size = os.path.getsize(path)
+    fix = "copy the file again or re-export the model"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > min(size - 8, _MAX_HEADER_BYTES):
+            raise _refuse(path, f"truncated or not a safetensors file ({size} bytes)", fix)
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise _refuse(path, "its header is not valid JSON", fix) from None
+    if not isinstance(header, dict):
+        raise _refuse(path, "its header is not a JSON object", fix)
+    header.pop("__metadata__", None)
+    data_size, found = size - 8 - n, {}
+    for name, entry in header.items():
+        shape, dtype, nbytes, span = _tensor_entry(entry)
+        if shape is None or span[1] > data_size or span[1] - span[0] != nbytes:
+            raise _refuse(path, f"tensor {name!r} lies outside the file (truncated?)", fix)
+        found[name] = (shape, dtype)
+    return found
+
+
+def _tensor_entry(entry) -> tuple:
+    """(shape, numpy dtype name, byte count, (begin, end)) of a header entry; shape None if
+    the entry is malformed."""
+    bad = (None, None, 0, (0, 0))
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+        return bad
+    shape, span = entry.get("shape"), entry.get("data_offsets")
+    ints = [*shape, *span] if isinstance(shape, list) and isinstance(span, list) else [None]
+    if len(span or ()) != 2 or not all(type(v) is int and v >= 0 for v in ints):
+        return bad
+    if span[0] > span[1]:
+        return bad
+    dtype, itemsize = _DTYPES[entry["dtype"]]
+    return tuple(shape), dtype, math.prod(shape) * itemsize, tuple(span)
 
 
 def check_tensors(expected: dict, found: dict) -> None:
@@ -135,7 +223,9 @@ def _tokenizer(model_dir: str, record: dict):
     """The directory's tokenizer, refused if it is not the one config.json records."""
     if not record.get("tokenizer_file"):
         return None
-    path = os.path.join(model_dir, record["tokenizer_file"])
+    path = os.path.join(model_dir, record["tokenizer_file"])  # a plain name: `read_record`
+    if os.path.realpath(os.path.dirname(path)) != os.path.realpath(model_dir):
+        raise ValueError(f"{path} leaves {model_dir}; re-export the model")
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} lacks {record['tokenizer_file']}, which {CONFIG} records")
     got = file_sha256(path)
@@ -158,19 +248,28 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     model_dir = os.path.abspath(model_dir)
     record = read_record(model_dir)
     config = ml_collections.ConfigDict(record["config"])
-    model = factory.build_model(config.model)
+    try:
+        model = factory.build_model(config.model)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        detail = " ".join(str(e).split())[:160] or type(e).__name__
+        raise _refuse(
+            os.path.join(model_dir, CONFIG), f"its model block is invalid ({detail})"
+        ) from None
     expected = {
         k: (tuple(v.shape), str(v.dtype)) for k, v in flatten(abstract_params(model)).items()
     }
     path = os.path.join(model_dir, WEIGHTS)
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
-    with safe_open(path, framework="flax") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
-    check_tensors(expected, {k: (tuple(v.shape), str(v.dtype)) for k, v in tensors.items()})
+    check_tensors(expected, read_header(path))  # before any tensor is read
+    try:
+        with safe_open(path, framework="flax") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type: a bad file
+        raise _refuse(path, f"unreadable ({' '.join(str(e).split())[:120]})") from None
     tokenizer = _tokenizer(model_dir, record)
-    if tokenizer is not None:
-        config.data.tokenizer_path = tokenizer.path
+    # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.
+    config.data.tokenizer_path = tokenizer.path if tokenizer is not None else ""
     device = jax.local_devices()[0]
     params = jax.device_put(unflatten(tensors), device)
     return RestoredRun(config, model, params, tokenizer, int(record["step"]), model_dir)

@@ -18,7 +18,9 @@ inert builtins, the optax state classes of its optimiser) and refuses any other.
 """
 
 import builtins
+import codecs
 import importlib
+import math
 import os
 import pickle
 
@@ -144,26 +146,77 @@ def _numpy_internal(module: str, name: str):
     raise AttributeError(f"numpy has no {module}.{name}")
 
 
-def _allowed_globals() -> dict:
+_NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex: never objects or records
+
+
+class _Budget:
+    """What one load may allocate: the pickle's own size (its arrays and bytes are in the
+    file, so a pickle that asks for more is hostile, e.g. a 40-byte `bytearray(2**31-1)`)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def take(self, nbytes: int, what: str) -> None:
+        if not 0 <= nbytes <= self.limit:
+            raise _Refused(f"{what} of {nbytes} bytes (the file has {self.limit})")
+        self.limit -= nbytes
+
+
+def _checked_dtype(*args, **kwargs) -> np.dtype:
+    dtype = np.dtype(*args, **kwargs)
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise _Refused(f"numpy.dtype {dtype.str!r} (only numeric dtypes are data)")
+    return dtype
+
+
+def _nbytes(shape, dtype) -> int:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise _Refused(f"array shape {shape!r}")
+    return math.prod(shape) * _checked_dtype(dtype).itemsize
+
+
+def _allowed_globals(budget: _Budget) -> dict:
     """Every global the paper trainer's pickle can name (pickle protocols 2-5, numpy 1.x and
-    2.x), found by listing the globals of such pickles; each only builds data. Maps
-    (module, name) -> a resolver of this process's object."""
-    allowed = {("numpy", "ndarray"): lambda: np.ndarray, ("numpy", "dtype"): lambda: np.dtype}
-    for sub, name in (
-        ("multiarray", "_reconstruct"),
-        ("multiarray", "scalar"),
-        ("numeric", "_frombuffer"),
-    ):
-        for pkg in ("numpy._core", "numpy.core"):
-            allowed[(f"{pkg}.{sub}", name)] = lambda s=sub, n=name: _numpy_internal(s, n)
+    2.x), found by listing the globals of such pickles; each only builds data, and each that
+    allocates is charged to `budget`. Maps (module, name) -> this process's object."""
+
+    def ndarray(shape, dtype=float, *args, **kwargs):
+        budget.take(_nbytes(shape, dtype), "numpy.ndarray")
+        return np.ndarray(shape, _checked_dtype(dtype), *args, **kwargs)
+
+    def reconstruct(subtype, shape, dtype):
+        if subtype is not ndarray:
+            raise _Refused(f"numpy _reconstruct of {subtype!r}")
+        budget.take(_nbytes(shape, dtype), "numpy._reconstruct")
+        return _numpy_internal("multiarray", "_reconstruct")(np.ndarray, shape, dtype)
+
+    def sized(cls):
+        def make(arg=b"", *rest):
+            if isinstance(arg, int):
+                budget.take(arg, f"builtins.{cls.__name__}")
+            return cls(arg, *rest)
+
+        return make
+
+    def encode(text, encoding="latin1"):
+        if encoding not in ("latin1", "latin-1"):
+            raise _Refused(f"_codecs.encode with codec {encoding!r}")
+        return codecs.encode(text, encoding)
+
+    allowed = {("numpy", "ndarray"): ndarray, ("numpy", "dtype"): _checked_dtype}
+    for pkg in ("numpy._core", "numpy.core"):
+        allowed[(f"{pkg}.multiarray", "_reconstruct")] = reconstruct
+        for sub, name in (("multiarray", "scalar"), ("numeric", "_frombuffer")):
+            allowed[(f"{pkg}.{sub}", name)] = _numpy_internal(sub, name)
     # Protocol 2 writes bytes through `_codecs.encode`; inert builtin containers and scalars.
-    allowed[("_codecs", "encode")] = lambda: importlib.import_module("_codecs").encode
-    for name in ("set", "frozenset", "bytearray", "complex"):
-        allowed[("builtins", name)] = lambda n=name: getattr(builtins, n)
+    allowed[("_codecs", "encode")] = encode
+    allowed[("builtins", "bytearray")] = sized(bytearray)
+    for name in ("set", "frozenset", "complex"):
+        allowed[("builtins", name)] = getattr(builtins, name)
     return allowed
 
 
-_ALLOWED = _allowed_globals()
 # The states of chain(clip_by_global_norm, adamw(schedule, mask=...)). optax moves its classes
 # between private modules across versions, so any optax module is accepted and the name is
 # resolved to this optax's public class.
@@ -186,30 +239,52 @@ class _PaperUnpickler(pickle.Unpickler):
     """An unpickler that builds data only: `find_class` (the sole way a pickle reaches code)
     answers the allow-listed globals above and refuses everything else."""
 
+    def __init__(self, file, size: int):
+        super().__init__(file)
+        self._allowed = _allowed_globals(_Budget(size))
+
     def find_class(self, module: str, name: str):
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]()
+        if (module, name) in self._allowed:
+            return self._allowed[(module, name)]
         if (module == "optax" or module.startswith("optax.")) and name in _OPTAX_STATES:
             return getattr(optax, name, optax.EmptyState)
-        raise _Refused(f"{module}.{name}")
+        raise _Refused(f"global {module + '.' + name!r}")
 
     def persistent_load(self, pid):
         raise _Refused(f"persistent id {pid!r}")
+
+
+# What a malformed pickle raises while being read (each a data error, never a bug of ours).
+_UNREADABLE = (
+    pickle.UnpicklingError,
+    EOFError,
+    AttributeError,
+    ImportError,
+    TypeError,
+    ValueError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    RecursionError,
+    MemoryError,
+    UnicodeDecodeError,
+    OSError,
+)
 
 
 def read_pickle(path: str):
     """Unpickles `path` with `_PaperUnpickler`; a refused global or a bad file is one ValueError."""
     try:
         with open(path, "rb") as f:
-            return _PaperUnpickler(f).load()
+            return _PaperUnpickler(f, os.fstat(f.fileno()).st_size).load()
     except _Refused as e:
-        raise ValueError(
-            f"refusing to load {path}: global {e.global_name!r} is not allowed"
-        ) from None
+        raise ValueError(f"refusing to load {path}: {e.global_name} is not allowed") from None
     except FileNotFoundError:
         raise ValueError(f"paper checkpoint not found: {path}") from None
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as e:
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a paper checkpoint pickle") from None
+    except _UNREADABLE as e:
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
         raise ValueError(f"{path} is not a readable paper checkpoint ({detail})") from None
 
 
@@ -217,24 +292,55 @@ def load(path: str) -> dict:
     """Reads the paper trainer's `checkpoint.pkl` (or the directory holding it) into our layout.
 
     Returns {'params', 'opt_state', 'step', 'data_position'}. Safe on untrusted files: see
-    `read_pickle`.
+    `read_pickle`; anything but the paper's layout is one ValueError naming the file.
     """
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pkl")
-    ckpt = read_pickle(path)
+    ckpt = _checked(read_pickle(path), path)
+    try:
+        params = from_paper_params(ckpt["params"])
+        opt_state = _map_param_dicts(ckpt["opt_state"], from_paper_params)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{path} is not a paper checkpoint: {detail}") from None
+    return {
+        "params": params,
+        "opt_state": opt_state,
+        "step": ckpt["step"],
+        "data_position": ckpt["data_position"],
+    }
+
+
+def _checked(ckpt, path: str) -> dict:
+    """`ckpt` if it has the paper trainer's layout; else a one-line ValueError."""
+
+    def bad(why: str):
+        return ValueError(f"{path} is not a paper checkpoint: {why}")
+
     if not isinstance(ckpt, dict):
-        raise ValueError(f"{path} is not a paper checkpoint: a {type(ckpt).__name__}, not a dict")
+        raise bad(f"a {type(ckpt).__name__}, not a dict")
+    if not all(isinstance(k, str) for k in ckpt):
+        raise bad(
+            f"a key that is not a string ({next(k for k in ckpt if not isinstance(k, str))!r})"
+        )
     missing = {"params", "opt_state", "step", "data_position"} - set(ckpt)
     if missing:
-        raise ValueError(f"{path} is not a paper checkpoint: missing {sorted(missing)}")
-    if not isinstance(ckpt["params"], dict):
-        raise ValueError(f"{path} is not a paper checkpoint: its params are not a dict")
-    return {
-        "params": from_paper_params(ckpt["params"]),
-        "opt_state": _map_param_dicts(ckpt["opt_state"], from_paper_params),
-        "step": int(ckpt["step"]),
-        "data_position": int(ckpt["data_position"]),
-    }
+        raise bad(f"missing {sorted(missing)}")
+    for key in ("step", "data_position"):
+        value = ckpt[key]
+        if isinstance(value, np.integer) and value.ndim == 0:
+            value = ckpt[key] = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"its {key} is {value!r}, not a non-negative integer")
+    params = ckpt["params"]
+    if not isinstance(params, dict) or not params:
+        raise bad("its params are not a non-empty dict")
+    for name, leaf in params.items():
+        if not isinstance(name, str) or not name:
+            raise bad(f"parameter name {name!r} is not a string")
+        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in _NUMERIC_KINDS:
+            raise bad(f"parameter {name!r} is a {type(leaf).__name__}, not a numeric array")
+    return ckpt
 
 
 def save(path: str, params: dict, opt_state, step: int, data_position: int) -> str:
