@@ -80,7 +80,42 @@ def make_record(run: RestoredRun) -> dict:
         "tokenizer_sha256": hashlib.sha256(tok.model_proto).hexdigest() if tok else None,
         "model": config["model"],
         "config": config,
+        "source_workdir": os.path.realpath(run.workdir),
     }
+
+
+def exported_from(model_dir: str) -> str | None:
+    """The run directory `model_dir` was exported from, if it is an export that records one."""
+    try:
+        record = read_record(model_dir)
+    except (ValueError, OSError):
+        return None
+    source = record.get("source_workdir")
+    return source if isinstance(source, str) else None
+
+
+def save_model_dir_atomic(run, out: str, record: dict, card: str, replace: bool) -> None:
+    """`save_model_dir` into a temporary sibling of `out`, then renamed to `out` (an existing
+    `out` is replaced only if `replace`: moved aside, then deleted)."""
+    import shutil
+    import tempfile
+
+    out = os.path.abspath(out)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    try:
+        save_model_dir(run, tmp, record, card)
+        old = None
+        if replace and os.path.lexists(out):
+            old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+            os.rename(out, os.path.join(old, name))
+        os.rename(tmp, out)  # fails if `out` appeared meanwhile: nothing of the user's is lost
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> None:
