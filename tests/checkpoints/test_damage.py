@@ -170,3 +170,17 @@ def test_an_undamaged_step_restores_with_its_checksums(two_steps):
     assert step == 2
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(states[2]), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_load_run_with_only_a_list_config_is_one_line(two_steps):
+    """A checkpoint config/metadata of `[]` is not read as a config: readers fall back to an
+    older step, and with none left say so in one line."""
+    from gpn_jax.checkpoints.restore import load_run
+
+    workdir, _, step_dir = two_steps
+    for step in ("1", "2"):
+        path = os.path.join(os.path.dirname(step_dir), step, "config", "metadata")
+        open(path, "w").write("[]")
+    with pytest.raises(CheckpointError, match=r"no readable config in .*not a JSON object") as e:
+        load_run(str(workdir))
+    assert "\n" not in str(e.value)

@@ -192,3 +192,85 @@ def test_a_truncated_pickle_is_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"is not a readable paper checkpoint") as e:
         paper_pickle.load(str(path))
     assert "\n" not in str(e.value)
+
+
+def _good_checkpoint(**changes) -> dict:
+    ckpt = {
+        "step": 3,
+        "data_position": 6,
+        "params": {"embedding": np.zeros((4, 2), np.float32)},
+        "opt_state": (),
+    }
+    return ckpt | changes
+
+
+@pytest.mark.parametrize(
+    "ckpt, message",
+    [
+        ({**_good_checkpoint(), 7: 1}, "a key that is not a string (7)"),
+        (_good_checkpoint(step=None), "its step is None, not a non-negative integer"),
+        (_good_checkpoint(step=-1), "its step is -1"),
+        (_good_checkpoint(data_position="x"), "its data_position is 'x'"),
+        (_good_checkpoint(params={1: np.zeros(2)}), "parameter name 1 is not a string"),
+        (_good_checkpoint(params={"embedding": [1.0]}), "'embedding' is a list, not a numeric"),
+        (_good_checkpoint(params={"": np.zeros(2)}), "parameter name '' is not a string"),
+        (_good_checkpoint(params={}), "its params are not a non-empty dict"),
+    ],
+    ids=["int_key", "step_none", "step_negative", "position_str", "param_int_name",
+         "param_list", "param_empty_name", "no_params"],
+)  # fmt: skip
+def test_a_malformed_checkpoint_is_one_line(tmp_path, ckpt, message):
+    path = tmp_path / "checkpoint.pkl"
+    path.write_bytes(pickle.dumps(ckpt))
+    with pytest.raises(ValueError) as e:
+        paper_pickle.load(str(path))
+    assert str(e.value).startswith(f"{path} is not a paper checkpoint: ")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_directory_in_place_of_the_pickle_is_one_line(tmp_path):
+    (tmp_path / "checkpoint.pkl").mkdir()
+    with pytest.raises(ValueError, match=r"checkpoint\.pkl is a directory, not a paper"):
+        paper_pickle.load(str(tmp_path))
+
+
+def test_an_unknown_codec_is_refused(tmp_path):
+    """Protocol 2 writes bytes as `_codecs.encode(text, 'latin1')`; any other codec (zlib,
+    hex, ...) would run a decoder on the file's say-so."""
+    data = pickle.dumps(b"\x00\x01", protocol=2).replace(b"latin1", b"zlib_c")
+    path = tmp_path / "codec.pkl"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="_codecs.encode with codec 'zlib_c' is not allowed"):
+        paper_pickle.read_pickle(str(path))
+
+
+class _Alloc:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize(
+    "payload, what",
+    [
+        (_Alloc(bytearray, 2**31 - 1), "builtins.bytearray of 2147483647 bytes"),
+        (_Alloc(np.ndarray, (2**20, 2**10)), "numpy.ndarray of 8589934592 bytes"),
+        (_Alloc(np.dtype, "O"), "numpy.dtype '|O' (only numeric dtypes are data)"),
+    ],
+    ids=["bytearray", "ndarray", "object_dtype"],
+)
+def test_allocations_are_capped_by_the_file_size(tmp_path, payload, what):
+    """A few dozen bytes asking for gigabytes are refused before anything is allocated: the
+    process's peak resident memory stays below the 2 GiB asked for."""
+    import resource
+
+    path = tmp_path / "alloc.pkl"
+    path.write_bytes(pickle.dumps(payload, protocol=4))
+    assert path.stat().st_size < 200
+    with pytest.raises(ValueError) as e:
+        paper_pickle.read_pickle(str(path))
+    assert f"refusing to load {path}: {what}" in str(e.value)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert peak < 2**31  # the process never held the 2 GiB it was asked for
