@@ -219,6 +219,19 @@ def read_header(path: str) -> dict:
     return found
 
 
+def read_tensors(path: str, expected: dict) -> dict:
+    """{name: array} of model.safetensors at `path`, once its header (checked against the
+    file's size) names exactly the tensors `expected` ({name: (shape, dtype)}) describes."""
+    from safetensors import safe_open
+
+    check_tensors(expected, read_header(path))  # before any tensor is read
+    try:
+        with safe_open(path, framework="flax") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type: a bad file
+        raise _refuse(path, f"unreadable ({' '.join(str(e).split())[:120]})") from None
+
+
 def _tensor_entry(entry) -> tuple:
     """(shape, numpy dtype name, byte count, (begin, end)) of a header entry; shape None if
     the entry is malformed."""
@@ -278,7 +291,6 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     `config.data.tokenizer_path` points at the directory's tokenizer, so evaluation rebuilds
     the held-out data with it; `workdir` is the model directory.
     """
-    from safetensors import safe_open
 
     model_dir = os.path.abspath(model_dir)
     record = read_record(model_dir)
@@ -296,12 +308,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     path = os.path.join(model_dir, WEIGHTS)
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
-    check_tensors(expected, read_header(path))  # before any tensor is read
-    try:
-        with safe_open(path, framework="flax") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type: a bad file
-        raise _refuse(path, f"unreadable ({' '.join(str(e).split())[:120]})") from None
+    tensors = read_tensors(path, expected)
     tokenizer = _tokenizer(model_dir, record)
     # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.
     config.data.tokenizer_path = tokenizer.path if tokenizer is not None else ""

@@ -235,9 +235,11 @@ class _Refused(pickle.UnpicklingError):
         self.global_name = global_name
 
 
-class _PaperUnpickler(pickle.Unpickler):
+class _PaperUnpickler(pickle._Unpickler):  # noqa: SLF001 - see the docstring
     """An unpickler that builds data only: `find_class` (the sole way a pickle reaches code)
-    answers the allow-listed globals above and refuses everything else."""
+    answers the allow-listed globals above and refuses everything else. The pure-Python
+    unpickler, whose memo is a dict: the C one sizes its memo array by the largest index a
+    `LONG_BINPUT` names, so four hostile bytes could make it allocate gigabytes."""
 
     def __init__(self, file, size: int):
         super().__init__(file)
