@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import pickle
+import struct
 
 import jax
 import numpy as np
@@ -229,6 +230,45 @@ _OPTAX_STATES = (
 )
 
 
+def _plain_dtype_state(state) -> bool:
+    return (
+        isinstance(state, tuple)
+        and len(state) == 8
+        and state[0] == 3
+        and state[1] in ("<", ">", "|", "=")
+        and state[2:] == (None, None, None, -1, -1, 0)
+    )
+
+
+def _check_array_state(state, budget: "_Budget") -> None:
+    """An ndarray's pickled state: (version, shape, numeric dtype, fortran, raw bytes)."""
+    ok = isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)
+    if ok and isinstance(state[4], bytes | bytearray):
+        nbytes = _nbytes(state[1], state[2])
+        if nbytes == len(state[4]):
+            budget.take(nbytes, "numpy array state")
+            return
+    raise _Refused(f"numpy array state {str(state)[:80]}")
+
+
+class _Capped:
+    """A file whose `read(n)` never asks for more than is left: a buffered read allocates
+    the `n` it is given before finding the file shorter (a 4-byte length of 1.6 GB would)."""
+
+    def __init__(self, f, size: int):
+        self._f, self._size = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self._size - self._f.tell())
+        return self._f.read(left if n is None or n < 0 else min(n, left))
+
+    def readline(self) -> bytes:
+        return self._f.readline()
+
+    def readinto(self, b) -> int:
+        return self._f.readinto(b)
+
+
 class _Refused(pickle.UnpicklingError):
     def __init__(self, global_name: str):
         super().__init__(global_name)
@@ -243,7 +283,31 @@ class _PaperUnpickler(pickle._Unpickler):  # noqa: SLF001 - see the docstring
 
     def __init__(self, file, size: int):
         super().__init__(file)
-        self._allowed = _allowed_globals(_Budget(size))
+        self._budget = _Budget(size)
+        self._allowed = _allowed_globals(self._budget)
+        self.dispatch = dict(pickle._Unpickler.dispatch)  # noqa: SLF001
+        self.dispatch[pickle.BUILD[0]] = type(self)._load_build
+        self.dispatch[pickle.BYTEARRAY8[0]] = type(self)._load_bytearray8
+
+    def _load_bytearray8(self):
+        """BYTEARRAY8, its length charged to the budget before the bytearray is made."""
+        (n,) = struct.unpack("<Q", self.read(8))
+        self._budget.take(n, "a pickled bytearray")
+        b = bytearray(n)
+        if self.readinto(b) != n:
+            raise EOFError("truncated bytearray")
+        self.append(b)
+
+    def _load_build(self):
+        """BUILD (`obj.__setstate__(state)`), checked for numpy's two stateful types: a dtype
+        takes only the state numpy writes for a plain numeric dtype, an array only raw bytes
+        of exactly its shape's size (numpy would otherwise allocate what the state claims)."""
+        state, obj = self.stack[-1], self.stack[-2]
+        if isinstance(obj, np.dtype) and not _plain_dtype_state(state):
+            raise _Refused(f"numpy.dtype state {str(state)[:80]}")
+        if isinstance(obj, np.ndarray):
+            _check_array_state(state, self._budget)
+        pickle._Unpickler.load_build(self)  # noqa: SLF001
 
     def find_class(self, module: str, name: str):
         if (module, name) in self._allowed:
@@ -271,6 +335,8 @@ _UNREADABLE = (
     MemoryError,
     UnicodeDecodeError,
     OSError,
+    SystemError,  # numpy's __setstate__ on some malformed states
+    struct.error,  # a length field cut short
 )
 
 
@@ -278,7 +344,8 @@ def read_pickle(path: str):
     """Unpickles `path` with `_PaperUnpickler`; a refused global or a bad file is one ValueError."""
     try:
         with open(path, "rb") as f:
-            return _PaperUnpickler(f, os.fstat(f.fileno()).st_size).load()
+            size = os.fstat(f.fileno()).st_size
+            return _PaperUnpickler(_Capped(f, size), size).load()
     except _Refused as e:
         raise ValueError(f"refusing to load {path}: {e.global_name} is not allowed") from None
     except FileNotFoundError:
