@@ -183,6 +183,7 @@ def _check_tokenizer_fields(record: dict, path: str) -> None:
     if (
         not isinstance(name, str)
         or name in ("", ".", "..")
+        or not name.isprintable()
         or os.path.basename(name) != name
         or "\\" in name
         or "\0" in name
@@ -224,7 +225,7 @@ def read_tensors(path: str, expected: dict) -> dict:
     file's size) names exactly the tensors `expected` ({name: (shape, dtype)}) describes."""
     from safetensors import safe_open
 
-    check_tensors(expected, read_header(path))  # before any tensor is read
+    check_tensors(expected, read_header(path), path)  # before any tensor is read
     try:
         with safe_open(path, framework="flax") as f:
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
@@ -236,19 +237,20 @@ def _tensor_entry(entry) -> tuple:
     """(shape, numpy dtype name, byte count, (begin, end)) of a header entry; shape None if
     the entry is malformed."""
     bad = (None, None, 0, (0, 0))
-    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return bad
+    if entry["dtype"] not in _DTYPES:
         return bad
     shape, span = entry.get("shape"), entry.get("data_offsets")
-    ints = [*shape, *span] if isinstance(shape, list) and isinstance(span, list) else [None]
-    if len(span or ()) != 2 or not all(type(v) is int and v >= 0 for v in ints):
+    if not isinstance(shape, list) or not isinstance(span, list) or len(span) != 2:
         return bad
-    if span[0] > span[1]:
+    if not all(type(v) is int and v >= 0 for v in [*shape, *span]) or span[0] > span[1]:
         return bad
     dtype, itemsize = _DTYPES[entry["dtype"]]
     return tuple(shape), dtype, math.prod(shape) * itemsize, tuple(span)
 
 
-def check_tensors(expected: dict, found: dict) -> None:
+def check_tensors(expected: dict, found: dict, path: str = WEIGHTS) -> None:
     """Raises a one-line ValueError naming the first (sorted) tensor that differs.
 
     Args:
@@ -256,33 +258,34 @@ def check_tensors(expected: dict, found: dict) -> None:
     """
     for name in sorted(set(expected) | set(found)):
         if name not in found:
-            raise ValueError(f"{WEIGHTS} disagrees with {CONFIG}: missing tensor {name!r}")
+            raise ValueError(f"{path} disagrees with {CONFIG}: missing tensor {name!r}")
         if name not in expected:
-            raise ValueError(f"{WEIGHTS} disagrees with {CONFIG}: extra tensor {name!r}")
+            raise ValueError(f"{path} disagrees with {CONFIG}: extra tensor {name!r}")
         if expected[name] != found[name]:
             raise ValueError(
-                f"{WEIGHTS} disagrees with {CONFIG}: tensor {name!r} is "
+                f"{path} disagrees with {CONFIG}: tensor {name!r} is "
                 f"{found[name][1]}{list(found[name][0])}, the config implies "
                 f"{expected[name][1]}{list(expected[name][0])}"
             )
 
 
-def _tokenizer(model_dir: str, record: dict):
-    """The directory's tokenizer, refused if it is not the one config.json records."""
+def tokenizer_path(model_dir: str, record: dict) -> str | None:
+    """The directory's tokenizer file, refused if it leaves the directory (a symlink too) or
+    is not the one config.json records; None for a model without one."""
     if not record.get("tokenizer_file"):
         return None
     path = os.path.join(model_dir, record["tokenizer_file"])  # a plain name: `read_record`
-    if os.path.realpath(os.path.dirname(path)) != os.path.realpath(model_dir):
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(model_dir):
         raise ValueError(f"{path} leaves {model_dir}; re-export the model")
     if not os.path.isfile(path):
-        raise ValueError(f"{model_dir} lacks {record['tokenizer_file']}, which {CONFIG} records")
+        raise ValueError(f"{model_dir} lacks {record['tokenizer_file']!r}, which {CONFIG} records")
     got = file_sha256(path)
     if got != record.get("tokenizer_sha256"):
         raise ValueError(
             f"{path} has sha256 {got[:12]}..., {CONFIG} records "
             f"{str(record.get('tokenizer_sha256'))[:12]}...: not the model's tokenizer"
         )
-    return load_tokenizer(path)
+    return path
 
 
 def load_model_dir(model_dir: str) -> RestoredRun:
@@ -309,7 +312,8 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
     tensors = read_tensors(path, expected)
-    tokenizer = _tokenizer(model_dir, record)
+    tok_path = tokenizer_path(model_dir, record)
+    tokenizer = load_tokenizer(tok_path) if tok_path else None
     # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.
     config.data.tokenizer_path = tokenizer.path if tokenizer is not None else ""
     device = jax.local_devices()[0]

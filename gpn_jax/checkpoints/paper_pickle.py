@@ -317,7 +317,7 @@ class _PaperUnpickler(pickle._Unpickler):  # noqa: SLF001 - see the docstring
         raise _Refused(f"global {module + '.' + name!r}")
 
     def persistent_load(self, pid):
-        raise _Refused(f"persistent id {pid!r}")
+        raise _Refused(f"persistent id {str(pid)[:40]!r}")
 
 
 # What a malformed pickle raises while being read (each a data error, never a bug of ours).
@@ -347,7 +347,8 @@ def read_pickle(path: str):
             size = os.fstat(f.fileno()).st_size
             return _PaperUnpickler(_Capped(f, size), size).load()
     except _Refused as e:
-        raise ValueError(f"refusing to load {path}: {e.global_name} is not allowed") from None
+        what = " ".join(e.global_name.split())[:200]
+        raise ValueError(f"refusing to load {path}: {what} is not allowed") from None
     except FileNotFoundError:
         raise ValueError(f"paper checkpoint not found: {path}") from None
     except IsADirectoryError:
