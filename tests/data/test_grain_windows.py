@@ -2,6 +2,7 @@
 memory-mapped bin: shards; per-host sharding; the position through an orbax checkpoint."""
 
 import json
+import shutil
 
 import grain
 import numpy as np
@@ -135,6 +136,7 @@ def test_a_checkpoint_from_before_grain_still_resumes(tmp_path):
     old = {"epoch": 1, "index": 1, "seed": 2, "layout": "shuffled", "num_windows": NUM_WINDOWS,
            "batch_size": B, "seq_len": T}  # fmt: skip
     (data / "metadata").write_text(json.dumps(old))
+    shutil.rmtree(tmp_path / "run/checkpoints/6/checksums")  # a checkpoint that old had none
     with Checkpointer(tmp_path / "run") as ckpt:
         _, _, data_state, _, _ = ckpt.restore(state)
     assert data_state == old
