@@ -184,8 +184,7 @@ class Checkpointer:
         else:
             self.directory = _prepare_directory(workdir)
         if cleanup_tmp and not read_only:
-            # Done here, synchronously, rather than by orbax's background
-            # `cleanup_tmp_directories` thread, so it cannot race restore/close.
+            # Here, synchronously, not by orbax's background thread: it cannot race restore/close.
             _remove_unfinished(self.directory)
         self.best_metric = best_metric
         self._in_flight: int | None = None  # step of the async save not yet known written
@@ -210,6 +209,7 @@ class Checkpointer:
             "data": grain.checkpoint.CheckpointHandler(),
         }
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
+        failures.check_step_metadata(self.directory)
         self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
 
     def save(

@@ -184,3 +184,15 @@ def test_load_run_with_only_a_list_config_is_one_line(two_steps):
     with pytest.raises(CheckpointError, match=r"no readable config in .*not a JSON object") as e:
         load_run(str(workdir))
     assert "\n" not in str(e.value)
+
+
+def test_a_list_checkpoint_metadata_is_one_line_naming_the_file(two_steps):
+    """orbax reads every step's `_CHECKPOINT_METADATA` on opening the directory; one of the
+    wrong JSON type is named with the fix instead of orbax's ValueError."""
+    workdir, _, step_dir = two_steps
+    path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+    open(path, "w").write("[]")
+    with pytest.raises(CheckpointError) as e:
+        Checkpointer(workdir, keep=5)
+    assert str(e.value).startswith(f"{path} is a JSON list, not an object: step 2 is damaged;")
+    assert f"move {step_dir} aside" in str(e.value) and "\n" not in str(e.value)

@@ -104,9 +104,10 @@ def _check(base: str, tmp_path, case) -> None:
     _apply(os.path.join(workdir, "checkpoints", "2"), *case)
     logging.disable(logging.WARNING)
     try:
-        with watch() as w, Checkpointer(workdir, keep=5) as ck:
-            try:
-                step, state, data, config, _ = ck.restore_latest_good(TARGET)
+        with watch() as w:
+            try:  # opening the directory may already find the damage
+                with Checkpointer(workdir, keep=5) as ck:
+                    step, state, data, config, _ = ck.restore_latest_good(TARGET)
             except CheckpointError as e:
                 one_line(e, workdir)
             else:
