@@ -227,8 +227,8 @@ def train_one(rc, run_dir: str, is_lead: bool = True) -> tuple[dict, float | Non
 def lambada_results(run_dir: str, path: str, batch_size: int) -> dict | None:
     """LAMBADA results of a finished run (cached per file and step); None if unavailable."""
     try:
+        from gpn_jax.checkpoints.restore import load_run
         from gpn_jax.eval import run_evals
-        from gpn_jax.training.restore import load_run
     except ImportError as e:  # evaluation not installed in this tree
         print(f"LAMBADA skipped: gpn_jax.eval has no run_evals ({e})")
         return None

@@ -26,7 +26,7 @@ def analysis_out(workdir: str, run_path: str) -> str:
 def analyze_run(run_path: str, out: str, max_batches: int) -> dict:
     """`gpn_jax.analysis.analyze` of a finished run (no figures), reused if already done."""
     from gpn_jax.analysis import AnalysisConfig, analyze
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
 
     run = load_run(run_path)
     saved = os.path.join(out, "metrics.json")

@@ -60,10 +60,10 @@ def overfit_gap(heldout_ppl: float | None, train_ppl: float | None) -> float | N
 
 def train_ppl(run_path: str, heldout_tokens: int) -> dict:
     """Train PPL of a finished run (module doc), cached per checkpoint step in the run dir."""
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.data.windows import WindowIterator
     from gpn_jax.eval.ppl import windows_ppl
     from gpn_jax.training.loop import unigram_ppl
-    from gpn_jax.training.restore import load_run
 
     run = load_run(run_path)
     cache = os.path.join(run_path, TRAIN_PPL_CACHE)

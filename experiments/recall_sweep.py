@@ -38,6 +38,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax import cli
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.configs import common
 from gpn_jax.eval.recall import recall_eval
 from gpn_jax.io.files import atomic_write
@@ -45,7 +46,6 @@ from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import core_pool
 from gpn_jax.training import host_memory
 from gpn_jax.training.loop import train_and_evaluate
-from gpn_jax.training.restore import load_run
 
 RESULT, TABLE_MD, TABLE_JSON, PLOT = (
     "recall_result.json",

@@ -40,8 +40,8 @@ def seen_and_unseen_steps(trained_steps: int, steps_per_epoch: int, batches: int
 
 def window_ppl(workdir: str, batches: int) -> dict:
     """PPL of the run at `workdir` on its seen, unseen and held-out batches (module doc)."""
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.eval.ppl import windows_ppl
-    from gpn_jax.training.restore import load_run
 
     run = load_run(workdir)
     data = run.data()

@@ -38,7 +38,7 @@ def analyze(workdir: str) -> dict:
     from gpn_jax.analysis import AnalysisConfig
     from gpn_jax.analysis.runner import analyze as run_analysis
     from gpn_jax.analysis.runner import check_model
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
 
     config = AnalysisConfig(
         max_batches=_MAX_BATCHES.value,

@@ -2,7 +2,7 @@
 
 `gpn_jax.cli` turns them into one-line messages; keeping them here lets every entry point
 import the CLI without loading the trainer (orbax, tqdm). The old homes
-(`training.checkpointing.CheckpointError`, `training.loop.TrainingError`) re-export them.
+(`checkpoints.manager.CheckpointError`, `training.loop.TrainingError`) re-export them.
 """
 
 

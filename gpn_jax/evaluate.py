@@ -46,8 +46,8 @@ _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examp
 
 def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
+    from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import lambada, runner
-    from gpn_jax.interop.model_dir import load_either
     from gpn_jax.io.outputs import check_out_file
 
     check_out_file(_OUT.value, "--out")  # before any work: a result that cannot be written

@@ -3,7 +3,7 @@
     python -m gpn_jax.export --workdir=/tmp/run --out=/tmp/run_export [--step=N]
 
 writes model.safetensors, config.json, tokenizer.model and a README.md model card (layout:
-`gpn_jax.interop.model_dir`). `load(dir)` returns what `gpn_jax.training.restore.load_run`
+`gpn_jax.checkpoints.model_dir`). `load(dir)` returns what `gpn_jax.checkpoints.restore.load_run`
 returns for a workdir, without orbax or the workdir; `gpn-generate` / `gpn-evaluate` take
 `--model_dir=dir`. Publishing is the user's `huggingface-cli upload <repo> <dir>`.
 
@@ -26,23 +26,58 @@ def load(model_dir: str):
       ValueError: not a model directory, tensors that disagree with config.json (the first
         mismatch is named), or a tokenizer whose sha256 is not the recorded one.
     """
-    from gpn_jax.interop.model_dir import load_model_dir  # JAX: not loaded for a flag error
+    from gpn_jax.checkpoints.model_dir import load_model_dir  # JAX: not loaded for a flag error
 
     return load_model_dir(model_dir)
 
 
-def export(workdir: str, out: str, step: int | None = None, command: str = "") -> dict:
-    """Writes the (given or newest readable) checkpoint of `workdir` to `out`; returns config.json."""
-    from gpn_jax.interop import model_card, model_dir
-    from gpn_jax.training.restore import load_run
+def export(
+    workdir: str, out: str, step: int | None = None, command: str = "", overwrite: bool = False
+) -> dict:
+    """Writes the (given or newest readable) checkpoint of `workdir` to `out`; returns config.json.
+
+    `out` is written whole into a temporary sibling and renamed into place, so it is never
+    seen half-written. It must be new, empty or an earlier export of the same run; any other
+    non-empty directory is replaced only with `overwrite`. Never the run's workdir, a
+    directory inside it or one holding it.
+    """
+    from gpn_jax.checkpoints import model_card, model_dir
+    from gpn_jax.checkpoints.restore import load_run
 
     if not out:
         raise ValueError("--out is required")
+    replace = _check_out(workdir, out, overwrite)  # before any work
     run = load_run(workdir, step)
     record = model_dir.make_record(run)
     card = model_card.model_card(run, record, command or f"gpn-export --workdir={workdir}")
-    model_dir.save_model_dir(run, out, record, card)
+    model_dir.save_model_dir_atomic(run, out, record, card, replace)
     return record
+
+
+def _check_out(workdir: str, out: str, overwrite: bool) -> bool:
+    """Whether `out` exists and is to be replaced; a one-line ValueError if it may not be."""
+    import os
+
+    from gpn_jax.checkpoints import model_dir
+
+    run, dst = os.path.realpath(workdir), os.path.realpath(out)
+    if os.path.commonpath([run, dst]) in (run, dst):
+        raise ValueError(
+            f"--out={out} is the run's workdir {workdir}, inside it or holding it; "
+            "give a directory outside the run"
+        )
+    if not os.path.lexists(out):
+        return False
+    if not os.path.isdir(out) or os.path.islink(out):
+        raise ValueError(f"--out={out} exists and is not a directory; give a new directory")
+    if not os.listdir(out):
+        return True
+    if overwrite or model_dir.exported_from(out) == run:
+        return True
+    raise ValueError(
+        f"--out={out} is a non-empty directory that is not an earlier export of this run; "
+        "give a new directory, or --overwrite to replace it"
+    )
 
 
 def _define_flags() -> None:
@@ -53,13 +88,16 @@ def _define_flags() -> None:
     _FLAGS["workdir"] = flags.DEFINE_string("workdir", None, "Run directory to export.")
     _FLAGS["out"] = flags.DEFINE_string("out", None, "Directory to write the model to.")
     _FLAGS["step"] = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest).")
+    _FLAGS["overwrite"] = flags.DEFINE_bool(
+        "overwrite", False, "Replace a non-empty --out that is not an export of this run."
+    )
     flags.mark_flags_as_required(["workdir", "out"])
 
 
 def _body():
     command = " ".join(["python -m gpn_jax.export", *map(shlex.quote, sys.argv[1:])])
     workdir, out = _FLAGS["workdir"].value, _FLAGS["out"].value
-    record = export(workdir, out, _FLAGS["step"].value, command)
+    record = export(workdir, out, _FLAGS["step"].value, command, _FLAGS["overwrite"].value)
     print(f"exported step {record['step']} of {workdir} to {out}")
 
 

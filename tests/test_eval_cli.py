@@ -9,16 +9,16 @@ import jax
 import numpy as np
 import pytest
 
+from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
-from gpn_jax.training.restore import load_run
 from tests.helpers.training import tiny_bound
 from tests.helpers.training import tiny_two_step_config as tiny_config
 

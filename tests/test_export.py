@@ -12,17 +12,17 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.checkpoints import model_dir as md
+from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.export import export, load
-from gpn_jax.interop import model_dir as md
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.optimizer import make_optimizer
-from gpn_jax.training.restore import load_run
 from tests.helpers.training import tiny_bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,13 +173,122 @@ def test_cli_errors_are_one_line(exported, tmp_path):
         "gpn-evaluate",
         "exactly one of",
     )
+    (tmp_path / "run").mkdir()
     one_line_error(
-        cli("gpn_jax.export", f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"),
+        cli("gpn_jax.export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'o'}"),
         "gpn-export",
         "no checkpoint",
+    )
+    one_line_error(
+        cli("gpn_jax.export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path}"),
+        "gpn-export",
+        "is the run's workdir",
+    )
+    half = copy_of(exported, tmp_path)
+    weights = os.path.join(half, "model.safetensors")
+    open(weights, "r+b").truncate(os.path.getsize(weights) // 2)
+    one_line_error(
+        cli("gpn_jax.generate", f"--model_dir={half}", "--prompt=x"),
+        "gpn-generate",
+        f"{weights}: tensor",
     )
     one_line_error(
         cli("gpn_jax.generate", f"--model_dir={tmp_path}", "--prompt=x"),
         "gpn-generate",
         "is not a model directory: no config.json",
     )
+
+
+# ---------------------------------------------------------------- config.json and safetensors
+def _edit_config(d: str, edit) -> None:
+    path = os.path.join(d, "config.json")
+    record = json.load(open(path))
+    record = edit(record)
+    with open(path, "w") as f:
+        json.dump(record, f)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: [], "not written by gpn_jax.export"),
+        (lambda r: r | {"step": None}, "its step is None, not a non-negative integer"),
+        (lambda r: r | {"step": True}, "its step is True"),
+        (lambda r: r | {"config": {"data": {}}}, "lacks the run config and its model block"),
+        (lambda r: r | {"config": []}, "lacks the run config and its model block"),
+        (lambda r: r | {"tokenizer_file": "/etc/passwd"}, "is not a file name inside"),
+        (lambda r: r | {"tokenizer_file": "../tokenizer.model"}, "is not a file name inside"),
+        (lambda r: r | {"tokenizer_file": ".."}, "is not a file name inside"),
+        (lambda r: r | {"tokenizer_sha256": None}, "is not a sha256"),
+    ],
+    ids=["list", "step_null", "step_bool", "no_model", "config_list", "absolute", "dotdot",
+         "parent", "no_sha"],
+)  # fmt: skip
+def test_refuses_a_malformed_config_json_in_one_line(exported, tmp_path, edit, message):
+    d = copy_of(exported, tmp_path)
+    _edit_config(d, edit)
+    with pytest.raises(ValueError) as e:
+        load(d)
+    text = str(e.value)
+    assert text.startswith(os.path.join(d, "config.json")) and message in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("keep", [0, 7, 8, 100, -1000, -1])
+def test_refuses_a_truncated_safetensors_in_one_line(exported, tmp_path, keep):
+    """A half-copied file (cut anywhere: in the length, the header or the data) is named."""
+    d = copy_of(exported, tmp_path)
+    path = os.path.join(d, "model.safetensors")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:keep])
+    with pytest.raises(ValueError, match=r"model\.safetensors: .*(truncated|outside)") as e:
+        load(d)
+    assert "\n" not in str(e.value)
+
+
+def test_a_huge_header_length_is_refused_before_reading(exported, tmp_path):
+    d = copy_of(exported, tmp_path)
+    path = os.path.join(d, "model.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[:8] = (2**62).to_bytes(8, "little")
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ValueError, match="truncated or not a safetensors file"):
+        load(d)
+
+
+# ---------------------------------------------------------------- --out is never clobbered
+def test_export_refuses_a_foreign_non_empty_directory(workdir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match="not an earlier export of this run; .*--overwrite"):
+        export(workdir, str(out))
+    assert (
+        sorted(os.listdir(out)) == ["README.md"] and (out / "README.md").read_text() == "my notes"
+    )
+    export(workdir, str(out), overwrite=True)
+    assert sorted(os.listdir(out)) == FILES
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".mine.")]  # no temporaries left
+
+
+def test_export_replaces_an_earlier_export_of_the_same_run(workdir, exported, tmp_path):
+    out = copy_of(exported, tmp_path)
+    os.remove(os.path.join(out, "README.md"))
+    export(workdir, out)
+    assert sorted(os.listdir(out)) == FILES
+
+
+@pytest.mark.parametrize("where", ["workdir", "inside", "parent", "file"])
+def test_export_refuses_the_run_itself_or_a_file(workdir, tmp_path, where):
+    out = {
+        "workdir": workdir,
+        "inside": os.path.join(workdir, "export"),
+        "parent": os.path.dirname(workdir),
+        "file": str(tmp_path / "f"),
+    }[where]
+    if where == "file":
+        open(out, "w").write("x")
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(ValueError, match=r"^--out="):
+        export(workdir, out, overwrite=True)
+    assert sorted(os.listdir(workdir)) == before

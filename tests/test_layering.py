@@ -29,9 +29,7 @@ ENTRY_POINTS = {
 }
 FOUNDATION = {"io", "errors"}  # paths / atomic writes, error classes: importable from anywhere
 
-# Unit -> the units it may import (besides itself and FOUNDATION). A unit is a subpackage,
-# except interop, whose modules sit at two levels: the paper checkpoint reader is read by the
-# trainer (`training.init_from`); the export format (model_dir, model_card) reads runs back.
+# Unit -> the units it may import (besides itself and FOUNDATION). A unit is a subpackage.
 ALLOWED = {
     "errors": set(),
     "io": set(),
@@ -41,14 +39,13 @@ ALLOWED = {
     "configs": {"models", "core"},
     "parallel": {"core", "models"},
     "data": set(),
-    "interop": set(),  # the package docstring only
-    "interop.paper_checkpoint": {"core", "models"},
-    "training": {"core", "models", "data", "parallel", "configs", "interop.paper_checkpoint"},
-    # Readers of a trained run: restore only, never the training loop.
-    "eval": {"core", "models", "data", "training.restore"},
-    "interop.model_dir": {"core", "models", "data", "training.restore", "interop.model_card"},
-    "interop.model_card": {"core", "models", "data"},
-    "analysis": {"core", "models", "data", "eval", "training.restore"},
+    # Reading and writing runs (orbax, the paper pickle, exported model directories): below
+    # every reader and the trainer, above the model.
+    "checkpoints": {"core", "models", "data"},
+    "training": {"core", "models", "data", "parallel", "configs", "checkpoints"},
+    # Readers of a trained run: checkpoints only, never the trainer.
+    "eval": {"core", "models", "data", "checkpoints"},
+    "analysis": {"core", "models", "data", "eval", "checkpoints"},
     "benchmarks": {"core", "models", "data", "parallel", "configs", "training", "eval", "native"},
     "cli": set(),
 }
@@ -84,22 +81,15 @@ def _is_module(name: str) -> bool:
 
 
 def _unit(module: str) -> str:
-    """gpn_jax.training.loop -> 'training'; gpn_jax.interop.model_dir -> 'interop.model_dir';
-    gpn_jax.train -> 'train' (an entry point)."""
+    """gpn_jax.training.loop -> 'training'; gpn_jax.train -> 'train' (an entry point)."""
     parts = module.split(".")[1:]
-    if not parts:
-        return "gpn_jax"
-    if parts[0] == "interop" and len(parts) > 1:
-        return f"interop.{parts[1]}"
-    return parts[0]
+    return parts[0] if parts else "gpn_jax"
 
 
 def _allowed(src: str, dst: str) -> bool:
     su, du = _unit(src), _unit(dst)
     if su in ENTRY_POINTS or su == "gpn_jax" or su == du or du in FOUNDATION:
         return True
-    if su.startswith("interop") and du == "interop":
-        return False  # the interop package itself: name the module
     allowed = ALLOWED.get(su)
     assert allowed is not None, f"{src}: unit {su!r} has no row in the layer table"
     sub = ".".join(dst.split(".")[1:3])  # e.g. 'training.restore'

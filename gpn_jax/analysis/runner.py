@@ -1,6 +1,6 @@
 """`analyze(run, out)`: every analysis of SPEC's "Analyses the paper reports", plus ablations.
 
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.analysis import analyze
     results = analyze(load_run("/tmp/run"), out="/tmp/run/analysis")
 
@@ -72,7 +72,7 @@ def analyze(
     """Runs every analysis on a restored run (`load_run`); writes the outputs to `out` if given.
 
     Args:
-      run: a `gpn_jax.training.restore.RestoredRun` of a GPN or GPN+M model.
+      run: a `gpn_jax.checkpoints.restore.RestoredRun` of a GPN or GPN+M model.
       out: output folder (created) for metrics.json, report.md and figures; None writes nothing.
       config: an `AnalysisConfig`.
       data: the run's `Data` (default: rebuilt from the run's config, as training built it).
@@ -189,6 +189,6 @@ def analyze_workdir(
 ) -> dict:
     """`analyze(load_run(workdir, step), out, AnalysisConfig(**config))`; the workdir is only
     read (outputs go to `out`; None writes nothing)."""
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
 
     return analyze(load_run(workdir, step), out, AnalysisConfig(**config))

@@ -22,7 +22,7 @@ per host, grain's own permutation), while every host here must read its rows of 
 global batch, in the order this project has always used, so that checkpoints written before
 Grain resume bit-identically. The position is Grain's iterator state (`next_index`, the step)
 plus the seed and the geometry: `get_state()`, a small JSON-serialisable dict that the
-trainer saves through Grain's orbax handler (`training.checkpointing`).
+trainer saves through Grain's orbax handler (`checkpoints.manager`).
 
 `window_ids` / `batch_at` are the plain-numpy reference of the same order (tests compare the
 two; `gpn_jax.benchmarks.prepare` times the pipeline against it). That hand-written loop was

@@ -30,9 +30,9 @@ from lm_eval.models.utils import (
 from lm_eval.utils import simple_parse_args_string
 from tqdm import tqdm
 
+from gpn_jax.checkpoints.restore import load_run, require_checkpoints
 from gpn_jax.eval import sampling, scoring
 from gpn_jax.eval.runner import run_tokenizer
-from gpn_jax.training.restore import load_run, require_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class GPNLM(TemplateLM):
       tokenizer: a SentencePiece model instead of the run's `tokenizer.model`.
       max_gen_toks: default generation limit (the harness's default is 256).
       seed: sampling seed when a task asks for `do_sample`.
-      run: an already restored run (`gpn_jax.training.restore.load_run`) instead of workdir.
+      run: an already restored run (`gpn_jax.checkpoints.restore.load_run`) instead of workdir.
     """
 
     def __init__(self, workdir=None, run=None, **kwargs):

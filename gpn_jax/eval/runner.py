@@ -2,7 +2,7 @@
 
 Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
 
-    from gpn_jax.training.restore import load_run
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.eval import run_evals
     results = run_evals(load_run(workdir), ["ppl", "lambada"], lambada_path="lambada.jsonl")
 """
@@ -109,7 +109,7 @@ def run_evals(
     recall_examples: int | None = None,
     cache_dir: str | None = None,
 ) -> dict:
-    """Runs `evals` on a restored run (`gpn_jax.training.restore.load_run`).
+    """Runs `evals` on a restored run (`gpn_jax.checkpoints.restore.load_run`).
 
     Args:
       evals: names from EVALS ('ppl,lambada' or a list).

@@ -22,9 +22,9 @@ import jax
 import numpy as np
 from absl import logging
 
+from gpn_jax.checkpoints import paper_pickle
 from gpn_jax.data import pipeline
 from gpn_jax.data.spec import parse_spec
-from gpn_jax.interop import paper_checkpoint
 from gpn_jax.training import train_step as ts
 
 SCHEMES = ("paper",)
@@ -66,7 +66,7 @@ def paper_state(config, abstract: ts.TrainState, shardings) -> tuple[ts.TrainSta
     optimiser, or is at or past `train.steps`.
     """
     _, path = parse(config.train.init_from)
-    ckpt = paper_checkpoint.load(path)
+    ckpt = paper_pickle.load(path)
     step = ckpt["step"]
     _check_tree(ckpt["params"], abstract.params, path, "parameter")
     _check_optimizer(ckpt["opt_state"], abstract.opt_state, path, step)

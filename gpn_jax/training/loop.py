@@ -21,13 +21,13 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.errors import TrainingError
 from gpn_jax.io import paths
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, setup, validate
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.host_memory import cpu_steps_inline, steady_step_memory
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 
@@ -260,11 +260,12 @@ def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
     finite = host.pop(ts.FINITE, 1.0)
     if not finite or not math.isfinite(host["loss"]):
         ckpt.wait_until_finished()
-        latest = ckpt.latest_step()
+        latest = ckpt.newest_intact_step()
         kept = (
-            f"newest checkpoint (all values finite): step {latest} in {ckpt.directory}"
+            f"newest checkpoint (all values finite): step {latest} in {ckpt.directory}, "
+            "its files matching their checksums"
             if latest is not None
-            else "no checkpoint was saved"
+            else "no intact checkpoint"
         )
         raise TrainingError(
             f"step {step} is not finite (loss {host['loss']}, grad norm {host['grad_norm']}); "

@@ -2,8 +2,8 @@
 
 The chain has exactly the structure of the paper code's optimiser
 (`chain(clip_by_global_norm, adamw(schedule, mask=...))`), so its optimiser state can be
-loaded through `gpn_jax.interop` and a run continued (`gpn_jax.training.init_from`; the test
-there checks the next step against the paper's recipe built with optax directly).
+loaded through `gpn_jax.checkpoints.paper_pickle` and a run continued
+(`gpn_jax.training.init_from`; the test there checks the next step against the paper's recipe built with optax directly).
 """
 
 import optax

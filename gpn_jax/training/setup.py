@@ -3,7 +3,7 @@
 The trainer (`training.loop`), the ahead-of-time check (`gpn_jax.aot`) and the training
 benchmark (`benchmarks.train`) all build their model, optimiser, abstract train state, state
 shardings and jitted steps here, so what AOT compiles and the bench times is exactly what
-training runs. (Restoring parameters for evaluation needs none of this: `training.restore`
+training runs. (Restoring parameters for evaluation needs none of this: `checkpoints.restore`
 builds only the model.)
 
 The steps are data-parallel over `data` x `fsdp` with weights gathered once per step

@@ -2,14 +2,15 @@
 memory-mapped bin: shards; per-host sharding; the position through an orbax checkpoint."""
 
 import json
+import shutil
 
 import grain
 import numpy as np
 import pytest
 
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.bin_source import open_bin
 from gpn_jax.data.windows import WindowIterator, WindowSource
-from gpn_jax.training.checkpointing import Checkpointer
 
 T, B = 8, 4
 NUM_WINDOWS = 23  # 5 steps/epoch, 3 windows and 5 tokens unused
@@ -135,6 +136,7 @@ def test_a_checkpoint_from_before_grain_still_resumes(tmp_path):
     old = {"epoch": 1, "index": 1, "seed": 2, "layout": "shuffled", "num_windows": NUM_WINDOWS,
            "batch_size": B, "seq_len": T}  # fmt: skip
     (data / "metadata").write_text(json.dumps(old))
+    shutil.rmtree(tmp_path / "run/checkpoints/6/checksums")  # a checkpoint that old had none
     with Checkpointer(tmp_path / "run") as ckpt:
         _, _, data_state, _, _ = ckpt.restore(state)
     assert data_state == old

@@ -18,13 +18,13 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny  # noqa: E402
 from gpn_jax import harness  # noqa: E402
+from gpn_jax.checkpoints.manager import Checkpointer  # noqa: E402
 from gpn_jax.data.text_sources import embedded_corpus  # noqa: E402
 from gpn_jax.data.tokenizer import train_tokenizer  # noqa: E402
 from gpn_jax.eval import lambada, sampling  # noqa: E402
 from gpn_jax.eval.harness_lm import GPNLM  # noqa: E402
 from gpn_jax.models import factory  # noqa: E402
 from gpn_jax.training import train_step as ts  # noqa: E402
-from gpn_jax.training.checkpointing import Checkpointer  # noqa: E402
 from gpn_jax.training.optimizer import make_optimizer  # noqa: E402
 from tests.tolerance import f32_bound  # noqa: E402
 

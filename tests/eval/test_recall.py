@@ -106,9 +106,9 @@ def test_task_for_run_uses_the_runs_own_recall_data():
 @pytest.mark.slow
 def test_recall_run_trains_and_evaluates_through_the_normal_trainer(tmp_path):
     from experiments.configs import recall_gpn_m
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.eval import run_evals
     from gpn_jax.training.loop import train_and_evaluate
-    from gpn_jax.training.restore import load_run
 
     c = recall_gpn_m.get_config()
     c.data.source = "recall:pairs=4,keys=16,values=16,examples=256,heldout=64"

@@ -92,8 +92,8 @@ def all_files(top):
 
 @pytest.mark.slow
 def test_train_resume_and_read_a_gs_workdir(fake_gcs):
+    from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.training.loop import train_and_evaluate
-    from gpn_jax.training.restore import load_run
 
     store, cwd = fake_gcs
     c = tiny_config()

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
 from gpn_jax.parallel import spmd
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
 from tests.helpers.training import norm_bound, tiny_bound

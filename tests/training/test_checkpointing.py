@@ -1,4 +1,4 @@
-"""Tests for gpn_jax.training.checkpointing (real orbax on a tmp dir)."""
+"""Tests for gpn_jax.checkpoints.manager (real orbax on a tmp dir)."""
 
 import glob
 import logging
@@ -15,9 +15,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gpn_jax.training.checkpointing import Checkpointer, CheckpointError
+from gpn_jax.checkpoints.manager import Checkpointer, CheckpointError
 
-LOGGER = "gpn_jax.training.checkpointing"
+LOGGER = "gpn_jax.checkpoints.manager"
 
 # After a failed read, tensorstore's C++ threads may still call back into the
 # (already closed) asyncio loop orbax used; harmless, but pytest reports it.
@@ -422,7 +422,7 @@ def test_after_a_failed_save_abandoned_fragment_writes_are_silent():
     error stays one line; any other never-awaited coroutine still warns."""
     import warnings
 
-    from gpn_jax.training.checkpointing import silence_abandoned_writes
+    from gpn_jax.checkpoints.failures import silence_abandoned_writes
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -475,7 +475,7 @@ def test_a_failed_orbax_writes_unretrieved_future_is_not_logged_again():
     def elsewhere():
         raise OSError(27, "File too large")
 
-    from gpn_jax.training.checkpointing import _FAILURE_FILTER as f
+    from gpn_jax.checkpoints.failures import FAILURE_FILTER as f
 
     assert not f.filter(_asyncio_record(raised(ns["write"])))
     assert f.filter(_asyncio_record(raised(elsewhere)))

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
+from gpn_jax.checkpoints.paper_pickle import from_paper_params, to_paper_params
 from gpn_jax.data.windows import WindowIterator
-from gpn_jax.interop.paper_checkpoint import from_paper_params, to_paper_params
 from gpn_jax.models import factory
 from gpn_jax.training import init_from
 from gpn_jax.training.loop import train_and_evaluate

@@ -8,11 +8,12 @@ from ml_collections import ConfigDict
 
 from experiments.configs import gpn_m_tiny
 from gpn_jax import data as datalib
+from gpn_jax.checkpoints import restore
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import optimizer as optimizer_lib
-from gpn_jax.training import restore, setup
+from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from tests.helpers.training import norm_bound, tiny_bound
 
 RECALL = "recall:pairs=4,keys=8,values=6,examples=64,heldout=16,seed=3"

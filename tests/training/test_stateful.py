@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from experiments.configs import gdn_tiny
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data import pipeline
 from gpn_jax.models import factory
 from gpn_jax.models.base import document_starts, reset_after_eos
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
 from tests.helpers.training import tiny_bound, tiny_config

@@ -10,11 +10,11 @@ import ml_collections
 import numpy as np
 import pytest
 
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.checkpointing import Checkpointer
 from gpn_jax.training.loop import (
     TrainingError,
     evaluate_heldout,

@@ -14,11 +14,11 @@ import jax
 import ml_collections
 
 from gpn_jax import data as datalib
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
 from gpn_jax.models import factory
-from gpn_jax.training.checkpointing import Checkpointer
 
 
 @dataclasses.dataclass
@@ -98,18 +98,17 @@ def _temporary_cache() -> str:
 
 
 def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.ConfigDict:
-    """Reads only the JSON `config` item of a checkpoint (no arrays; JSON is data only)."""
-    import orbax.checkpoint as ocp
-
+    """The JSON `config` item of the newest step whose config reads as a JSON object (or of
+    `step`); no arrays are read (JSON is data only). A damaged one falls back, as restore does."""
     steps = ckpt.all_steps() if step is None else [step]
     if not steps:
         raise CheckpointError(f"no checkpoint in {ckpt.directory}")
     for s in sorted(steps, reverse=True):
-        path = paths.join(ckpt.directory, str(s), "config")
         try:
-            return ml_collections.ConfigDict(
-                ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path)
-            )
+            return ml_collections.ConfigDict(ckpt.read_config(s))
         except Exception:  # noqa: BLE001 - fall back to an older step, as restore does
             continue
-    raise CheckpointError(f"no readable config in {ckpt.directory}")
+    raise CheckpointError(
+        f"no readable config in {ckpt.directory}: each step's config/metadata is unreadable "
+        "or not a JSON object; retrain, or restore the files from a copy"
+    )

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from gpn_jax.interop import paper_checkpoint
+from gpn_jax.checkpoints import paper_pickle
 from gpn_jax.models.gpn import GPN
 from tests.core.test_gpn_core import random_params, tiny, tokens
 
@@ -76,7 +76,7 @@ def paper_optimizer(params):
 def test_paper_names_for_gpn_m(n_layers):
     params = GPN(tiny(n_layers=n_layers)).init(jax.random.PRNGKey(0))
     layers = {f"L{i}_{n}" for i in range(n_layers) for n in PAPER_LAYER}
-    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
+    assert set(paper_pickle.to_paper_params(params)) == PAPER_SOT_M_SHARED | layers
 
 
 def test_paper_ffn_w1_is_gate_then_up():
@@ -84,7 +84,7 @@ def test_paper_ffn_w1_is_gate_then_up():
     params = GPN(tiny()).init(jax.random.PRNGKey(0))
     lp = params["layer_0"]
     d, f = lp["w1"].shape
-    fused = paper_checkpoint.to_paper_params(params)["L0_ffn_w1_k"]
+    fused = paper_pickle.to_paper_params(params)["L0_ffn_w1_k"]
     assert fused.shape == (d, 2 * f)
     np.testing.assert_array_equal(fused[:, :f], lp["w1"])
     np.testing.assert_array_equal(fused[:, f:], lp["w3"])
@@ -92,7 +92,7 @@ def test_paper_ffn_w1_is_gate_then_up():
 
 def test_paper_names_for_gpn_without_memory():
     params = GPN(tiny(memory=False, n_heads=0, d_key=0, d_value=0)).init(jax.random.PRNGKey(0))
-    assert set(paper_checkpoint.to_paper_params(params)) == PAPER_SOT
+    assert set(paper_pickle.to_paper_params(params)) == PAPER_SOT
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     model = GPN(tiny(n_layers=1 if not memory else 2, **kw))
     ours = random_params(model)
     # A pickle as the paper's trainer writes it: its names, its optimiser, numpy leaves.
-    paper_params = paper_checkpoint.to_paper_params(ours)
+    paper_params = paper_pickle.to_paper_params(ours)
     opt = paper_optimizer(paper_params)
     opt_state = opt.init(paper_params)
     grads = jax.tree.map(np.ones_like, paper_params)
@@ -118,7 +118,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     with open(tmp_path / "run_7" / "checkpoint.pkl", "wb") as f:
         pickle.dump(ckpt, f, protocol=protocol)
 
-    loaded = paper_checkpoint.load(str(tmp_path / "run_7"))
+    loaded = paper_pickle.load(str(tmp_path / "run_7"))
     assert (loaded["step"], loaded["data_position"]) == (7, 21)
     jax.tree.map(np.testing.assert_array_equal, loaded["params"], jax.device_get(ours))
     x = tokens()
@@ -127,9 +127,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     our_state = paper_optimizer(ours).init(ours)
     assert jax.tree.structure(loaded["opt_state"]) == jax.tree.structure(our_state)
 
-    out = paper_checkpoint.save(
-        str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21
-    )
+    out = paper_pickle.save(str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21)
     with open(out, "rb") as f:
         again = pickle.load(f)
     assert set(again["params"]) == set(paper_params)
@@ -139,7 +137,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
 
 def test_unknown_paper_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown parameter 'L0_mystery'"):
-        paper_checkpoint.from_paper_params({"L0_mystery": np.zeros(3)})
+        paper_pickle.from_paper_params({"L0_mystery": np.zeros(3)})
 
 
 class _Payload:
@@ -170,7 +168,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, how)
     with open(path, "wb") as f:  # hidden inside an otherwise plausible checkpoint
         pickle.dump({"step": 1, "data_position": 0, "params": {}, "opt_state": (bad,)}, f)
     with pytest.raises(ValueError) as e:
-        paper_checkpoint.load(str(tmp_path))
+        paper_pickle.load(str(tmp_path))
     assert str(e.value) == f"refusing to load {path}: global {name!r} is not allowed"
     assert not target.exists()
 
@@ -183,7 +181,7 @@ def test_a_numpy_1_pickle_loads(tmp_path):
     assert b"numpy.core.multiarray\n_reconstruct" in old
     path = tmp_path / "old.pkl"
     path.write_bytes(old)
-    back = paper_checkpoint.read_pickle(str(path))
+    back = paper_pickle.read_pickle(str(path))
     np.testing.assert_array_equal(back["a"], arrays["a"])
     assert back["s"] == arrays["s"] and back["s"].dtype == np.float32
 
@@ -192,5 +190,87 @@ def test_a_truncated_pickle_is_one_line(tmp_path):
     path = tmp_path / "checkpoint.pkl"
     path.write_bytes(pickle.dumps({"step": np.zeros(4)})[:-9])
     with pytest.raises(ValueError, match=r"is not a readable paper checkpoint") as e:
-        paper_checkpoint.load(str(path))
+        paper_pickle.load(str(path))
     assert "\n" not in str(e.value)
+
+
+def _good_checkpoint(**changes) -> dict:
+    ckpt = {
+        "step": 3,
+        "data_position": 6,
+        "params": {"embedding": np.zeros((4, 2), np.float32)},
+        "opt_state": (),
+    }
+    return ckpt | changes
+
+
+@pytest.mark.parametrize(
+    "ckpt, message",
+    [
+        ({**_good_checkpoint(), 7: 1}, "a key that is not a string (7)"),
+        (_good_checkpoint(step=None), "its step is None, not a non-negative integer"),
+        (_good_checkpoint(step=-1), "its step is -1"),
+        (_good_checkpoint(data_position="x"), "its data_position is 'x'"),
+        (_good_checkpoint(params={1: np.zeros(2)}), "parameter name 1 is not a string"),
+        (_good_checkpoint(params={"embedding": [1.0]}), "'embedding' is a list, not a numeric"),
+        (_good_checkpoint(params={"": np.zeros(2)}), "parameter name '' is not a string"),
+        (_good_checkpoint(params={}), "its params are not a non-empty dict"),
+    ],
+    ids=["int_key", "step_none", "step_negative", "position_str", "param_int_name",
+         "param_list", "param_empty_name", "no_params"],
+)  # fmt: skip
+def test_a_malformed_checkpoint_is_one_line(tmp_path, ckpt, message):
+    path = tmp_path / "checkpoint.pkl"
+    path.write_bytes(pickle.dumps(ckpt))
+    with pytest.raises(ValueError) as e:
+        paper_pickle.load(str(path))
+    assert str(e.value).startswith(f"{path} is not a paper checkpoint: ")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_directory_in_place_of_the_pickle_is_one_line(tmp_path):
+    (tmp_path / "checkpoint.pkl").mkdir()
+    with pytest.raises(ValueError, match=r"checkpoint\.pkl is a directory, not a paper"):
+        paper_pickle.load(str(tmp_path))
+
+
+def test_an_unknown_codec_is_refused(tmp_path):
+    """Protocol 2 writes bytes as `_codecs.encode(text, 'latin1')`; any other codec (zlib,
+    hex, ...) would run a decoder on the file's say-so."""
+    data = pickle.dumps(b"\x00\x01", protocol=2).replace(b"latin1", b"zlib_c")
+    path = tmp_path / "codec.pkl"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="_codecs.encode with codec 'zlib_c' is not allowed"):
+        paper_pickle.read_pickle(str(path))
+
+
+class _Alloc:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize(
+    "payload, what",
+    [
+        (_Alloc(bytearray, 2**31 - 1), "builtins.bytearray of 2147483647 bytes"),
+        (_Alloc(np.ndarray, (2**20, 2**10)), "numpy.ndarray of 8589934592 bytes"),
+        (_Alloc(np.dtype, "O"), "numpy.dtype '|O' (only numeric dtypes are data)"),
+    ],
+    ids=["bytearray", "ndarray", "object_dtype"],
+)
+def test_allocations_are_capped_by_the_file_size(tmp_path, payload, what):
+    """A few dozen bytes asking for gigabytes are refused before anything is allocated: the
+    process's peak resident memory stays below the 2 GiB asked for."""
+    import resource
+
+    path = tmp_path / "alloc.pkl"
+    path.write_bytes(pickle.dumps(payload, protocol=4))
+    assert path.stat().st_size < 200
+    with pytest.raises(ValueError) as e:
+        paper_pickle.read_pickle(str(path))
+    assert f"refusing to load {path}: {what}" in str(e.value)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert peak < 2**31  # the process never held the 2 GiB it was asked for

@@ -18,14 +18,9 @@ deleted files) is only found when reading, which `restore_latest_good` handles.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import re
-import sys
-import traceback
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,91 +30,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
+from gpn_jax.checkpoints import checksums, failures
 from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
 
 log = logging.getLogger(__name__)
 
 
-class _UnrankedSaveFilter(logging.Filter):
-    """Drops orbax's warning for a save without metrics when keep_best is on: periodic
-    checkpoints between held-out evaluations are unranked by design (kept as "last N", never
-    as "best"), so the warning would repeat at every such save and bury the progress output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Requested `tracked_metric`; did not provide metrics" not in record.getMessage()
-
-
-_UNRANKED_FILTER = _UnrankedSaveFilter()
-
-
-class _ReadOnlyNoticeFilter(logging.Filter):
-    """Drops orbax's warnings that a read-only manager is read-only (asked for on purpose; they
-    would turn a reader's one-line error into three lines)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not msg.startswith(
-            ("Given directory is read only", "CheckpointManagerOptions.read_only")
-        )
-
-
-_READ_ONLY_FILTER = _ReadOnlyNoticeFilter()
-
-
-class _BackgroundFailureFilter(logging.Filter):
-    """Drops the tracebacks orbax logs for a failed save or read (one per failed thread,
-    commit callback and asyncio task, through absl and asyncio's loggers): `Checkpointer`
-    re-raises the same error as one `CheckpointError` line naming the step and the path, so
-    these would only repeat it, hundreds of lines long. Records without a traceback, and
-    every record not about orbax, pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not record.exc_info:
-            return True
-        if "/orbax/" in record.pathname or "orbax" in record.getMessage():
-            return False
-        # asyncio's "Future exception was never retrieved", logged when a failed write's
-        # future is collected (often at exit): its own path and message name no orbax, its
-        # traceback does
-        return not _raised_in_orbax(record.exc_info[1])
-
-
-def _raised_in_orbax(e: BaseException | None) -> bool:
-    """Whether a frame of `e`'s traceback, or of an exception it was raised from or during,
-    is orbax's."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if any("/orbax/" in f.filename for f in traceback.extract_tb(e.__traceback__)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-_FAILURE_FILTER = _BackgroundFailureFilter()
-
-
-def _quiet_closed_loop_callbacks() -> None:
-    """After a failed tensorstore read or write, its C++ threads still call back into the
-    asyncio loop orbax already closed; each such call prints an 'Event loop is closed'
-    traceback through `sys.unraisablehook`. They are harmless (the operation is over and
-    its error was raised), so only those are dropped; every other unraisable is passed on."""
-    if getattr(sys.unraisablehook, "_gpn_jax", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        e = unraisable.exc_value
-        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    hook._gpn_jax = True
-    sys.unraisablehook = hook
-
-
-_JSON_ITEMS = ("config", "meta")
+_JSON_ITEMS = ("config", "meta", "checksums")
 
 
 class _DataState(grain.DatasetIterator):
@@ -257,25 +175,26 @@ class Checkpointer:
         if best_mode not in ("min", "max"):
             raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
         if read_only:
-            logging.getLogger("absl").addFilter(_READ_ONLY_FILTER)  # orbax logs through absl
+            logging.getLogger("absl").addFilter(
+                failures.READ_ONLY_FILTER
+            )  # orbax logs through absl
             self.directory = paths.join(paths.absolute(workdir), "checkpoints")
             if not paths.exists(self.directory):
                 raise CheckpointError(f"no checkpoint in {paths.absolute(workdir)}")
         else:
             self.directory = _prepare_directory(workdir)
         if cleanup_tmp and not read_only:
-            # Done here, synchronously, rather than by orbax's background
-            # `cleanup_tmp_directories` thread, so it cannot race restore/close.
+            # Here, synchronously, not by orbax's background thread: it cannot race restore/close.
             _remove_unfinished(self.directory)
         self.best_metric = best_metric
         self._in_flight: int | None = None  # step of the async save not yet known written
         self._write_failed = False
         for name in ("absl", "asyncio"):  # orbax logs through absl; its tasks through asyncio
-            logging.getLogger(name).addFilter(_FAILURE_FILTER)
-        _quiet_closed_loop_callbacks()
+            logging.getLogger(name).addFilter(failures.FAILURE_FILTER)
+        failures.quiet_closed_loop_callbacks()
         self._track_best = keep_best is not None
         if self._track_best:
-            logging.getLogger("absl").addFilter(_UNRANKED_FILTER)  # orbax logs through absl
+            logging.getLogger("absl").addFilter(failures.UNRANKED_FILTER)  # orbax logs through absl
         options = ocp.CheckpointManagerOptions(
             # orbax only writes/reads per-step metrics when best_fn is set.
             best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
@@ -290,6 +209,7 @@ class Checkpointer:
             "data": grain.checkpoint.CheckpointHandler(),
         }
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
+        failures.check_step_metadata(self.directory)
         self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
 
     def save(
@@ -316,11 +236,17 @@ class Checkpointer:
         Returns:
             False if orbax skipped the step (e.g. a step >= `step` exists).
         """
+        items = {
+            "config": _json_safe(config_dict),
+            "meta": _json_safe(meta),
+            "data": _json_safe(data_state),
+        }
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(_DataState(_json_safe(data_state))),
-            config=ocp.args.JsonSave(_json_safe(config_dict)),
-            meta=ocp.args.JsonSave(_json_safe(meta)),
+            data=grain.checkpoint.CheckpointSave(_DataState(items["data"])),
+            config=ocp.args.JsonSave(items["config"]),
+            meta=ocp.args.JsonSave(items["meta"]),
+            checksums=ocp.args.JsonSave(checksums.make(state, items)),
         )
         metrics = _json_safe(metrics)
         # Steps lacking the metric are not ranked (orbax treats None as "none").
@@ -340,7 +266,8 @@ class Checkpointer:
     def restore(
         self, target: Any, step: int | None = None, params_only: bool = False
     ) -> tuple[int, Any, dict, dict, dict]:
-        """Restores one step onto `target`'s structure, dtypes and shardings.
+        """Restores one step onto `target`'s structure, dtypes and shardings, verified
+        against the step's checksums.
 
         Args:
             target: Example pytree of arrays, or abstract pytree of
@@ -353,24 +280,52 @@ class Checkpointer:
             (step, state, data_state, config_dict, meta).
 
         Raises:
-            CheckpointError: If there is no checkpoint to restore.
+            CheckpointError: If there is no checkpoint to restore, or the step is damaged
+                (a checksum mismatch, a wrong-typed item).
         """
         self.wait_until_finished()
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        try:
+            return self._restore_verified(target, step, params_only)
+        except failures.Damaged as e:
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} is damaged: {e}"
+            ) from None
+
+    def _restore_verified(self, target: Any, step: int, params_only: bool) -> tuple:
+        """`restore` of one step; Damaged for a checksum mismatch or a wrong-typed item."""
+        record = self._read_checksums(step)
         abstract = jax.tree.map(_abstract_leaf, target)
-        json_args = {k: ocp.args.JsonRestore() for k in _JSON_ITEMS} | self._data_args(step)
-        if params_only:
-            out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
-            state = self._restore_params(step, abstract)
-            return step, state, self._data_state(step, out), out["config"], out["meta"]
+        names = ("config", "meta")
+        json_args = {k: ocp.args.JsonRestore() for k in names} | self._data_args(step)
         # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
         # structure (JSON metadata), JsonRestore and Grain's handler read JSON; orbax
         # unpickles nothing here.
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
-        out = self._mngr.restore(step, args=args)
-        return step, out["state"], self._data_state(step, out), out["config"], out["meta"]
+        if params_only:
+            out = self._mngr.restore(step, args=ocp.args.Composite(**json_args))
+            state = {"params": self._restore_params(step, abstract)}
+        else:
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), **json_args)
+            out = self._mngr.restore(step, args=args)
+            state = out["state"]
+        where = f"step {step}"
+        items = {k: _json_item(out[k], f"{where} {k}") for k in names}
+        items["data"] = _json_item(self._data_state(step, out), f"{where} data state")
+        if record is None:
+            log.info("checkpoint step %d has no checksums (an older save): not verified", step)
+        else:
+            checksums.verify(record, state, items, where)
+        state = state["params"] if params_only else state
+        return step, state, items["data"], items["config"], items["meta"]
+
+    def _read_checksums(self, step: int) -> dict | None:
+        """The step's checksum record (None for a step saved before checksums)."""
+        path = self._step_path(step) / "checksums" / _JSON_FILE
+        if not (self._step_path(step) / "checksums").exists():
+            return None
+        return checksums.validate(_read_json(path), f"step {step} checksums")
 
     def _data_args(self, step: int) -> dict:
         """Restore args of the `data` item if Grain's handler wrote this host's file."""
@@ -416,7 +371,7 @@ class Checkpointer:
 
         Only damage is skipped: a step missing a part orbax writes (commit marker, metadata,
         an item) or whose read fails with a data error (truncated, missing or garbled array
-        file, unparsable JSON; see `_is_damage`). Any other error (permissions, a transient
+        file, unparsable JSON; see `failures.is_damage`). Any other error (permissions, a transient
         I/O error, a bug) stops here with a one-line CheckpointError and nothing is moved.
 
         Args:
@@ -437,43 +392,43 @@ class Checkpointer:
                 other than damage.
         """
         self.wait_until_finished()
-        failures, bad = [], []
+        reasons, bad = [], []
         for step in sorted(self.all_steps(), reverse=True):
             try:
                 restored = self._restore_checked(target, step, check_config, params_only)
-            except _Damaged as e:
+            except failures.Damaged as e:
                 log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
-                failures.append(f"step {step}: {e}")
+                reasons.append(f"step {step}: {e}")
                 bad.append(step)
                 continue
             if quarantine and bad:
                 self._quarantine(bad)
             return restored
-        detail = "; ".join(failures) or "no finalized steps"
+        detail = "; ".join(reasons) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
 
     def _restore_checked(self, target: Any, step: int, check_config, params_only=False) -> tuple:
-        """`restore(target, step)` after the completeness and config checks; raises _Damaged
-        for damage, CheckpointError for any other read failure."""
-        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
-        if missing:
-            raise _Damaged(f"incomplete (missing {', '.join(missing)})")
+        """`restore(target, step)` after the completeness and config checks; raises
+        failures.Damaged for damage, CheckpointError for any other read failure."""
         try:
+            self._check_files(step)
             config = self.read_config(step)
         except Exception as e:  # noqa: BLE001 - sorted into damage / not below
             raise self._read_failure(step, e) from None
         if check_config is not None:
             check_config(config)
         try:
-            return self.restore(target, step, params_only)
+            return self._restore_verified(target, step, params_only)
         except Exception as e:  # noqa: BLE001
             raise self._read_failure(step, e) from None
 
     def _read_failure(self, step: int, e: BaseException) -> Exception:
-        if _is_damage(e):
-            return _Damaged(_one_line(e))
+        if isinstance(e, failures.Damaged):
+            return e
+        if failures.is_damage(e):
+            return failures.Damaged(failures.one_line(e))
         return CheckpointError(
-            f"cannot read checkpoint step {step} in {self.directory}: {_one_line(e)}; "
+            f"cannot read checkpoint step {step} in {self.directory}: {failures.one_line(e)}; "
             "not a sign of damage, so the run stops and every step directory stays where it is"
         )
 
@@ -481,8 +436,13 @@ class Checkpointer:
         return epath.Path(self.directory) / str(step)
 
     def read_config(self, step: int) -> dict:
-        """The JSON `config` item of `step`, read without touching any array."""
-        return json.loads((self._step_path(step) / "config" / _JSON_FILE).read_text())
+        """The JSON `config` item of `step`, read without touching any array.
+
+        Raises:
+            failures.Damaged: unparsable, or not a JSON object.
+        """
+        path = self._step_path(step) / "config" / _JSON_FILE
+        return _json_item(_read_json(path), f"step {step} config")
 
     def _quarantine(self, steps: list[int]) -> None:
         """Moves step dirs aside under names orbax does not parse as steps."""
@@ -526,7 +486,40 @@ class Checkpointer:
             self._mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - any failed write becomes one line
             raise self._write_error(self._in_flight, e) from None
+        if self._in_flight is not None:
+            self._seal(self._in_flight)
         self._in_flight = None
+
+    def _seal(self, step: int) -> None:
+        """Records the sha256 of a finished step's metadata files (`checksums.file_record`),
+        written under a temporary name and renamed. A step without this record (the process
+        was killed before it) still has its leaf checksums."""
+        step_dir = self._step_path(step)
+        if jax.process_index() != 0 or not step_dir.exists():
+            return
+        target = step_dir / "checksums" / checksums.FILES
+        tmp = step_dir / "checksums" / f"{checksums.FILES}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(checksums.file_record(step_dir), sort_keys=True))
+        tmp.rename(target)
+
+    def newest_intact_step(self) -> int | None:
+        """The newest step that is complete and whose metadata files match their recorded
+        checksums (what a run stopped by the NaN guard can resume from); None if none."""
+        self.wait_until_finished()
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                self._check_files(step)
+            except Exception:  # noqa: BLE001 - any failure: not this step
+                continue
+            return step
+        return None
+
+    def _check_files(self, step: int) -> None:
+        """failures.Damaged if `step` lacks a part or a metadata file differs from its record."""
+        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
+        if missing:
+            raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
+        checksums.verify_files(self._step_path(step), f"step {step}")
 
     def close(self) -> None:
         """Waits for pending saves and releases orbax resources."""
@@ -537,7 +530,10 @@ class Checkpointer:
                 log.info("closing after a failed save", exc_info=True)
             return
         try:
+            self.wait_until_finished()
             self._mngr.close()
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise self._write_error(self._in_flight, e) from None
 
@@ -549,7 +545,7 @@ class Checkpointer:
         here to give back the space (and said so in the message, not in a second log line).
         """
         self._write_failed = True
-        silence_abandoned_writes()
+        failures.silence_abandoned_writes()
         where = paths.join(self.directory, str(step) if step is not None else "")
         try:
             _remove_unfinished(self.directory, level=logging.INFO)
@@ -563,7 +559,7 @@ class Checkpointer:
             else "no complete checkpoint"
         )
         return CheckpointError(
-            f"cannot write checkpoint step {step} to {where}: {_write_reason(e)}; {removed}; {kept}"
+            f"cannot write checkpoint step {step} to {where}: {failures.write_reason(e)}; {removed}; {kept}"
         )
 
     def __enter__(self) -> Checkpointer:
@@ -571,26 +567,6 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def silence_abandoned_writes() -> None:
-    """After a failed save, no warning for the write coroutines orbax created but never ran.
-
-    When one array's write fails, orbax drops the other arrays' pending
-    `async_serialize_from_host.<locals>.write_fragment` coroutines; Python warns "coroutine
-    ... was never awaited" when they are collected, often at interpreter exit, after the
-    run's one-line error (seen in `test_failed_checkpoint_write_is_one_line`, 2026-12-02).
-    They hold nothing to save: the step's unfinished files are removed and the error says so.
-    Only that coroutine's warning is ignored."""
-    warnings.filterwarnings(
-        "ignore",
-        message=r"coroutine '[\w.<>]*write_fragment' was never awaited",
-        category=RuntimeWarning,
-    )
-
-
-class _Damaged(Exception):
-    """A step that is provably incomplete or corrupt (skipped by `restore_latest_good`)."""
 
 
 # What a finalized orbax step of this layout always holds; any missing means an incomplete
@@ -602,56 +578,23 @@ _REQUIRED_PARTS = (
     "state/_METADATA",
     "state/manifest.ocdbt",
     "data",
-    *(f"{item}/{_JSON_FILE}" for item in _JSON_ITEMS),
+    # `checksums` too, but a step saved before checksums has none (it is restored unverified)
+    *(f"{item}/{_JSON_FILE}" for item in ("config", "meta")),
 )
+
+
+def _read_json(path: epath.Path) -> Any:
+    """The JSON in `path` (UnicodeDecodeError / JSONDecodeError for a garbled one: damage)."""
+    return json.loads(path.read_text())
+
+
+def _json_item(value: Any, where: str) -> dict:
+    """`value` if a JSON object; else Damaged (a config, meta or data state of `[]`)."""
+    if not isinstance(value, dict):
+        raise failures.Damaged(f"{where} is a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def _grain_file(process_index: int) -> str:
     """The file Grain's handler keeps a host's iterator state in."""
     return f"process_{process_index}-of-{jax.process_count()}.json"
-
-
-# tensorstore status codes of a read that found damaged or missing data. Others
-# (PERMISSION_DENIED, UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN, ...) are
-# not evidence about the checkpoint and stop the run instead.
-_DAMAGE_CODES = ("DATA_LOSS:", "NOT_FOUND:", "OUT_OF_RANGE:")
-
-
-def _is_damage(e: BaseException) -> bool:
-    """True for errors that prove the step's files are incomplete or corrupt.
-
-    tensorstore raises ValueError('<CODE>: ...'): a truncated array file is OUT_OF_RANGE, a
-    deleted one NOT_FOUND, a garbled manifest DATA_LOSS (measured with orbax 0.12 /
-    tensorstore 0.1.86). orbax raises KeyError for a missing item, json a JSONDecodeError for
-    an unparsable one. A PermissionError or other OSError is not damage.
-    """
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, json.JSONDecodeError | FileNotFoundError):
-            return True
-        if isinstance(e, KeyError) and "was not found in the checkpoint" in str(e):
-            return True
-        if isinstance(e, ValueError) and str(e).startswith(_DAMAGE_CODES):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _write_reason(e: BaseException) -> str:
-    """The OS reason of a failed write ('File too large (EFBIG)'), else the error in one line.
-
-    tensorstore reports OS errors inside a ValueError as `[os_error_code='27']`."""
-    code = getattr(e, "errno", None)
-    found = re.search(r"os_error_code='?(\d+)", str(e))
-    code = int(found.group(1)) if code is None and found else code
-    if code in errno.errorcode:
-        return f"{os.strerror(code)} ({errno.errorcode[code]})"
-    return _one_line(e)
-
-
-def _one_line(e: BaseException, limit: int = 300) -> str:
-    """`Type: message` squashed to one line, truncated."""
-    msg = " ".join(str(e).split())
-    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

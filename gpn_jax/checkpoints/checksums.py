@@ -1,0 +1,208 @@
+"""Per-leaf checksums saved with each checkpoint step and verified on restore.
+
+A checksum is computed on the device, over each array's bytes: the array is viewed as
+unsigned words (bf16 as uint16, f32 as uint32, ...), each word is mixed with its flat index
+(MurmurHash3's 32-bit finaliser, two independently seeded lanes), and the mixed words are
+summed modulo 2**32. The sum of integers is exact and order-free, so the checksum is the same
+whatever the array's sharding or the number of hosts, and no array leaves its device. Any
+change of one word changes a lane's sum unless the mixer maps two words to the same value
+with the same index (a bijection: never) or a multi-word change cancels (chance 2**-64 over
+both lanes).
+
+The JSON items (config, meta, data position) are covered by a sha256 of their canonical
+JSON (sorted keys), so a hand-edited or swapped item (`{}` in place of the data position) is
+damage too. The record is the step's `checksums` item, written by orbax with the step:
+
+    {"format": "gpn_jax-checksums", "version": 1,
+     "leaves": {"['params']['w']": {"dtype": "float32", "shape": [4, 6], "hash": "<16 hex>"}},
+     "json": {"config": "<sha256>", "meta": "<sha256>", "data": "<sha256>"}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpn_jax.checkpoints.failures import Damaged
+
+FORMAT, VERSION = "gpn_jax-checksums", 1
+_SEEDS = (0x9E3779B9, 0x7F4A7C15)
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
+
+
+def _fmix32(h):
+    """MurmurHash3's 32-bit finaliser: a bijection on uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _words(x) -> jax.Array:
+    """`x`'s bytes as a flat uint32 vector (narrower words zero-extended)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    words = jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize])
+    return jnp.ravel(words).astype(jnp.uint32)
+
+
+def _leaf_hash(x) -> jax.Array:
+    """(2,) uint32: the two lanes of `x`'s checksum."""
+    w = _words(x)
+    idx = jnp.arange(w.size, dtype=jnp.uint32)
+    lanes = [
+        jnp.sum(_fmix32(w ^ _fmix32(idx + jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS
+    ]
+    return jnp.stack(lanes)
+
+
+@jax.jit
+def _tree_hashes(leaves: list) -> list:
+    return [_leaf_hash(x) for x in leaves]
+
+
+def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
+    """(path string, array) of every array leaf, in tree order."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    out = []
+    for path, leaf in flat:
+        if isinstance(leaf, jax.Array | np.ndarray | np.generic):
+            out.append((jax.tree_util.keystr(path), jnp.asarray(leaf)))
+    return out
+
+
+def leaf_record(tree: Any) -> dict:
+    """{path: {"dtype", "shape", "hash"}} of every array in `tree`."""
+    leaves = _array_leaves(tree)
+    hashes = jax.device_get(_tree_hashes([x for _, x in leaves]))
+    record = {}
+    for (path, x), h in zip(leaves, hashes, strict=True):
+        dtype = "key" if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else str(x.dtype)
+        record[path] = {
+            "dtype": dtype,
+            "shape": list(x.shape),
+            "hash": "".join(f"{int(v):08x}" for v in np.asarray(h)),
+        }
+    return record
+
+
+def json_digest(item: Any) -> str:
+    """sha256 of `item`'s canonical JSON."""
+    return hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()
+
+
+def make(state: Any, items: Mapping[str, Any]) -> dict:
+    """The `checksums` item of a step saving `state` and the JSON `items`."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "leaves": leaf_record(state),
+        "json": {name: json_digest(value) for name, value in items.items()},
+    }
+
+
+def validate(record: Any, where: str) -> dict:
+    """`record` if it has the schema above; else Damaged naming `where`."""
+    ok = (
+        isinstance(record, dict)
+        and record.get("format") == FORMAT
+        and record.get("version") == VERSION
+        and isinstance(record.get("leaves"), dict)
+        and isinstance(record.get("json"), dict)
+        and all(isinstance(v, str) for v in record["json"].values())
+        and all(_valid_leaf(v) for v in record["leaves"].values())
+    )
+    if not ok:
+        raise Damaged(f"{where} is not a checksum record")
+    return record
+
+
+def _valid_leaf(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and isinstance(v.get("dtype"), str)
+        and isinstance(v.get("shape"), list)
+        and all(isinstance(n, int) and n >= 0 for n in v["shape"])
+        and isinstance(v.get("hash"), str)
+        and _HEX16.fullmatch(v["hash"]) is not None
+    )
+
+
+def verify(record: dict, state: Any, items: Mapping[str, Any], where: str) -> None:
+    """Damaged naming the first leaf or JSON item of `where` whose checksum differs.
+
+    Only what was restored is checked (a parameters-only restore checks the parameters); a
+    leaf restored in another dtype or shape than saved (a deliberate cast) is not compared.
+    """
+    for name, value in items.items():
+        saved = record["json"].get(name)
+        if saved is not None and saved != json_digest(value):
+            raise Damaged(f"checksum mismatch in {where}: item {name!r} differs from the saved one")
+    for path, got in leaf_record(state).items():
+        saved = record["leaves"].get(path)
+        if saved is None or (saved["dtype"], saved["shape"]) != (got["dtype"], got["shape"]):
+            continue
+        if saved["hash"] != got["hash"]:
+            raise Damaged(f"checksum mismatch in {where}: array {path} differs from the saved one")
+
+
+# ------------------------------------------------------------------ the step's other files
+FILES = "files.json"  # in the step's `checksums` item, written once the step is finalized
+
+
+def _listed(step_dir) -> list:
+    """Every file of a finalized step whose bytes no leaf checksum covers: orbax's metadata
+    (`_METADATA`, `_sharding`, `array_metadatas/*`, manifests, item JSON, the leaf checksums),
+    not the OCDBT data files under `d/` (their arrays are checked leaf by leaf, their b-tree nodes by CRC-32C)."""
+    out, todo = [], [(step_dir, "")]
+    while todo:
+        folder, prefix = todo.pop()
+        for p in sorted(folder.iterdir()):
+            rel = prefix + p.name
+            if p.is_dir():
+                if p.name != "d":
+                    todo.append((p, rel + "/"))
+            elif not rel.startswith(f"checksums/{FILES}"):
+                out.append((rel, p))
+    return sorted(out)
+
+
+def file_record(step_dir) -> dict:
+    """{"format", "version", "files": {relative path: sha256}} of a finalized step."""
+    files = {rel: hashlib.sha256(p.read_bytes()).hexdigest() for rel, p in _listed(step_dir)}
+    return {"format": FORMAT + "-files", "version": VERSION, "files": files}
+
+
+def verify_files(step_dir, where: str) -> bool:
+    """Damaged if a file recorded in the step's `files.json` is missing or differs (False if
+    the step has no such record: a save interrupted before it was written)."""
+    path = step_dir / "checksums" / FILES
+    if not path.exists():
+        return False
+    record = json.loads(path.read_text())
+    ok = (
+        isinstance(record, dict)
+        and record.get("format") == FORMAT + "-files"
+        and isinstance(record.get("files"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in record["files"].items())
+    )
+    if not ok:
+        raise Damaged(f"{where} checksums/{FILES} is not a file checksum record")
+    present = dict(_listed(step_dir))
+    for rel, digest in sorted(record["files"].items()):
+        if rel not in present:  # names are only compared, never opened: no path leaves the step
+            raise Damaged(f"{where}: {rel} is missing")
+        if hashlib.sha256(present[rel].read_bytes()).hexdigest() != digest:
+            raise Damaged(f"checksum mismatch in {where}: {rel} differs from the saved file")
+    return True

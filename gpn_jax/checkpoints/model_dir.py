@@ -1,0 +1,334 @@
+"""A trained model as a self-contained directory (Hugging Face style), and loading it back.
+
+    <dir>/model.safetensors   every parameter, named by its path in the nested params dict
+                              joined with '.' (params['layer_0']['w1'] -> 'layer_0.w1'),
+                              in the dtype training kept it in
+    <dir>/config.json         {"format", "gpn_jax_version", "family", "step", "tokens_seen",
+                              "tokenizer_file", "tokenizer_sha256", "model", "config"}: the
+                              run's whole ml_collections config under "config" (its data block
+                              lets evaluation rebuild the held-out split), the model block again
+                              under "model" for readers that only want the architecture
+    <dir>/tokenizer.model     the SentencePiece model (absent for runs without one, e.g. recall)
+    <dir>/README.md           a model card (`gpn_jax.checkpoints.model_card`)
+
+Loading needs neither orbax nor the training workdir. A directory whose tensors disagree
+with its config (missing, extra or mis-shaped tensor) or whose tokenizer is not the one
+recorded is refused with one line: those are the mistakes a hand-assembled or half-copied
+directory makes, and they would otherwise surface as a shape error deep in a jit.
+"""
+
+import hashlib
+import json
+import math
+import os
+
+import jax
+import ml_collections
+
+from gpn_jax.checkpoints.restore import RestoredRun
+from gpn_jax.data.tokenizer import load_tokenizer
+from gpn_jax.io.files import atomic_write
+from gpn_jax.io.provenance import package_version
+from gpn_jax.models import factory
+from gpn_jax.models import params as params_lib
+from gpn_jax.models.accounting import abstract_params
+
+WEIGHTS, CONFIG, TOKENIZER, CARD = (
+    "model.safetensors",
+    "config.json",
+    "tokenizer.model",
+    "README.md",
+)
+FORMAT = "gpn_jax"
+
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def flatten(params: dict, prefix: str = "") -> dict:
+    """{'layer_0': {'w1': x}} -> {'layer_0.w1': x} (keys sorted, so the file is deterministic)."""
+    flat = {}
+    for key in sorted(params):
+        if "." in key:
+            raise ValueError(f"parameter name {prefix + key!r} contains '.', the path separator")
+        value = params[key]
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def unflatten(flat: dict) -> dict:
+    """The inverse of `flatten`."""
+    return params_lib.nest(flat, sep=".")
+
+
+def make_record(run: RestoredRun) -> dict:
+    """The config.json record of `run` (a `load_run` result)."""
+    config = run.config.to_dict()
+    tok = run.tokenizer
+    return {
+        "format": FORMAT,
+        "gpn_jax_version": package_version(),
+        "family": config["model"].get("family", "gpn"),
+        "step": int(run.step),
+        "tokens_seen": int(run.step) * config["train"]["batch_size"] * config["train"]["seq_len"],
+        "tokenizer_file": TOKENIZER if tok is not None else None,
+        "tokenizer_sha256": hashlib.sha256(tok.model_proto).hexdigest() if tok else None,
+        "model": config["model"],
+        "config": config,
+        "source_workdir": os.path.realpath(run.workdir),
+    }
+
+
+def exported_from(model_dir: str) -> str | None:
+    """The run directory `model_dir` was exported from, if it is an export that records one."""
+    try:
+        record = read_record(model_dir)
+    except (ValueError, OSError):
+        return None
+    source = record.get("source_workdir")
+    return source if isinstance(source, str) else None
+
+
+def save_model_dir_atomic(run, out: str, record: dict, card: str, replace: bool) -> None:
+    """`save_model_dir` into a temporary sibling of `out`, then renamed to `out` (an existing
+    `out` is replaced only if `replace`: moved aside, then deleted)."""
+    import shutil
+    import tempfile
+
+    out = os.path.abspath(out)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    try:
+        save_model_dir(run, tmp, record, card)
+        old = None
+        if replace and os.path.lexists(out):
+            old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+            os.rename(out, os.path.join(old, name))
+        os.rename(tmp, out)  # fails if `out` appeared meanwhile: nothing of the user's is lost
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> None:
+    """Writes `run` to `out` as the module docstring lays out."""
+    from safetensors.flax import save_file
+
+    os.makedirs(out, exist_ok=True)
+    tensors = flatten(jax.device_get(run.params))
+    save_file({k: jax.numpy.asarray(v) for k, v in tensors.items()}, os.path.join(out, WEIGHTS))
+    if run.tokenizer is not None:
+        atomic_write(os.path.join(out, TOKENIZER), run.tokenizer.model_proto)
+    with open(os.path.join(out, CONFIG), "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+    with open(os.path.join(out, CARD), "w") as f:
+        f.write(card)
+
+
+_MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB; more is not one of ours
+_MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on a header
+# safetensors dtype names -> bytes per element: what a model's parameters can be stored in
+_DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2),
+    "I8": ("int8", 1), "U64": ("uint64", 8), "U32": ("uint32", 4), "U16": ("uint16", 2),
+    "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}  # fmt: skip
+
+
+def _refuse(path: str, what: str, fix: str = "re-export it with gpn_jax.export") -> ValueError:
+    return ValueError(f"{path}: {what}; {fix}")
+
+
+def read_record(model_dir: str) -> dict:
+    """config.json of a model directory, checked against the schema `make_record` writes;
+    anything else is a one-line ValueError naming the file."""
+    path = os.path.join(model_dir, CONFIG)
+    if not os.path.isfile(path):
+        raise ValueError(f"{model_dir} is not a model directory: no {CONFIG}")
+    if os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise _refuse(path, f"over {_MAX_CONFIG_BYTES >> 20} MiB, not a model config")
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _refuse(path, f"not valid JSON ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise _refuse(path, 'not written by gpn_jax.export (no "format": "gpn_jax")')
+    config = record.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise _refuse(path, "lacks the run config and its model block")
+    if not isinstance(config.get("data", {}), dict):
+        raise _refuse(path, "its config's data block is not an object")
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _refuse(path, f"its step is {step!r}, not a non-negative integer")
+    _check_tokenizer_fields(record, path)
+    return record
+
+
+def _check_tokenizer_fields(record: dict, path: str) -> None:
+    """`tokenizer_file` is null or a plain file name in the directory, with its sha256."""
+    name = record.get("tokenizer_file")
+    if name is None:
+        return
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or not name.isprintable()
+        or os.path.basename(name) != name
+        or "\\" in name
+        or "\0" in name
+    ):
+        raise _refuse(path, f"tokenizer_file {name!r} is not a file name inside the directory")
+    digest = record.get("tokenizer_sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise _refuse(path, f"tokenizer_sha256 {str(digest)[:80]!r} is not a sha256")
+
+
+def read_header(path: str) -> dict:
+    """{name: (shape, dtype str)} from model.safetensors' header, checked against the file's
+    size before anything is allocated: a truncated or hostile file is one ValueError."""
+    size = os.path.getsize(path)
+    fix = "copy the file again or re-export the model"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > min(size - 8, _MAX_HEADER_BYTES):
+            raise _refuse(path, f"truncated or not a safetensors file ({size} bytes)", fix)
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise _refuse(path, "its header is not valid JSON", fix) from None
+    if not isinstance(header, dict):
+        raise _refuse(path, "its header is not a JSON object", fix)
+    header.pop("__metadata__", None)
+    data_size, found = size - 8 - n, {}
+    for name, entry in header.items():
+        shape, dtype, nbytes, span = _tensor_entry(entry)
+        if shape is None or span[1] > data_size or span[1] - span[0] != nbytes:
+            raise _refuse(path, f"tensor {name!r} lies outside the file (truncated?)", fix)
+        found[name] = (shape, dtype)
+    return found
+
+
+def read_tensors(path: str, expected: dict) -> dict:
+    """{name: array} of model.safetensors at `path`, once its header (checked against the
+    file's size) names exactly the tensors `expected` ({name: (shape, dtype)}) describes."""
+    from safetensors import safe_open
+
+    check_tensors(expected, read_header(path), path)  # before any tensor is read
+    try:
+        with safe_open(path, framework="flax") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type: a bad file
+        raise _refuse(path, f"unreadable ({' '.join(str(e).split())[:120]})") from None
+
+
+def _tensor_entry(entry) -> tuple:
+    """(shape, numpy dtype name, byte count, (begin, end)) of a header entry; shape None if
+    the entry is malformed."""
+    bad = (None, None, 0, (0, 0))
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return bad
+    if entry["dtype"] not in _DTYPES:
+        return bad
+    shape, span = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not isinstance(span, list) or len(span) != 2:
+        return bad
+    if not all(type(v) is int and v >= 0 for v in [*shape, *span]) or span[0] > span[1]:
+        return bad
+    dtype, itemsize = _DTYPES[entry["dtype"]]
+    return tuple(shape), dtype, math.prod(shape) * itemsize, tuple(span)
+
+
+def check_tensors(expected: dict, found: dict, path: str = WEIGHTS) -> None:
+    """Raises a one-line ValueError naming the first (sorted) tensor that differs.
+
+    Args:
+      expected, found: {name: (shape tuple, dtype str)} from the config and from the file.
+    """
+    for name in sorted(set(expected) | set(found)):
+        if name not in found:
+            raise ValueError(f"{path} disagrees with {CONFIG}: missing tensor {name!r}")
+        if name not in expected:
+            raise ValueError(f"{path} disagrees with {CONFIG}: extra tensor {name!r}")
+        if expected[name] != found[name]:
+            raise ValueError(
+                f"{path} disagrees with {CONFIG}: tensor {name!r} is "
+                f"{found[name][1]}{list(found[name][0])}, the config implies "
+                f"{expected[name][1]}{list(expected[name][0])}"
+            )
+
+
+def tokenizer_path(model_dir: str, record: dict) -> str | None:
+    """The directory's tokenizer file, refused if it leaves the directory (a symlink too) or
+    is not the one config.json records; None for a model without one."""
+    if not record.get("tokenizer_file"):
+        return None
+    path = os.path.join(model_dir, record["tokenizer_file"])  # a plain name: `read_record`
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(model_dir):
+        raise ValueError(f"{path} leaves {model_dir}; re-export the model")
+    if not os.path.isfile(path):
+        raise ValueError(f"{model_dir} lacks {record['tokenizer_file']!r}, which {CONFIG} records")
+    got = file_sha256(path)
+    if got != record.get("tokenizer_sha256"):
+        raise ValueError(
+            f"{path} has sha256 {got[:12]}..., {CONFIG} records "
+            f"{str(record.get('tokenizer_sha256'))[:12]}...: not the model's tokenizer"
+        )
+    return path
+
+
+def load_model_dir(model_dir: str) -> RestoredRun:
+    """A model directory as `load_run` returns a workdir: config, model, params, tokenizer.
+
+    `config.data.tokenizer_path` points at the directory's tokenizer, so evaluation rebuilds
+    the held-out data with it; `workdir` is the model directory.
+    """
+
+    model_dir = os.path.abspath(model_dir)
+    record = read_record(model_dir)
+    config = ml_collections.ConfigDict(record["config"])
+    try:
+        model = factory.build_model(config.model)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        detail = " ".join(str(e).split())[:160] or type(e).__name__
+        raise _refuse(
+            os.path.join(model_dir, CONFIG), f"its model block is invalid ({detail})"
+        ) from None
+    expected = {
+        k: (tuple(v.shape), str(v.dtype)) for k, v in flatten(abstract_params(model)).items()
+    }
+    path = os.path.join(model_dir, WEIGHTS)
+    if not os.path.isfile(path):
+        raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
+    tensors = read_tensors(path, expected)
+    tok_path = tokenizer_path(model_dir, record)
+    tokenizer = load_tokenizer(tok_path) if tok_path else None
+    # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.
+    config.data.tokenizer_path = tokenizer.path if tokenizer is not None else ""
+    device = jax.local_devices()[0]
+    params = jax.device_put(unflatten(tensors), device)
+    return RestoredRun(config, model, params, tokenizer, int(record["step"]), model_dir)
+
+
+def load_either(workdir: str | None, model_dir: str | None, step: int | None) -> RestoredRun:
+    """What `--workdir` (a training run) or `--model_dir` (an export) of an entry point names."""
+    from gpn_jax.checkpoints.restore import load_run
+
+    if bool(workdir) == bool(model_dir):
+        raise ValueError("give exactly one of --workdir (a training run) and --model_dir")
+    if model_dir:
+        if step is not None:
+            raise ValueError("--step applies to --workdir only (a model directory holds one step)")
+        return load_model_dir(model_dir)
+    return load_run(workdir, step)
