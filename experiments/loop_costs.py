@@ -12,7 +12,7 @@ can be read against them:
   * the forward's per-token products, B x D @ D x N for W0, W2o and the ground gate;
   * the backward's input cotangents through the transposed matrices;
   * both kinds again through the compiled kernel the fused window uses where it can
-    (`gpn_jax/native/small_matmul.py`; its column is empty where the kernel is not available);
+    (`gpn_jax/kernels/cpu/small_matmul.py`; its column is empty where the kernel is not available);
   * one pass over a memory-sized array per step (read and write it once), for 1, 2 and 4
     arrays of its size, which is what each elementwise stage of the write, the read and their
     backward costs when it cannot fuse with a neighbouring matrix product;
@@ -37,7 +37,7 @@ from absl import app, flags
 
 from gpn_jax.configs import bench_common
 from gpn_jax.core import fast_window
-from gpn_jax.native import small_matmul
+from gpn_jax.kernels.cpu import small_matmul
 
 
 def best_time(fn, *args, reps: int = 5) -> float:

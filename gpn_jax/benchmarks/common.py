@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax.models import factory
-from gpn_jax.native import cpu
+from gpn_jax.kernels.cpu import cpu
 
 
 def platform() -> str:

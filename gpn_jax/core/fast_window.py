@@ -78,8 +78,8 @@ from jax.sharding import PartitionSpec
 
 from gpn_jax.core import gpn, loss
 from gpn_jax.core.gpn import GPNCarry, StepOutput
+from gpn_jax.core.kernel_ops import MemoryKernels, ProductKernel
 from gpn_jax.core.norms import RMS_EPS, l2n, mm, rms
-from gpn_jax.native import memory, small_matmul
 
 Array = jax.Array
 
@@ -106,7 +106,8 @@ class Dims:
     unroll: int = UNROLL
     tp: int = 1  # column blocks of the fused matrices (the tensor axis size; module doc)
     tp_axis: str | None = None  # the mesh axis the blocks are split over; None: unconstrained
-    native: bool = False  # loops multiply by `small_matmul`-packed weights (`_loop_weights`)
+    kernels: MemoryKernels | None = None  # the memory's passes by these kernels (`kernel_ops`)
+    products: ProductKernel | None = None  # loops multiply by packed weights (`_loop_weights`)
 
     @property
     def split(self) -> bool:
@@ -310,9 +311,9 @@ def _write(dm: Dims, zk_prev, zw, a, M):
 
 
 def _write_read(dm: Dims, zk_prev, zw, a, zq, M):
-    """`_write` and layer 0's `_read_out` by the native kernel (`memory.step`): (M', g, o)."""
+    """`_write` and layer 0's `_read_out` by the kernels' `step`: (M', g, o)."""
     k, v, beta, g = _write_inputs(dm, zk_prev, zw, a)
-    Mn, o = memory.step(M, k, _query(dm, zq), v, beta, jnp.exp(g))
+    Mn, o = dm.kernels.step(M, k, _query(dm, zq), v, beta, jnp.exp(g))
     return Mn, g, o.reshape(*o.shape[:-2], dm.hu)
 
 
@@ -372,20 +373,34 @@ def _layer_split(dm: Dims, fw: dict, i: int, Z, Mn):
     return y + scale * y_r, (y_r, scale)
 
 
-def _cols(x: Array, w: Array | small_matmul.Packed) -> Array:
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A weight matrix packed once per window for a product kernel (`ProductKernel`)."""
+
+    operand: object  # the kernel's packed operand (a pytree)
+    matmul: object  # (x, operand) -> x @ W float32
+
+    def __call__(self, x: Array) -> Array:
+        return self.matmul(x, self.operand)
+
+
+jax.tree_util.register_dataclass(Packed, data_fields=["operand"], meta_fields=["matmul"])
+
+
+def _cols(x: Array, w: Array | Packed) -> Array:
     """x (B, D) @ w (D, ...) in w's dtype, float32 out: (B, ...)."""
-    if isinstance(w, small_matmul.Packed):
-        return small_matmul.matmul(x, w)
+    if isinstance(w, Packed):
+        return w(x)
     return jax.lax.dot_general(
         x.astype(w.dtype), w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
 
-def _rows(x: Array, w: Array | small_matmul.Packed) -> Array:
+def _rows(x: Array, w: Array | Packed) -> Array:
     """x (B, ...) contracted with w (..., D) over all of w's leading axes, float32 out: (B, D).
     With blocks split over `tensor` the contraction spans them: a partial sum per device."""
-    if isinstance(w, small_matmul.Packed):
-        return small_matmul.matmul(x, w)
+    if isinstance(w, Packed):
+        return w(x)
     n = w.ndim - 1
     dims = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
     return jax.lax.dot_general(
@@ -429,11 +444,12 @@ def _with_halves(dm: Dims, fw: dict) -> dict:
 
 def _loop_weights(dm: Dims, fw: dict) -> dict:
     """The matrices a per-token loop multiplies by (`fw`'s or `_transposed(fw)`'s), packed once
-    outside the loop for the native kernel when `dm.native` (one device, float32)."""
-    if not dm.native:
+    outside the loop for the product kernel `dm.products` (one device, float32)."""
+    if dm.products is None:
         return fw
-    single = {k: small_matmul.pack(fw[k]) for k in ("W0", "Wg")}
-    per_layer = {k: [small_matmul.pack(w) for w in fw[k]] for k in ("Wl", "W2o")}
+    pack = lambda w: Packed(dm.products.pack(w), dm.products.matmul)
+    single = {k: pack(fw[k]) for k in ("W0", "Wg")}
+    per_layer = {k: [pack(w) for w in fw[k]] for k in ("Wl", "W2o")}
     return fw | single | per_layer
 
 
@@ -601,7 +617,7 @@ def _layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
 
 def _memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
     """One predict layer's backward (tp == 1) with the write and the read, the memory's passes
-    through `gpn_jax.native.memory`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
+    through the kernels' `grad_reduce` and `grad_update`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
 
     With Mi = keep stack[t], the memory entering step t after its reset, and kM = Mi^T k,
     qM = Mi^T q from the recomputation (`_memory_stack`), the step's write and read are
@@ -609,7 +625,7 @@ def _memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg
     so only (B, H, .) vectors are left to JAX's vjp (`small`); the memory-sized products are
         from M' (cotangent dM):   dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w,  dMi += eg dM
         from kM, qM:              dk += Mi dkM,  dq += Mi dqM,  dMi += k dkM^T + q dqM^T
-    (`memory.grad_reduce` before the vjp, `memory.grad_update` after it; dM_prev = keep dMi).
+    (`grad_reduce` before the vjp, `grad_update` after it; dM_prev = keep dMi).
     The read's own memory cotangent q dO^T is never formed: it reaches M through qM."""
     t, kM, qM = step
     zw = res.Z0[..., dm.hk : dm.write_cols]
@@ -628,9 +644,9 @@ def _memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
     (X2, pg, w, eg, _), small_vjp = jax.vjp(small, k, q, zw, fw["a"], Z, kM, qM)
-    dMk, dMw, inner = memory.grad_reduce(stack, t, keep_B, dM, k, w)
+    dMk, dMw, inner = dm.kernels.grad_reduce(stack, t, keep_B, dM, k, w)
     dk, dq, dzw, da, dZ, dkM, dqM = small_vjp((dX2, dpg, dMk, inner, dg_out))
-    dM_prev, Mi_dkM, Mi_dqM = memory.grad_update(stack, t, keep_B, dM, k, q, dkM, dqM, eg)
+    dM_prev, Mi_dkM, Mi_dqM = dm.kernels.grad_update(stack, t, keep_B, dM, k, q, dkM, dqM, eg)
     dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 
@@ -721,32 +737,33 @@ def _f32(M: Array | None) -> Array | None:
 
 
 def _memory_stack(dm: Dims, fw, M0, res: Res, keep_SxB=None):
-    """By the native kernel (`memory.stack`): (Ms, kM, qM), the memory before each step (and
+    """By the kernels' `stack`: (Ms, kM, qM), the memory before each step (and
     its reset) of a segment, and Mi^T k, Mi^T q of each step (layer 0's query)."""
     zw = res.Z0[..., dm.hk : dm.write_cols]
     k, v, beta, g = _write_inputs(dm, res.zk, zw, fw["a"])
     q = _query(dm, _split(res.Z0[..., dm.write_cols :], dm.layer_cols())[3])
     keep = jnp.ones(res.zk.shape[:2], jnp.float32) if keep_SxB is None else keep_SxB
-    return memory.stack(M0, k, q, v, beta, jnp.exp(g), keep)
+    return dm.kernels.stack(M0, k, q, v, beta, jnp.exp(g), keep)
 
 
 def _kernel_memory(dm: Dims, M: Array) -> bool:
-    """Whether the memory's passes run through the native kernels (the forward's write and read,
-    the backward's recomputation): with the products' kernel, for a float32 memory."""
-    return dm.native and dm.memory and memory.available(M.dtype)
+    """Whether the memory's passes run through the kernels (the forward's write and read, the
+    backward's recomputation): `dims_of` keeps them only where they cover the memory."""
+    return dm.kernels is not None and dm.memory
 
 
 def _kernel_memory_bwd(dm: Dims, M: Array) -> bool:
-    """Whether the backward's per-token passes over the memory do too (`_memory_bwd`): one
-    predict layer (whose query the recomputation takes), no remat (whose segments rerun the
-    forward instead). `dm.native` implies one block (tp == 1)."""
-    return _kernel_memory(dm, M) and dm.n_layers == 1 and not dm.remat
+    """Whether the backward's per-token passes over the memory do too (`_memory_bwd`): kernels
+    for them, one predict layer (whose query the recomputation takes), no remat (whose segments
+    rerun the forward instead)."""
+    ops = dm.kernels
+    has_passes = ops is not None and None not in (ops.grad_reduce, ops.grad_update)
+    return _kernel_memory(dm, M) and has_passes and dm.n_layers == 1 and not dm.remat
 
 
 def _recompute_memory(dm: Dims, fw, M0, res: Res, keep_SxB=None):
     """M before each step (and its reset) of a segment, from its starting memory and the
-    stored write inputs. Where the products use the native kernel and the memory is float32,
-    by its kernel (`_memory_stack`: the same writes, each (b, h) memory kept in the cache)."""
+    stored write inputs; by the kernels' `stack` where the window has them (`_memory_stack`)."""
     if _kernel_memory(dm, M0):
         return _memory_stack(dm, fw, M0, res, keep_SxB)[0]
 
@@ -888,7 +905,11 @@ def dims_of(
     unroll: int | None = None,
     tp: int = 1,
     tp_axis: str | None = None,
+    kernels: MemoryKernels | None = None,
+    memory_dtype=jnp.float32,
 ) -> Dims:
+    """The window's static sizes. `kernels` are kept where they cover the window (one device;
+    the memory stored in one of their `memory_dtypes`; the products in float32)."""
     names = gpn.layer_names(params)
     lp = params[names[0]]
     mem = gpn.memory_shape(params)
@@ -913,8 +934,21 @@ def dims_of(
         unroll=UNROLL if unroll is None else unroll,
         tp=tp,
         tp_axis=tp_axis if tp > 1 else None,
-        native=tp == 1 and lp["wpg"].dtype == jnp.float32 and small_matmul.available(),
+        **_usable_kernels(kernels, tp, mem is not None, lp["wpg"].dtype, memory_dtype),
     )
+
+
+def _usable_kernels(kernels, tp, memory, param_dtype, memory_dtype) -> dict:
+    """Dims' `kernels` and `products`: what of `kernels` this window uses. The kernels run on
+    one device (a mesh of more than one device keeps the XLA formulas)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if kernels is None or tp > 1 or (not mesh.empty and mesh.size > 1):
+        return {}
+    covered = memory and jnp.dtype(memory_dtype).name in kernels.memory_dtypes
+    return {
+        "kernels": kernels if covered else None,
+        "products": kernels.matmul if param_dtype == jnp.float32 else None,
+    }
 
 
 def scan_window_fused(
@@ -926,12 +960,15 @@ def scan_window_fused(
     keep_TxB: Array | None = None,
     tp: int = 1,
     tp_axis: str | None = None,
+    kernels: MemoryKernels | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
     """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
     `keep_TxB` (0 at a document start) resets the incoming carry of those steps. `tp` column
-    blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout)."""
+    blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout).
+    `kernels`: the memory's passes and products by these (`kernel_ops`); None: XLA's."""
     T = xg_TxBxD.shape[0]
-    dm = dims_of(cp, T, remat_segment, unroll, tp, tp_axis)
+    M_dtype = jnp.float32 if carry.M is None else carry.M.dtype
+    dm = dims_of(cp, T, remat_segment, unroll, tp, tp_axis, kernels, M_dtype)
     fw = _shard_fused(dm, fuse_params(cp, dm.tp))
     zk0 = M0 = None
     if dm.memory:

@@ -37,7 +37,15 @@ FINAL_METRICS = "final_metrics.json"
 # Model fields that change how the math is computed, never its result or the parameters:
 # they may change when a run resumes.
 MATH_FREE_MODEL_FIELDS = frozenset(
-    {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype", "memory_dtype"}
+    {
+        "loss_chunk",
+        "scan_impl",
+        "remat_segment",
+        "remat",
+        "compute_dtype",
+        "memory_dtype",
+        "kernels",
+    }
 )
 _MISSING = "(absent)"
 
