@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax import kernels as kernels_lib
-from gpn_jax.core import fast_window, gpn, window
+from gpn_jax.core import fast_window, fused_layout, fused_loss, gpn, window
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.kernel_ops import MemoryKernels
@@ -147,7 +147,7 @@ def _impl(scan_impl: ScanImpl, blocks=(1, None), kernels: MemoryKernels | None =
     the fused window's tensor-parallel layout (`GPN.partitioned`); `kernels`: its kernels."""
     if scan_impl is ScanImpl.FUSED:
         scan = partial(_fused_scan, blocks=blocks, kernels=kernels)
-        return _Impl(scan, fast_window.cross_entropy_sum_fused)
+        return _Impl(scan, fused_loss.cross_entropy_sum_fused)
     return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
@@ -212,7 +212,7 @@ class GPN(SpecModel):
                 "one axis for both, or --config.model.scan_impl=autodiff"
             )
         ((axis, n),) = split
-        fast_window.check_blocks(c.n_heads if c.memory else 0, c.d_ffn, n)
+        fused_layout.check_blocks(c.n_heads if c.memory else 0, c.d_ffn, n)
         return GPN(c, (n, axis), self.platform)
 
     def autodiff(self) -> "GPN":

@@ -407,7 +407,8 @@ def _metric_writer(run: _Run) -> MetricWriter:
     return MetricWriter(
         run.workdir,
         writers=parse_writers(run.config),
-        info=run_info(run.config, run.workdir) | {"cpu_steps_inline": cpu_steps_inline()},
+        info=run_info(run.config, run.workdir)
+        | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels},
         wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
     )
 

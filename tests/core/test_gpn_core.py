@@ -8,6 +8,7 @@ import pytest
 
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests import spec_reference
+from tests.helpers.window import random_params
 from tests.tolerance import assert_rel_close
 
 V, B, T = 37, 2, 8
@@ -16,19 +17,6 @@ V, B, T = 37, 2, 8
 def tiny(**kw) -> GPNConfig:
     base = dict(vocab_size=V, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
     return GPNConfig(**(base | kw))
-
-
-def random_params(model: GPN, seed: int = 0) -> dict:
-    """SPEC's init zeroes several gates and biases; randomise everything so every term counts."""
-    params = model.init(jax.random.PRNGKey(seed))
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
-    noisy = [
-        jax.random.normal(k, x.shape) * (0.5 if x.ndim == 1 else 0.4 / np.sqrt(x.shape[0]))
-        + (1.0 if x.ndim == 1 else 0.0)
-        for k, x in zip(keys, leaves, strict=True)
-    ]
-    return jax.tree.unflatten(treedef, noisy)
 
 
 def tokens(seed=0, b=B, t=T):

@@ -9,7 +9,7 @@ import pytest
 
 from gpn_jax.core.gpn import Intervention
 from gpn_jax.models.gpn import GPN, GPNConfig
-from tests.core.test_gpn_core import random_params
+from tests.helpers.window import random_params
 from tests.tolerance import assert_rel_close, rel_err
 
 BASE = GPNConfig(vocab_size=37, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)

@@ -14,8 +14,8 @@ from gpn_jax.core import fast_window
 from gpn_jax.models.base import document_starts, reset_after_eos
 from gpn_jax.models.gdn import GatedDeltaNet, GDNConfig
 from gpn_jax.models.gpn import GPN, GPNConfig
-from tests.core import test_fast_window as fw_tests
-from tests.core.test_gpn_core import random_params
+from tests.helpers import window as fw_tests
+from tests.helpers.window import random_params
 from tests.tolerance import assert_rel_close
 
 V, EOS = 32, 3
