@@ -22,7 +22,7 @@ can be read against them:
     step, which streams the memory state and the stacked activations between its products;
   * the products outside the loops, which have many rows: one segment's weight gradient of W0
     (contraction over 32 steps x B rows) and one loss chunk's logits; and the weight gradients
-    of W0 and of the loss chunk's embedding as the window computes them (`fast_window._wgrad`,
+    of W0 and of the loss chunk's embedding as the window computes them (`fused_products.wgrad`,
     its small input materialised transposed) next to one dot contracting both operands' first
     axis, which XLA:CPU ran up to half as fast.
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gpn_jax.configs import bench_common
-from gpn_jax.core import fast_window
+from gpn_jax.core import fused_products
 from gpn_jax.kernels.cpu import small_matmul
 
 
@@ -100,13 +100,13 @@ def big_product(m: int, k: int, n: int) -> float:
 
 
 def weight_gradient(rows: int, n_in: int, n_out: int, window: bool) -> float:
-    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fast_window._wgrad` (window) or as
+    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fused_products.wgrad` (window) or as
     one dot contracting both operands' first axis."""
     x = jax.random.normal(jax.random.PRNGKey(1), (rows, n_in))
     dz = jax.random.normal(jax.random.PRNGKey(2), (rows, n_out))
     if window:
         w = jnp.zeros((n_in, n_out))
-        return best_time(lambda x, dz: fast_window._wgrad(x[None], dz[None], w), x, dz)
+        return best_time(lambda x, dz: fused_products.wgrad(x[None], dz[None], w), x, dz)
     dims = (((0,), (0,)), ((), ()))
     return best_time(lambda x, dz: jax.lax.dot_general(x, dz, dims), x, dz)
 
