@@ -27,8 +27,9 @@ _BUILD_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)
 _IGNORED_ENV = "GPN_JAX_NATIVE"
 
 
-class KernelsUnavailable(RuntimeError):
-    """An explicit `model.kernels` choice this machine cannot run (a one-line message)."""
+class KernelsUnavailable(ValueError):
+    """An explicit `model.kernels` choice this machine cannot run (a one-line message; a
+    ValueError, so the entry points report it as a config error)."""
 
 
 def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> MemoryKernels | None:

@@ -136,3 +136,19 @@ def test_the_model_resolves_its_config_for_its_platform(monkeypatch):
         ).kernels()
     auto = factory.build_model({"family": "gpn", **BASE, "scan_impl": "autodiff"})
     assert auto.kernels() is None  # the reference scan takes no kernels
+
+
+def test_the_training_setup_records_the_resolved_choice(monkeypatch):
+    """`training.setup.resolved_kernels` (what run_info records): the GPN model's resolution,
+    "xla" for the families without kernel choices."""
+    from gpn_jax.training import setup
+
+    gpn = factory.build_model({"family": "gpn", **BASE, "kernels": "xla"})
+    assert setup.resolved_kernels(gpn) == "xla"
+    monkeypatch.setattr(type(gpn), "kernels", lambda self: FAKE)
+    assert setup.resolved_kernels(gpn) == "pallas"
+    transformer = factory.build_model(
+        {"family": "transformer", "vocab_size": 16, "d_model": 8, "n_layers": 1, "n_heads": 2,
+         "d_ffn": 8, "max_seq_len": 8}
+    )  # fmt: skip
+    assert setup.resolved_kernels(transformer) == "xla"
