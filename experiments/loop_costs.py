@@ -12,7 +12,7 @@ can be read against them:
   * the forward's per-token products, B x D @ D x N for W0, W2o and the ground gate;
   * the backward's input cotangents through the transposed matrices;
   * both kinds again through the compiled kernel the fused window uses where it can
-    (`gpn_jax/native/small_matmul.py`; its column is empty where the kernel is not available);
+    (`gpn_jax/kernels/cpu/small_matmul.py`; its column is empty where the kernel is not available);
   * one pass over a memory-sized array per step (read and write it once), for 1, 2 and 4
     arrays of its size, which is what each elementwise stage of the write, the read and their
     backward costs when it cannot fuse with a neighbouring matrix product;
@@ -22,7 +22,7 @@ can be read against them:
     step, which streams the memory state and the stacked activations between its products;
   * the products outside the loops, which have many rows: one segment's weight gradient of W0
     (contraction over 32 steps x B rows) and one loss chunk's logits; and the weight gradients
-    of W0 and of the loss chunk's embedding as the window computes them (`fast_window._wgrad`,
+    of W0 and of the loss chunk's embedding as the window computes them (`fused_products.wgrad`,
     its small input materialised transposed) next to one dot contracting both operands' first
     axis, which XLA:CPU ran up to half as fast.
 
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gpn_jax.configs import bench_common
-from gpn_jax.core import fast_window
-from gpn_jax.native import small_matmul
+from gpn_jax.core import fused_products
+from gpn_jax.kernels.cpu import small_matmul
 
 
 def best_time(fn, *args, reps: int = 5) -> float:
@@ -100,13 +100,13 @@ def big_product(m: int, k: int, n: int) -> float:
 
 
 def weight_gradient(rows: int, n_in: int, n_out: int, window: bool) -> float:
-    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fast_window._wgrad` (window) or as
+    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fused_products.wgrad` (window) or as
     one dot contracting both operands' first axis."""
     x = jax.random.normal(jax.random.PRNGKey(1), (rows, n_in))
     dz = jax.random.normal(jax.random.PRNGKey(2), (rows, n_out))
     if window:
         w = jnp.zeros((n_in, n_out))
-        return best_time(lambda x, dz: fast_window._wgrad(x[None], dz[None], w), x, dz)
+        return best_time(lambda x, dz: fused_products.wgrad(x[None], dz[None], w), x, dz)
     dims = (((0,), (0,)), ((), ()))
     return best_time(lambda x, dz: jax.lax.dot_general(x, dz, dims), x, dz)
 

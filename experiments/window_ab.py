@@ -5,9 +5,9 @@
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
 `gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
-kernel `gpn_jax/native/small_matmul.cc` where it has one and the kernel is used here
+kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is used here
 (`GPN_JAX_NATIVE`), built and registered under a name of its own (the memory kernels,
-`gpn_jax.native.memory`, and every other module a window imports are the checked-out ones, so
+`gpn_jax.kernels.cpu.memory`, and every other module a window imports are the checked-out ones, so
 a revision whose window imports a module the checkout no longer has cannot be loaded); the
 `bench_small` training step of
 `--model` (`gpn_jax/configs/bench_common.py`) is compiled once with each, as the trainer runs it
@@ -44,7 +44,7 @@ _XLA_OPTIONS = flags.DEFINE_string(
 )
 
 PATH = "gpn_jax/core/fast_window.py"
-KERNEL = "gpn_jax/native/small_matmul.cc"
+KERNEL = "gpn_jax/kernels/cpu/small_matmul.cc"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KERNELS = itertools.count()  # kernels registered by this process
 
@@ -97,7 +97,7 @@ def load_kernel(rev: str, tmp: str) -> tuple[str, int] | None:
     (target, tile width). None where `rev` has none or the kernel is not used here."""
     from pathlib import Path
 
-    from gpn_jax.native import small_matmul
+    from gpn_jax.kernels.cpu import small_matmul
 
     source = revision_file(rev, KERNEL, tmp)
     if source is None or not small_matmul.available():
@@ -120,23 +120,23 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     t = bench_common.base_config("bench_small", "train").train
     cfg = bench_common.models()[model].to_dict()
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
-    from gpn_jax.native import small_matmul
+    from gpn_jax.kernels.cpu import small_matmul
 
-    steps, original = [], (gpn_model.fast_window, small_matmul.TARGET, small_matmul._tile)
+    steps, original = [], (gpn_model.fast_window, small_matmul.TARGET, small_matmul.load)
     with tempfile.TemporaryDirectory() as tmp:
         for rev, opts in zip(revs, options, strict=True):
             gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
             kernel = load_kernel(rev, tmp)
             if kernel is not None:  # read when the step is traced, as the window
                 small_matmul.TARGET, tile = kernel
-                small_matmul._tile = lambda tile=tile: tile
+                small_matmul.load = lambda tile=tile: tile
             try:
                 steps.append(train.compiled_step(spec | dict(compiler_options=opts), cfg)[0])
             except jax.errors.JaxRuntimeError as e:  # e.g. an option XLA does not know
                 first = str(e).strip().splitlines()[0]
                 raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
             finally:
-                gpn_model.fast_window, small_matmul.TARGET, small_matmul._tile = original
+                gpn_model.fast_window, small_matmul.TARGET, small_matmul.load = original
     return steps
 
 

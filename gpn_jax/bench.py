@@ -328,7 +328,7 @@ def _scaling_lines(ok: list[dict], workdir: str, name: str) -> list[str]:
 def _cpu_line() -> str:
     """The header's CPU line: its vector extensions and what the window's products run on."""
     from gpn_jax.benchmarks import common
-    from gpn_jax.native import small_matmul
+    from gpn_jax.kernels.cpu import small_matmul
 
     return (
         f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "

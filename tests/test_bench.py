@@ -10,7 +10,7 @@ import pytest
 from experiments.configs import bench_tiny
 from gpn_jax import bench
 from gpn_jax.benchmarks import common, report, roofline
-from gpn_jax.native import small_matmul
+from gpn_jax.kernels.cpu import small_matmul
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
 
@@ -279,14 +279,13 @@ def test_window_ab_builds_each_revisions_kernel(monkeypatch):
 
     from experiments import window_ab
 
-    monkeypatch.setenv("GPN_JAX_NATIVE", "1")
     if not small_matmul.available():
         pytest.skip("no C++ compiler for the kernel")
     with tempfile.TemporaryDirectory() as tmp:
-        assert window_ab.revision_file("HEAD", "gpn_jax/native/none.cc", tmp) is None
+        assert window_ab.revision_file("HEAD", "gpn_jax/kernels/cpu/none.cc", tmp) is None
         assert window_ab.load_kernel("nope", tmp) is None
         target, tile = window_ab.load_kernel("worktree", tmp)
-        assert target != small_matmul.TARGET and tile == small_matmul._tile()
+        assert target != small_matmul.TARGET and tile == small_matmul.load()
         rng = np.random.default_rng(0)
         x = rng.standard_normal((7, 33), dtype=np.float32)
         w = rng.standard_normal((33, 2 * tile + 3), dtype=np.float32)

@@ -10,8 +10,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from gpn_jax.kernels.cpu import cpu
 from gpn_jax.models import factory
-from gpn_jax.native import cpu
 
 
 def platform() -> str:

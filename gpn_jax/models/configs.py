@@ -8,6 +8,8 @@ bad config is reported before JAX, Flax or the training stack is imported. The m
 import dataclasses
 import enum
 
+from gpn_jax.core.kernel_ops import check_choice
+
 # The matmul dtypes a model computes in (`compute_dtype`); state, norms and softmax stay float32.
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -53,6 +55,9 @@ class GPNConfig:
     remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
     loss_chunk: int = 128  # time steps decoded at once after the scan
     scan_impl: ScanImpl = ScanImpl.FUSED  # "fused" | "autodiff" (`ScanImpl`; same math)
+    # the fused window's memory passes and products: "auto" | "xla" | "native" | "pallas"
+    # (`gpn_jax.kernels.resolve`; same math)
+    kernels: str = "auto"
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -67,6 +72,7 @@ class GPNConfig:
         if self.scan_impl not in tuple(ScanImpl):
             raise ValueError(f"scan_impl must be 'autodiff' or 'fused', got {self.scan_impl!r}")
         object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
+        check_choice(self.kernels)
 
 
 @dataclasses.dataclass(frozen=True)

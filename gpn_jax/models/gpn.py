@@ -16,9 +16,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core import fast_window, gpn, window
+from gpn_jax import kernels as kernels_lib
+from gpn_jax.core import fast_window, fused_layout, fused_loss, gpn, window
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
+from gpn_jax.core.kernel_ops import MemoryKernels
 from gpn_jax.core.norms import cast_matrices
 from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.configs import GPNConfig, ScanImpl  # defined there, JAX-free
@@ -122,9 +124,12 @@ def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
-def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1, None)):
+def _fused_scan(
+    cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1, None), kernels=None
+):
     """The fused window; it has no interventions and says so rather than switching scans.
-    `blocks`: (tp, mesh axis) of its tensor-parallel layout (`GPN.partitioned`)."""
+    `blocks`: (tp, mesh axis) of its tensor-parallel layout (`GPN.partitioned`); `kernels`: the
+    resolved `model.kernels` (None: the XLA formulas)."""
     if any(x is not None for x in iv):
         raise ValueError(
             "scan_impl='fused' does not run interventions; use the reference scan "
@@ -132,26 +137,53 @@ def _fused_scan(cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1
         )
     tp, axis = blocks
     return fast_window.scan_window_fused(
-        cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis
-    )
+        cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis,
+        kernels=kernels,
+    )  # fmt: skip
 
 
-def _impl(scan_impl: ScanImpl, blocks=(1, None)) -> _Impl:
+def _impl(scan_impl: ScanImpl, blocks=(1, None), kernels: MemoryKernels | None = None) -> _Impl:
     """The one place `scan_impl` is dispatched (looked up when a loss is traced); `blocks`:
-    the fused window's tensor-parallel layout (`GPN.partitioned`)."""
+    the fused window's tensor-parallel layout (`GPN.partitioned`); `kernels`: its kernels."""
     if scan_impl is ScanImpl.FUSED:
-        return _Impl(partial(_fused_scan, blocks=blocks), fast_window.cross_entropy_sum_fused)
+        scan = partial(_fused_scan, blocks=blocks, kernels=kernels)
+        return _Impl(scan, fused_loss.cross_entropy_sum_fused)
     return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
 class GPN(SpecModel):
     """GPN / GPN+M language model: pure functions over `params` (see `gpn_jax.models.base`)."""
 
-    def __init__(self, config: GPNConfig, tensor_blocks: tuple[int, str | None] = (1, None)):
+    def __init__(
+        self,
+        config: GPNConfig,
+        tensor_blocks: tuple[int, str | None] = (1, None),
+        platform: str | None = None,
+    ):
         """`tensor_blocks`: (tp, mesh axis) of the fused window's tensor-parallel layout, set by
-        `partitioned` (what `parallel.spmd.ShardedModel` runs); (1, None) on one device."""
+        `partitioned` (what `parallel.spmd.ShardedModel` runs); (1, None) on one device.
+        `platform`: the one `model.kernels` is resolved for (None: `jax.default_backend()`;
+        `on_platform` sets it, e.g. to compile for a TPU from a CPU host)."""
         self.config = config
         self.tensor_blocks = tensor_blocks
+        self.platform = platform
+
+    def on_platform(self, platform: str) -> "GPN":
+        """The same model with its kernels resolved for `platform` ("cpu", "gpu", "tpu")."""
+        return GPN(self.config, self.tensor_blocks, platform)
+
+    def kernels(self) -> MemoryKernels | None:
+        """The resolved `model.kernels` of the fused window (`gpn_jax.kernels.resolve`, cached:
+        resolved once per process); None: the XLA formulas (and always for the autodiff scan).
+
+        Raises:
+          ValueError / kernels.KernelsUnavailable: an explicit choice this machine cannot run.
+        """
+        c = self.config
+        if c.scan_impl is not ScanImpl.FUSED:
+            return None
+        platform = self.platform or jax.default_backend()
+        return kernels_lib.resolve(c.kernels, platform, c.memory_dtype)
 
     # ------------------------------------------------------------------ parameters and state
     # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
@@ -180,8 +212,8 @@ class GPN(SpecModel):
                 "one axis for both, or --config.model.scan_impl=autodiff"
             )
         ((axis, n),) = split
-        fast_window.check_blocks(c.n_heads if c.memory else 0, c.d_ffn, n)
-        return GPN(c, (n, axis))
+        fused_layout.check_blocks(c.n_heads if c.memory else 0, c.d_ffn, n)
+        return GPN(c, (n, axis), self.platform)
 
     def autodiff(self) -> "GPN":
         """The same model on the reference `autodiff` scan (what interventions need)."""
@@ -212,7 +244,7 @@ class GPN(SpecModel):
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         keep = None if resets is None else 1.0 - jnp.asarray(resets, jnp.float32).T
-        scan = _impl(self.config.scan_impl, self.tensor_blocks).scan
+        scan = _impl(self.config.scan_impl, self.tensor_blocks, self.kernels()).scan
         carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv, keep)
         return out, carry, cp
 

@@ -36,7 +36,15 @@ FINAL_METRICS = "final_metrics.json"
 # Model fields that change how the math is computed, never its result or the parameters:
 # they may change when a run resumes.
 MATH_FREE_MODEL_FIELDS = frozenset(
-    {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype", "memory_dtype"}
+    {
+        "loss_chunk",
+        "scan_impl",
+        "remat_segment",
+        "remat",
+        "compute_dtype",
+        "memory_dtype",
+        "kernels",
+    }
 )
 _MISSING = "(absent)"
 
@@ -385,7 +393,8 @@ def _metric_writer(run: _Run) -> MetricWriter:
     return MetricWriter(
         run.workdir,
         writers=parse_writers(run.config),
-        info=run_info(run.config, run.workdir) | {"cpu_steps_inline": cpu_steps_inline()},
+        info=run_info(run.config, run.workdir)
+        | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels},
         wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
     )
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from gpn_jax import data as datalib
+from gpn_jax import kernels as kernels_lib
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
@@ -39,6 +40,7 @@ class Run:
       state_shardings: a NamedSharding per leaf of the state.
       train_step: jitted, donated `train_step(state, batch) -> (state, metrics)`.
       eval_step: jitted `eval_step(params, batch) -> (CE sum, token count)`.
+      kernels: the resolved `model.kernels` ("xla", "native", "pallas"; run_info records it).
     """
 
     config: Any
@@ -51,6 +53,7 @@ class Run:
     state_shardings: ts.TrainState
     train_step: Any
     eval_step: Any
+    kernels: str = "xla"
 
     def init_state(self, rng: jax.Array) -> ts.TrainState:
         """A freshly initialised train state, created in place with its shardings."""
@@ -92,6 +95,7 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
     t = config.train
     meshlib.check_batch(mesh, t.batch_size, t.grad_accum)
     model = factory.build_model(config.model) if model is None else model
+    kernels = resolved_kernels(model)
     rules = shardlib.rules_from_config(config.get("mesh"))
     optimizer = make_optimizer(t, model.weight_decay_mask)
     abstract = jax.eval_shape(
@@ -118,7 +122,16 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
             rules,
         ),
         eval_step=jit_eval_step(model, mesh, shardings.params, rules),
+        kernels=kernels,
     )
+
+
+def resolved_kernels(model) -> str:
+    """`model.kernels` resolved once for the model's platform (`gpn_jax.kernels.resolve`; an
+    explicit choice this machine cannot run raises here, before any compile): "xla" for the
+    families without kernel choices."""
+    resolve = getattr(model, "kernels", None)
+    return kernels_lib.name(resolve() if callable(resolve) else None)
 
 
 def carry_rows(config) -> int:

@@ -9,13 +9,14 @@ import pytest
 
 from gpn_jax.core import gated_delta as gd
 from gpn_jax.core.norms import l2n
+from tests.helpers.window import f32_bound
 from tests.tolerance import rel_err
 
 B, H = 1, 2
-# Relative RMSE of the chunked form against the recurrent oracle, outputs and every gradient.
-# Measured <= 6.3e-7 over all cases below, slow ones included (2-core AVX2, float32);
-# the bound leaves ~10x for other machines' summation orders and backs the README's < 1e-6.
-TOL = 1e-5
+# Relative RMSE of the chunked form against the recurrent oracle, outputs and every gradient:
+# the chunked form sums a chunk's (up to 64) positions in another order than the recurrence,
+# eps x 64.
+TOL = f32_bound(64, margin=1.0)
 NAMES = ("q", "k", "v", "beta", "g", "S0")
 
 
@@ -104,13 +105,14 @@ def test_step_and_default_state():
     S_t, step = jnp.zeros((B, H, 8, 8)), jax.jit(gd.step)
     for t in range(5):
         o_t, S_t = step(S_t, q[:, t], k[:, t], v[:, t], beta[:, t], g[:, t])
-        # Measured bit-equal (2-core AVX2): 1e-6 relative is ~8 float32 ulps of slack.
-        assert rel_err(o_t, o[:, t]) <= 1e-6
-    assert rel_err(S_t, S) <= 1e-6
+        # the same operations; a compilation may reorder one contraction over K = 8
+        assert rel_err(o_t, o[:, t]) <= f32_bound(8, margin=1.0)
+    assert rel_err(S_t, S) <= f32_bound(8, margin=1.0)
     # The rule by hand for one head and one step from a zero state: S = beta k v^T.
-    # Measured 5.7e-8 relative (2-core AVX2): bound ~20x.
+    # a few roundings per entry (decay, beta, the outer product)
     by_hand = step(jnp.zeros((8, 8)), q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], beta[0, 0, 0], g[0, 0, 0])
-    assert rel_err(by_hand[1], beta[0, 0, 0] * jnp.outer(k[0, 0, 0], v[0, 0, 0])) <= 1e-6
+    want = beta[0, 0, 0] * jnp.outer(k[0, 0, 0], v[0, 0, 0])
+    assert rel_err(by_hand[1], want) <= f32_bound(2)
 
 
 def test_flops_counts_positive_and_grow_with_chunk():

@@ -8,6 +8,7 @@ import pytest
 
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests import spec_reference
+from tests.helpers.window import f32_bound, random_params, window_bound
 from tests.tolerance import assert_rel_close
 
 V, B, T = 37, 2, 8
@@ -16,19 +17,6 @@ V, B, T = 37, 2, 8
 def tiny(**kw) -> GPNConfig:
     base = dict(vocab_size=V, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
     return GPNConfig(**(base | kw))
-
-
-def random_params(model: GPN, seed: int = 0) -> dict:
-    """SPEC's init zeroes several gates and biases; randomise everything so every term counts."""
-    params = model.init(jax.random.PRNGKey(seed))
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
-    noisy = [
-        jax.random.normal(k, x.shape) * (0.5 if x.ndim == 1 else 0.4 / np.sqrt(x.shape[0]))
-        + (1.0 if x.ndim == 1 else 0.0)
-        for k, x in zip(keys, leaves, strict=True)
-    ]
-    return jax.tree.unflatten(treedef, noisy)
 
 
 def tokens(seed=0, b=B, t=T):
@@ -56,10 +44,10 @@ def test_matches_independent_numpy_loop(kw):
         lg, ce, _ = spec_reference.run_sequence(jax.device_get(params), np.asarray(x[b]))
         ref_logits.append(lg)
         ref_ce.append(ce)
-    # float32 JAX vs the float64 numpy loop; measured 2.7e-7 (logits) and 6.3e-8 (loss)
-    # relative (2-core AVX2): bounds ~40x.
-    assert_rel_close(logits, np.stack(ref_logits), 1e-5, "logits")
-    assert_rel_close(loss, np.mean(ref_ce), 2e-6, "loss")
+    # float32 JAX vs the float64 numpy loop (only one side rounds): T steps of contractions at
+    # most V long, eps x T * V; the loss adds the mean over B * T positions
+    assert_rel_close(logits, np.stack(ref_logits), f32_bound(T * V, margin=1.0), "logits")
+    assert_rel_close(loss, np.mean(ref_ce), f32_bound(T * V + B * T, margin=1.0), "loss")
 
 
 @pytest.mark.parametrize("memory", [True, False])
@@ -71,9 +59,9 @@ def test_two_windows_with_carry_equal_one_long_window(memory):
     ce_full, carry_full = model.token_losses(params, x)
     ce_a, carry = model.token_losses(params, x[:, :T])
     ce_b, carry = model.token_losses(params, x[:, T:], carry)
-    # Measured bit-equal (2-core AVX2); 1e-6 relative leaves other machines' fusions ~8 ulps.
-    assert_rel_close(jnp.concatenate([ce_a, ce_b], 1), ce_full, 1e-6, "CE")
-    assert_rel_close(carry, carry_full, 1e-6, "carry")
+    # the same operations; another compilation may reorder one contraction (at most V long)
+    assert_rel_close(jnp.concatenate([ce_a, ce_b], 1), ce_full, f32_bound(V), "CE")
+    assert_rel_close(carry, carry_full, f32_bound(V), "carry")
 
 
 @pytest.mark.parametrize("memory", [True, False])
@@ -89,8 +77,8 @@ def test_step_by_step_decoding_equals_full_window(memory):
     for t in range(T - 1):
         lg, state = step(params, state, x[:, t])
         stepped.append(lg)
-    # Measured 2.5e-7 relative (2-core AVX2): bound ~40x.
-    assert_rel_close(jnp.stack(stepped, 1), full, 1e-5, "logits")
+    # T steps of contractions rounded in another order (one step at a time vs the scan)
+    assert_rel_close(jnp.stack(stepped, 1), full, window_bound(T), "logits")
 
 
 def test_chunked_loss_equals_unchunked():
@@ -103,9 +91,9 @@ def test_chunked_loss_equals_unchunked():
     for chunk in (1, 5):  # 5 does not divide 12: the largest divisor below it (4) is used
         model = GPN(tiny(loss_chunk=chunk))
         loss, grads = jax.jit(jax.value_and_grad(lambda p, m=model: m.loss(p, x)[0]))(params)
-        # Measured 6.6e-8 (loss) and 1.3e-6 (gradients, `dt_bias`) relative (2-core AVX2).
-        assert_rel_close(loss, direct, 2e-6, "loss")
-        assert_rel_close(grads, ref_grads, 3e-5, f"gradients, chunk {chunk}")
+        # chunks reorder the sum over the B * 12 positions (and the decode gradient's)
+        assert_rel_close(loss, direct, f32_bound(B * 12 + V), "loss")
+        assert_rel_close(grads, ref_grads, f32_bound(B * 12 + V), f"gradients, chunk {chunk}")
 
 
 @pytest.mark.parametrize("segment", [2, 4])
@@ -116,9 +104,10 @@ def test_remat_changes_neither_loss_nor_gradients(segment):
     params = random_params(plain)
     (l0, _), g0 = jax.jit(jax.value_and_grad(plain.loss, has_aux=True))(params, x)
     (l1, _), g1 = jax.jit(jax.value_and_grad(remat.loss, has_aux=True))(params, x)
-    # Measured bit-equal (loss) and 1.2e-7 (gradients, `read_norm`) relative (2-core AVX2).
-    assert_rel_close(l1, l0, 2e-6, "loss")
-    assert_rel_close(g1, g0, 3e-6, "gradients")
+    # the same operations rerun; the segmented backward may reorder the weight gradients' sums
+    # over T * B positions
+    assert_rel_close(l1, l0, f32_bound(V), "loss")
+    assert_rel_close(g1, g0, f32_bound(T * B + V), "gradients")
 
 
 def test_remat_segment_must_divide_sequence_length():

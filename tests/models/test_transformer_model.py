@@ -11,9 +11,13 @@ import pytest
 
 from gpn_jax.models.factory import build_model
 from gpn_jax.models.transformer import Transformer, TransformerConfig
+from tests.helpers.window import f32_bound
 from tests.tolerance import assert_rel_close, rel_err
 
 V, D, L, H, F, S = 64, 32, 2, 4, 48, 16
+# decoding step by step vs the whole window: per layer contractions at most F long and
+# attention over at most S positions, then the V-long logits, rounded in another order
+DECODE = f32_bound(L * (F + S) + V)
 
 
 def make(**kw) -> Transformer:
@@ -48,8 +52,7 @@ def test_kv_decode_matches_full_forward(model_params):
     for t in range(S - 1):
         logits, state = step(params, state, x[:, t])
         got.append(logits)
-    # Relative to the norm (tests/tolerance.py); measured 3.2e-7 (2-core AVX2): bound ~30x.
-    assert_rel_close(np.stack(got, 1), full, 1e-5, "decoded logits")
+    assert_rel_close(np.stack(got, 1), full, DECODE, "decoded logits")
     assert int(state["pos"]) == S
 
 
@@ -58,10 +61,10 @@ def test_decode_broadcasts_a_batch_one_start(model_params):
     x = tokens(2, B=3, T=4)
     full, _ = jax.jit(m.logits)(params, x)
     logits, state = jax.jit(m.start_decode)(params, None)  # batch 1: BOS is the same for all
-    assert_rel_close(logits[0], full[0, 0], 5e-6, "BOS logits")  # measured 1.8e-7
+    assert_rel_close(logits[0], full[0, 0], DECODE, "BOS logits")
     logits, state = jax.jit(m.decode_step)(params, state, x[:, 0])
     assert logits.shape == (3, V) and state["k"].shape[1] == 3
-    assert_rel_close(logits, full[:, 1], 5e-6, "first step")  # measured 2.1e-7
+    assert_rel_close(logits, full[:, 1], DECODE, "first step")
 
 
 def test_loss_at_init_is_log_vocab(model_params):
@@ -80,11 +83,10 @@ def test_chunked_loss_equals_full_logits(model_params, chunk):
     full, _ = jax.jit(m0.logits)(params, x)
     ce = optax.softmax_cross_entropy_with_integer_labels(full, x)
     loss, _ = jax.jit(m.loss)(params, x)
-    # Measured (2-core AVX2): loss and CE bit-equal (1e-6 is ~8 float32 ulps), gradients
-    # 7.1e-8 relative (bound ~30x).
-    assert_rel_close(loss, ce.mean(), 1e-6, "loss")
+    # the same logits; chunks may reorder one contraction (V long) and the mean over B * S
+    assert_rel_close(loss, ce.mean(), f32_bound(V + 2 * S), "loss")
     per_tok, _ = jax.jit(m.token_losses)(params, x)
-    assert_rel_close(per_tok, ce, 1e-6, "per-token CE")
+    assert_rel_close(per_tok, ce, f32_bound(V), "per-token CE")
     # gradients through the chunked, rematerialised loss agree with the plain one
     g_chunk = jax.jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
     g_full = jax.jit(
@@ -92,7 +94,7 @@ def test_chunked_loss_equals_full_logits(model_params, chunk):
             lambda p: optax.softmax_cross_entropy_with_integer_labels(m0.logits(p, x)[0], x).mean()
         )
     )(params)
-    assert_rel_close(g_chunk, g_full, 2e-6, "gradients")
+    assert_rel_close(g_chunk, g_full, f32_bound(V + 2 * S), "gradients")
 
 
 def test_causality(model_params):
@@ -103,7 +105,7 @@ def test_causality(model_params):
     a, _ = m.logits(params, x)
     b, _ = m.logits(params, y)
     # logits[:, s] predict token s from tokens[:, :s]: positions <= t cannot see token t
-    assert rel_err(a[:, : t + 1], b[:, : t + 1]) <= 1e-6  # measured bit-equal
+    assert rel_err(a[:, : t + 1], b[:, : t + 1]) <= f32_bound(V)  # the same math
     assert np.abs(a[:, t + 1] - b[:, t + 1]).max() > 1e-6
 
 
@@ -122,10 +124,10 @@ def test_untied_and_remat_and_bf16_run():
     params = base.init(jax.random.PRNGKey(1))
     loss, _ = jax.jit(base.loss)(params, x)
     remat_loss, _ = jax.jit(make(tie_embeddings=False, remat=True).loss)(params, x)
-    assert rel_err(remat_loss, loss) <= 1e-6  # measured bit-equal (2-core AVX2)
+    assert rel_err(remat_loss, loss) <= f32_bound(V)  # the same math, rerun
     g = jax.jit(jax.grad(lambda p: make(tie_embeddings=False, remat=True).loss(p, x)[0]))(params)
     g0 = jax.jit(jax.grad(lambda p: base.loss(p, x)[0]))(params)
-    assert_rel_close(g, g0, 1e-6, "remat gradients")  # measured bit-equal
+    assert_rel_close(g, g0, f32_bound(V + 2 * S), "remat gradients")  # + sums over B * S
     bf = make(tie_embeddings=False, compute_dtype="bfloat16")
     bf_loss, _ = jax.jit(bf.loss)(params, x)
     assert abs(float(bf_loss) - float(loss)) < 0.05

@@ -3,31 +3,28 @@ token's write and read in the forward (`memory_step.cc`), the memory's recomputa
 backward (`memory_stack.cc`) and the backward's per-token passes (`memory_grad.cc`).
 
 As XLA operations a token's write and read are three passes over the whole memory; the
-backward's recomputation (`fast_window._recompute_memory`: the memory entering each of a
+backward's recomputation (the memory entering each of a
 segment's S steps, from its starting memory and the stored write inputs) four per step and a
 zero-filled stack; the write's and the read's backward ~11 per step; each over 2 MiB at the
 bench's sizes. The kernels take one (b, h) memory at a time while it is in the cache: `step`
 reads it twice and writes the new one over it, `stack` keeps it through a segment's writes,
 and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it. The
-formulas are in the sources' comments and `fast_window._memory_bwd`.
+formulas are in the sources' comments and `gpn_jax.core.kernel_ops`.
 
-They are built, cached and loaded as `small_matmul`'s kernel is, and used where that one is
-(`GPN_JAX_NATIVE`, one CPU device, float32 parameters) when the memory is stored in float32
-(`available`); the backward's passes only for one predict layer without remat (`fast_window`).
-`python experiments/window_ab.py` measures what they gain (README, Speed). Not differentiable
-(no JVPs): they run inside the fused window's custom VJP only.
+They are built, cached and loaded as `small_matmul`'s kernel is (`load`), and used by the fused
+window with `model.kernels=native` for a memory stored in float32 on one CPU device; the
+backward's passes only for one predict layer without remat. `python experiments/window_ab.py`
+measures what they gain. Not differentiable (no JVPs): they run inside the fused window's
+custom VJP only.
 """
 
 import ctypes
-import functools
-import logging
-import subprocess
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.native import small_matmul
+from gpn_jax.kernels.cpu import small_matmul
 
 Array = jax.Array
 
@@ -41,29 +38,25 @@ TARGETS = {
 }
 
 
-@functools.cache
-def _loaded() -> bool:
-    """Builds (once per source, CPU and JAX) and registers the kernels; False with one warning
-    where they cannot be."""
-    try:
-        for target, (source, symbol) in TARGETS.items():
-            lib = ctypes.cdll.LoadLibrary(str(small_matmul.built(source)))
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), "cpu")
-        return True
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logging.warning("gpn_jax: native memory kernels unavailable, using XLA's (%s)", e)
-        return False
+_registered: set[str] = set()
 
 
-def available(memory_dtype) -> bool:
-    """True when a window whose products use `small_matmul` (`Dims.native`) should also pass
-    over its memory here: the memory stored in float32 and the kernels built."""
-    return jnp.dtype(memory_dtype) == jnp.float32 and _loaded()
+def load() -> None:
+    """Builds (once per source, CPU and JAX) and registers the kernels.
+
+    Raises:
+      RuntimeError, OSError or subprocess.SubprocessError: they cannot be built or loaded.
+    """
+    for target, (source, symbol) in TARGETS.items():
+        if target in _registered:
+            continue
+        lib = ctypes.cdll.LoadLibrary(str(small_matmul.built(source)))
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), "cpu")
+        _registered.add(target)
 
 
 def _call(target: str, outs, *args, aliases=None):
-    if not _loaded():
-        raise RuntimeError("gpn_jax: the native memory kernels could not be built (logged above)")
+    load()
     f32 = jnp.float32
     args = [a if a.dtype == jnp.int32 else a.astype(f32) for a in args]
     shapes = tuple(jax.ShapeDtypeStruct(s, f32) for s in outs)

@@ -10,20 +10,19 @@ streams it (`matmul`), its tiles shared out between the calling thread and XLA's
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
 FFI headers jaxlib ships, into a private cache keyed by the source, the flags, those headers,
 JAX's version and this CPU (`-march=native`; `build_cache` says where, and what it checks
-before loading a library) (`built`, which `gpn_jax.native.memory` also uses for its kernels). Compiling at install time
-instead would make `pip install` need a compiler and jaxlib's headers in its build environment;
-a machine without a compiler (or where the build fails) keeps XLA's products, with one warning.
+before loading a library) (`built`, which `memory` also uses for its kernels). Compiling at
+install time instead would make `pip install` need a compiler and jaxlib's headers in its build
+environment; a machine without a compiler (or where the build fails) keeps XLA's products
+(`gpn_jax.kernels.resolve`).
 
-GPN_JAX_NATIVE: `auto` (default) uses the kernel on x86 CPUs with AVX-512 or with AVX2 and FMA,
-the kinds it has been measured faster on (README, Speed); `1` uses it on any CPU (its SSE and
-generic builds compute the same products, tested, but their speed is unmeasured); `0` never.
+`model.kernels=auto` uses the kernels on x86 CPUs with AVX-512 or with AVX2 and FMA, the kinds
+they have been measured faster on (`measured_faster`); `model.kernels=native` on any CPU (the
+SSE and generic builds compute the same products, tested, but their speed is unmeasured).
 """
 
 import ctypes
 import dataclasses
-import functools
 import hashlib
-import logging
 import os
 import platform
 import subprocess
@@ -32,7 +31,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.native import build_cache, cpu
+from gpn_jax.kernels.cpu import build_cache, cpu
 
 Array = jax.Array
 
@@ -43,13 +42,6 @@ TARGET = "gpn_small_matmul"
 
 def _cpu_flags() -> set[str]:
     return cpu.flags(cpu.cpuinfo()) or set()
-
-
-def _setting() -> str:
-    value = os.environ.get("GPN_JAX_NATIVE", "auto")
-    if value not in ("auto", "0", "1"):
-        raise ValueError(f"GPN_JAX_NATIVE must be auto, 0 or 1, got {value!r}")
-    return value
 
 
 def _cpu_id() -> str:
@@ -97,54 +89,47 @@ def register(library: Path, target: str) -> int:
     return int(lib.GpnSmallMatmulTile())
 
 
-@functools.cache
-def _tile() -> int:
-    """Columns per packed tile of the loaded kernel (0: no kernel; one warning why)."""
-    try:
-        return register(built(), TARGET)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logging.warning("gpn_jax: native matmul kernel unavailable, using XLA's products (%s)", e)
-        return 0
+_loaded_tile: list[int] = []
 
 
-def _wanted() -> bool:
-    setting = _setting()
-    if setting == "0" or jax.default_backend() != "cpu":
-        return False
-    return setting == "1" or _measured_faster(_cpu_flags())
+def load() -> int:
+    """Builds (if not cached) and registers the kernel once: its tile width.
 
-
-def _measured_faster(flags: set[str]) -> bool:
-    """The vector units the kernel was measured faster than XLA's products on: AVX-512 (Zen 5)
-    and AVX2 with FMA (Zen 3)."""
-    return "avx512f" in flags or {"avx2", "fma"} <= flags
+    Raises:
+      RuntimeError, OSError or subprocess.SubprocessError: it cannot be built or loaded.
+    """
+    if not _loaded_tile:
+        _loaded_tile.append(register(built(), TARGET))
+    return _loaded_tile[0]
 
 
 def available() -> bool:
-    """True when the computation being traced should use the kernel: per GPN_JAX_NATIVE (module
-    doc), on CPU, and on one device (the kernel does not say how XLA should partition it over
-    a mesh)."""
-    if not _wanted():
+    """Whether the kernel builds and loads here (on a CPU), for the experiment scripts."""
+    if jax.default_backend() != "cpu":
         return False
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
+    try:
+        return load() > 0
+    except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
-    return _tile() > 0
+
+
+def measured_faster(flags: set[str]) -> bool:
+    """The vector units the kernel was measured faster than XLA's products on: AVX-512 and
+    AVX2 with FMA."""
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
 def status() -> str:
-    """What the fused window's per-token products run on here, for benchmark headers."""
+    """What `model.kernels=auto` runs the fused window's per-token products on here, for
+    benchmark headers."""
     if jax.default_backend() != "cpu":
         return "XLA's (not a CPU)"
-    if not _wanted():
-        why = (
-            "neither AVX-512 nor AVX2+FMA; GPN_JAX_NATIVE=1 for the kernel"
-            if _setting() == "auto"
-            else "GPN_JAX_NATIVE=0"
-        )
-        return f"XLA's ({why})"
-    tile = _tile()
-    return f"native kernel ({tile}-column tiles)" if tile else "XLA's (no native kernel)"
+    if not measured_faster(_cpu_flags()):
+        return "XLA's (neither AVX-512 nor AVX2+FMA; model.kernels=native for the kernel)"
+    try:
+        return f"native kernel ({load()}-column tiles)"
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return "XLA's (no native kernel)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +145,7 @@ jax.tree_util.register_dataclass(Packed, data_fields=["tiles"], meta_fields=["n"
 
 def pack(w_KxN: Array) -> Packed:
     """W (K, N) float32 in column tiles of the kernel's width, zero-padded past N."""
-    tile = _tile()
+    tile = load()
     K, N = w_KxN.shape
     n_tiles = -(-N // tile)
     padded = jnp.pad(w_KxN.astype(jnp.float32), ((0, 0), (0, n_tiles * tile - N)))

@@ -1,6 +1,6 @@
 // Y (M, N) = X (M, K) @ W for the fused window's per-token products (gpn_jax/core/fast_window.py):
 // few rows (M is the batch), and W the same for every token of a training step, so it is packed
-// once per step (gpn_jax/native/small_matmul.py) into column tiles that each stream in order.
+// once per step (gpn_jax/kernels/cpu/small_matmul.py) into column tiles that each stream in order.
 //
 // Why a kernel of our own: XLA:CPU runs these products through a general matrix multiply that
 // re-packs W on every call, i.e. every token (W0 is 10 MB at the bench's sizes), and splits the
@@ -25,10 +25,9 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Register tile: kRows rows x kVecs vectors of accumulators, plus kVecs loaded W vectors and
-// a broadcast, within the 32 (AVX-512) or 16 (AVX, SSE) vector registers. With AVX2 (Zen 3),
-// 6 x 2 (16-column tiles, which for K = 512 fit the 32 KiB L1) ran the bench's products
-// 17-20 % faster than 4 x 3, and 3 x 4, 4 x 2, 5 x 2 and 8 x 1 slower than 6 x 2
-// (`experiments/loop_costs.py`, alternated runs, 2026-12-03).
+// a broadcast, within the 32 (AVX-512) or 16 (AVX, SSE) vector registers. With AVX2, 6 x 2
+// (16-column tiles, which for K = 512 fit a 32 KiB L1) ran the bench's products fastest of
+// the shapes 4 x 3, 3 x 4, 4 x 2, 5 x 2 and 8 x 1 (`experiments/loop_costs.py` compares them).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16, kRows = 8, kVecs = 3;
 #elif defined(__AVX__)

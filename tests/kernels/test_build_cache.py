@@ -1,4 +1,4 @@
-"""The private kernel cache (`gpn_jax.native.build_cache`, issue 45 item 6): a cached library
+"""The private kernel cache (`gpn_jax.kernels.cpu.build_cache`, issue 45 item 6): a cached library
 is loaded only if this user built it and it still has the digest recorded at build time;
 anything else is rebuilt. A tiny C source stands in for the kernels (no JAX headers needed)."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpn_jax.native import build_cache
+from gpn_jax.kernels.cpu import build_cache
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
 

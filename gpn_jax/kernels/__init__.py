@@ -1,0 +1,118 @@
+"""The kernel backends behind one seam: `resolve` turns `model.kernels` into the operations the
+fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`), or None for the XLA formulas.
+
+  auto    Pallas on a GPU; XLA on a TPU (XLA:TPU keeps the loop-carried memory on chip); the
+          C++ kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where
+          they build; XLA otherwise. A backend that cannot be used falls back to XLA with one
+          warning.
+  xla     the XLA formulas everywhere.
+  native  the C++ CPU kernels (`gpn_jax.kernels.cpu`), on any CPU where they build.
+  pallas  the Pallas kernels (`gpn_jax.kernels.pallas`, imported only here and only then).
+An explicit choice that cannot be honoured is a one-line error naming `model.kernels=xla`.
+
+Importing this package loads no JAX (the model configs import it).
+"""
+
+import functools
+import logging
+import os
+import subprocess
+
+from gpn_jax.core.kernel_ops import CHOICES, MemoryKernels, check_choice
+
+__all__ = ["CHOICES", "MemoryKernels", "name", "resolve"]
+
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+_BUILD_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)
+_IGNORED_ENV = "GPN_JAX_NATIVE"
+
+
+class KernelsUnavailable(ValueError):
+    """An explicit `model.kernels` choice this machine cannot run (a one-line message; a
+    ValueError, so the entry points report it as a config error)."""
+
+
+def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> MemoryKernels | None:
+    """The kernels `model.kernels=choice` means on `platform` (`jax.default_backend()`, or the
+    platform a step is compiled for) with the memory stored in `memory_dtype`; None: the XLA
+    formulas. Cached: each choice is resolved (and built, and warned about) once per process.
+
+    Raises:
+      ValueError: an unknown choice.
+      KernelsUnavailable: an explicit `native` / `pallas` this machine cannot run.
+    """
+    check_choice(choice)
+    _warn_ignored_env()
+    return _resolve(choice, platform, str(memory_dtype))
+
+
+def name(kernels: MemoryKernels | None) -> str:
+    """The resolved choice as run_info records it: "xla", "native" or "pallas"."""
+    return "xla" if kernels is None else kernels.name
+
+
+@functools.cache
+def _resolve(choice: str, platform: str, memory_dtype: str) -> MemoryKernels | None:
+    if choice == "xla":
+        return None
+    if choice == "native":
+        return _native(platform, explicit=True)
+    if choice == "pallas":
+        return _pallas(platform, memory_dtype, explicit=True)
+    if platform in GPU_PLATFORMS:
+        return _pallas(platform, memory_dtype, explicit=False)
+    if platform == "cpu" and _cpu_measured_faster():
+        return _native(platform, explicit=False)
+    return None
+
+
+def _cpu_measured_faster() -> bool:
+    from gpn_jax.kernels import cpu
+
+    return cpu.measured_faster()
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:150] + " ... " + text[-150:]
+
+
+def _unavailable(what: str, why: str, explicit: bool) -> None:
+    if explicit:
+        raise KernelsUnavailable(f"model.kernels={what}: {why}; use --config.model.kernels=xla")
+    logging.warning("gpn_jax: %s kernels unavailable, using XLA's (%s)", what, why)
+
+
+def _native(platform: str, explicit: bool) -> MemoryKernels | None:
+    if platform != "cpu":
+        _unavailable("native", f"the C++ kernels run on a CPU, not {platform}", explicit)
+        return None
+    try:
+        from gpn_jax.kernels import cpu
+
+        return cpu.memory_kernels()
+    except _BUILD_ERRORS as e:
+        _unavailable("native", f"the C++ kernels could not be built ({_one_line(e)})", explicit)
+        return None
+
+
+def _pallas(platform: str, memory_dtype: str, explicit: bool) -> MemoryKernels | None:
+    """`gpn_jax.kernels.pallas.memory_kernels(platform, memory_dtype)`; an ImportError there
+    (absent, or a jax too old for it) or its RuntimeError is the reason it is unavailable."""
+    try:
+        from gpn_jax.kernels import pallas
+
+        return pallas.memory_kernels(platform, memory_dtype)
+    except (ImportError, AttributeError, RuntimeError, NotImplementedError) as e:
+        _unavailable("pallas", f"the Pallas kernels cannot be used ({_one_line(e)})", explicit)
+        return None
+
+
+@functools.cache
+def _warn_ignored_env() -> None:
+    if _IGNORED_ENV in os.environ:
+        logging.warning(
+            "gpn_jax: %s is ignored; choose the kernels with --config.model.kernels=%s",
+            _IGNORED_ENV,
+            "|".join(CHOICES),
+        )
