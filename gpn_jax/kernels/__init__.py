@@ -1,0 +1,1 @@
+"""Kernel backends for the memory's passes."""

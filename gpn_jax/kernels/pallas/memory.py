@@ -1,0 +1,339 @@
+"""The fused window's passes over the (B, H, K, U) memory as Pallas kernels: each token's write
+and read (`step`), the backward's per-segment recomputation (`stack`) and the backward's
+per-token passes (`grad_reduce`, `grad_update`), with the signatures and semantics of the C++
+kernels (`gpn_jax.native.memory`, whose sources' comments hold the formulas).
+
+Every program owns one (b, h) memory's (K, bu) column tile (grid (B, H, U / bu)). The write
+and the reads are local to a column of M: with kM = M^T k, column u of
+M' = eg M + k (beta (v - kM))^T and o = M'^T q needs only column u of M. So `step` reads its
+tile once and writes M' over it (`input_output_aliases`), and `stack` carries its tile through
+a segment's S writes in registers (a loop inside the kernel, the carried-state pattern),
+writing each step's memory once. The backward's row sums (dM w, Mi dkM, Mi dqM) and <dM, Mi>
+span the U tiles: each program writes its tile's partial sum and the wrapper adds the U / bu
+partials ((B, H, U / bu, K) vectors, small beside M).
+
+Arithmetic is float32; M and the stack Ms are stored in M's dtype (`MEMORY_DTYPES`). A stored
+memory is rounded once, where it is written, and read back from storage: `stack` carries the
+rounded memory, so it recomputes exactly the memories the forward's `step` stored, and `step`'s
+read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`) do.
+
+Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
+K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 64 registers
+per thread over 4 warps (a whole (128, 256) memory, 128 KiB, would spill). On TPU (Mosaic) the
+last block dim must be a multiple of 128, so bu = 128. In interpret mode (CPU) any K and any bu
+that divides U work.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+Array = jax.Array
+F32 = jnp.float32
+MEMORY_DTYPES = ("float32", "bfloat16")
+_XLA_HINT = "use model.kernels='xla'"
+
+
+class Config(NamedTuple):
+    """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
+    `platform` ('cpu', 'cuda', 'rocm' or 'tpu'), the U tile `block_u` (None: per platform) and
+    the Triton warps per program."""
+
+    interpret: bool
+    platform: str
+    block_u: int | None = None
+    num_warps: int = 4
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _tile_u(cfg: Config, K: int, U: int) -> int:
+    """The U tile for a (K, U) memory, or a ValueError naming the XLA alternative."""
+    if cfg.block_u is not None:
+        bu = cfg.block_u
+    elif cfg.interpret:
+        bu = min(U, 64)
+    elif cfg.platform == "tpu":
+        bu = 128
+    else:
+        bu = min(U, 64)
+    if U % bu:
+        raise ValueError(f"pallas memory kernels: U = {U} is not a multiple of the tile {bu}; {_XLA_HINT}")
+    if not cfg.interpret and cfg.platform in ("cuda", "rocm") and not (_is_pow2(K) and _is_pow2(bu)):
+        raise ValueError(
+            f"pallas memory kernels on GPU need power-of-two K and U tile (K = {K}, tile {bu}); {_XLA_HINT}"
+        )
+    if not cfg.interpret and cfg.platform == "tpu" and bu % 128:
+        raise ValueError(f"pallas memory kernels on TPU need U a multiple of 128 (U = {U}); {_XLA_HINT}")
+    return bu
+
+
+def _check_memory(M: Array) -> None:
+    if M.ndim != 4:
+        raise ValueError(f"pallas memory kernels: expected M (B, H, K, U), got shape {M.shape}")
+    if jnp.dtype(M.dtype).name not in MEMORY_DTYPES:
+        raise ValueError(
+            f"pallas memory kernels store M in {MEMORY_DTYPES}, not {jnp.dtype(M.dtype).name}; {_XLA_HINT}"
+        )
+
+
+def _call(cfg: Config, kernel, grid, in_specs, out_specs, out_shape, aliases=None):
+    params = None
+    if not cfg.interpret and cfg.platform in ("cuda", "rocm"):
+        from jax.experimental.pallas import triton as plgpu
+
+        params = plgpu.CompilerParams(num_warps=cfg.num_warps)
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases or {},
+        interpret=cfg.interpret,
+        compiler_params=params,
+    )
+
+
+def _spec(block, index_map) -> pl.BlockSpec:
+    return pl.BlockSpec(block, index_map)
+
+
+# Block specs over the grid (b, h, j): j is the U tile.
+def _tile(K, bu):  # (B, H, K, U) -> (K, bu)
+    return _spec((None, None, K, bu), lambda b, h, j: (b, h, 0, j))
+
+
+def _vec_k(K):  # (B, H, K) -> (K,)
+    return _spec((None, None, K), lambda b, h, j: (b, h, 0))
+
+
+def _vec_u(bu):  # (B, H, U) -> (bu,)
+    return _spec((None, None, bu), lambda b, h, j: (b, h, j))
+
+
+def _scalar_bh():  # (B, H) -> ()
+    return _spec((None, None), lambda b, h, j: (b, h))
+
+
+def _partial_k(K):  # (B, H, U / bu, K) -> (K,)
+    return _spec((None, None, None, K), lambda b, h, j: (b, h, j, 0))
+
+
+def _partial():  # (B, H, U / bu) -> ()
+    return _spec((None, None, None), lambda b, h, j: (b, h, j))
+
+
+def _col_sum(x_K, M_KxU):
+    """x^T M over the tile's rows: (bu,)."""
+    return jnp.sum(x_K[:, None] * M_KxU, axis=0)
+
+
+def _row_sum(M_KxU, y_U):
+    """M y over the tile's columns: (K,), this tile's part."""
+    return jnp.sum(M_KxU * y_U[None, :], axis=1)
+
+
+def _step_kernel(m_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, mn_ref, o_ref):
+    M = m_ref[...].astype(F32)
+    k = k_ref[...]
+    w = beta_ref[...] * (v_ref[...] - _col_sum(k, M))
+    Mn = (eg_ref[...] * M + k[:, None] * w[None, :]).astype(mn_ref.dtype)
+    mn_ref[...] = Mn
+    o_ref[...] = _col_sum(q_ref[...], Mn.astype(F32))
+
+
+def step(cfg: Config, M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
+    """(M', o): M' = eg M + k (beta (v - M^T k))^T in M's dtype, written over M's buffer, and
+    o = M'^T q (float32, from the stored M')."""
+    _check_memory(M_BxHxKxU)
+    B, H, K, U = M_BxHxKxU.shape
+    bu = _tile_u(cfg, K, U)
+    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH)]
+    call = _call(
+        cfg,
+        _step_kernel,
+        (B, H, U // bu),
+        [_tile(K, bu), _vec_k(K), _vec_k(K), _vec_u(bu), _scalar_bh(), _scalar_bh()],
+        [_tile(K, bu), _vec_u(bu)],
+        [jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype), jax.ShapeDtypeStruct((B, H, U), F32)],
+        aliases={0: 0},
+    )
+    return tuple(call(M_BxHxKxU, *vecs))
+
+
+def _stack_kernel(
+    m0_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, keep_ref, ms_ref, km_ref, qm_ref
+):
+    S = k_ref.shape[0]
+    dtype = ms_ref.dtype
+
+    def body(t, M):  # M: the stored memory entering step t (float32 copy of storage)
+        ms_ref[t] = M.astype(dtype)
+        Mi = keep_ref[t] * M
+        k = k_ref[t]
+        kM = _col_sum(k, Mi)
+        km_ref[t] = kM
+        qm_ref[t] = _col_sum(q_ref[t], Mi)
+        w = beta_ref[t] * (v_ref[t] - kM)
+        return (eg_ref[t] * Mi + k[:, None] * w[None, :]).astype(dtype).astype(F32)
+
+    jax.lax.fori_loop(0, S, body, m0_ref[...].astype(F32))
+
+
+def stack(cfg: Config, M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB):
+    """(Ms (S, B, H, K, U) in M0's dtype, kM, qM (S, B, H, U) float32): Ms[t] the memory entering
+    step t (before its reset), M <- eg Mi + k (beta (v - Mi^T k))^T with Mi = keep M; kM = Mi^T k
+    and qM = Mi^T q of each step."""
+    _check_memory(M0_BxHxKxU)
+    B, H, K, U = M0_BxHxKxU.shape
+    S = k_SxBxHxK.shape[0]
+    bu = _tile_u(cfg, K, U)
+    vecs = [x.astype(F32) for x in (k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)]
+    seq_k = _spec((S, None, None, K), lambda b, h, j: (0, b, h, 0))
+    seq_u = _spec((S, None, None, bu), lambda b, h, j: (0, b, h, j))
+    seq_bh = _spec((S, None, None), lambda b, h, j: (0, b, h))
+    seq_b = _spec((S, None), lambda b, h, j: (0, b))
+    seq_tile = _spec((S, None, None, K, bu), lambda b, h, j: (0, b, h, 0, j))
+    call = _call(
+        cfg,
+        _stack_kernel,
+        (B, H, U // bu),
+        [_tile(K, bu), seq_k, seq_k, seq_u, seq_bh, seq_bh, seq_b],
+        [seq_tile, seq_u, seq_u],
+        [
+            jax.ShapeDtypeStruct((S, B, H, K, U), M0_BxHxKxU.dtype),
+            jax.ShapeDtypeStruct((S, B, H, U), F32),
+            jax.ShapeDtypeStruct((S, B, H, U), F32),
+        ],
+    )
+    return tuple(call(M0_BxHxKxU, *vecs))
+
+
+def _stack_tile(S, K, bu):  # Ms (S, B, H, K, U) -> (S, K, bu): the kernel reads one step of it
+    return _spec((S, None, None, K, bu), lambda b, h, j: (0, b, h, 0, j))
+
+
+def _grad_args(Ms, t, keep_B, dM):
+    if Ms.ndim != 5 or Ms.shape[1:] != dM.shape:
+        raise ValueError(f"pallas memory grads: expected Ms (S, B, H, K, U), dM (B, H, K, U); got {Ms.shape}, {dM.shape}")
+    if jnp.dtype(Ms.dtype).name not in MEMORY_DTYPES:
+        raise ValueError(f"pallas memory grads: Ms in {Ms.dtype} unsupported; {_XLA_HINT}")
+    t1 = jnp.asarray(t, jnp.int32).reshape(1)
+    return t1, keep_B.astype(F32), dM.astype(F32)
+
+
+def _scalar_t():
+    return _spec((1,), lambda b, h, j: (0,))
+
+
+def _scalar_b():
+    return _spec((None,), lambda b, h, j: (b,))
+
+
+def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, dmw_ref, in_ref):
+    M = ms_ref[t_ref[0]].astype(F32)
+    D = dm_ref[...]
+    dmk_ref[...] = _col_sum(k_ref[...], D)
+    dmw_ref[...] = _row_sum(D, w_ref[...])
+    in_ref[...] = keep_ref[...] * jnp.sum(D * M)
+
+
+def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
+    """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t], float32."""
+    t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms_SxBxHxKxU.shape
+    bu = _tile_u(cfg, K, U)
+    n = U // bu
+    call = _call(
+        cfg,
+        _grad_reduce_kernel,
+        (B, H, n),
+        [_stack_tile(S, K, bu), _scalar_t(), _scalar_b(), _tile(K, bu), _vec_k(K), _vec_u(bu)],
+        [_vec_u(bu), _partial_k(K), _partial()],
+        [
+            jax.ShapeDtypeStruct((B, H, U), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+            jax.ShapeDtypeStruct((B, H, n), F32),
+        ],
+    )
+    dMk, dMw, inner = call(Ms_SxBxHxKxU, t1, keep, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
+    return dMk, dMw.sum(axis=2), inner.sum(axis=2)
+
+
+def _grad_update_kernel(
+    ms_ref, t_ref, keep_ref, dm_ref, k_ref, q_ref, dkm_ref, dqm_ref, eg_ref, out_ref, mk_ref, mq_ref
+):
+    keep = keep_ref[...]
+    M = ms_ref[t_ref[0]].astype(F32)
+    a, c = dkm_ref[...], dqm_ref[...]
+    mk_ref[...] = keep * _row_sum(M, a)
+    mq_ref[...] = keep * _row_sum(M, c)
+    D = eg_ref[...] * dm_ref[...] + k_ref[...][:, None] * a[None, :] + q_ref[...][:, None] * c[None, :]
+    out_ref[...] = keep * D
+
+
+def grad_update(
+    cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
+):
+    """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)), float32, with
+    Mi = keep Ms[t]; the first written over dM's buffer."""
+    t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms_SxBxHxKxU.shape
+    bu = _tile_u(cfg, K, U)
+    n = U // bu
+    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)]
+    call = _call(
+        cfg,
+        _grad_update_kernel,
+        (B, H, n),
+        [_stack_tile(S, K, bu), _scalar_t(), _scalar_b(), _tile(K, bu), _vec_k(K), _vec_k(K)]
+        + [_vec_u(bu), _vec_u(bu), _scalar_bh()],
+        [_tile(K, bu), _partial_k(K), _partial_k(K)],
+        [
+            jax.ShapeDtypeStruct((B, H, K, U), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+        ],
+        aliases={3: 0},
+    )
+    dM_new, mk, mq = call(Ms_SxBxHxKxU, t1, keep, dM, *vecs)
+    return dM_new, mk.sum(axis=2), mq.sum(axis=2)
+
+
+class PallasMemory(NamedTuple):
+    """The four passes, each with `gpn_jax.native.memory`'s signature."""
+
+    step: Callable
+    stack: Callable
+    grad_reduce: Callable
+    grad_update: Callable
+    config: Config
+
+
+def memory_kernels(
+    interpret: bool | None = None, platform: str | None = None, block_u: int | None = None
+) -> PallasMemory:
+    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda').
+    `interpret` None: Pallas's interpreter exactly when that platform is the CPU."""
+    platform = platform or jax.default_backend()
+    platform = {"gpu": "cuda"}.get(platform, platform)
+    if interpret is None:
+        interpret = platform == "cpu"
+    if not interpret and platform not in ("cuda", "rocm", "tpu"):
+        raise ValueError(f"pallas memory kernels compile for GPU or TPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}")
+    cfg = Config(bool(interpret), platform, block_u)
+    return PallasMemory(
+        functools.partial(step, cfg),
+        functools.partial(stack, cfg),
+        functools.partial(grad_reduce, cfg),
+        functools.partial(grad_update, cfg),
+        cfg,
+    )
