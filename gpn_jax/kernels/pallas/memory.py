@@ -19,15 +19,17 @@ read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`)
 
 Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
 K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 64 registers
-per thread over 4 warps (a whole (128, 256) memory, 128 KiB, would spill). On TPU (Mosaic) the
-last block dim must be a multiple of 128, so bu = 128. In interpret mode (CPU) any K and any bu
-that divides U work.
+per thread over 4 warps (a whole (128, 256) memory, 128 KiB, would spill). In interpret mode
+(CPU) any K and any bu that divides U work. There is no TPU (Mosaic) variant: issue 46 asks for
+one only where XLA:TPU's step moves M through HBM (it kept M in VMEM at the batches compiled so
+far), and these blocks (1-D vectors, scalar (b, h) gates) do not meet Mosaic's tiling rules.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,7 @@ _XLA_HINT = "use model.kernels='xla'"
 
 class Config(NamedTuple):
     """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
-    `platform` ('cpu', 'cuda', 'rocm' or 'tpu'), the U tile `block_u` (None: per platform) and
+    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: per platform) and
     the Triton warps per program."""
 
     interpret: bool
@@ -60,18 +62,20 @@ def _tile_u(cfg: Config, K: int, U: int) -> int:
         bu = cfg.block_u
     elif cfg.interpret:
         bu = min(U, 64)
-    elif cfg.platform == "tpu":
-        bu = 128
     else:
         bu = min(U, 64)
     if U % bu:
-        raise ValueError(f"pallas memory kernels: U = {U} is not a multiple of the tile {bu}; {_XLA_HINT}")
-    if not cfg.interpret and cfg.platform in ("cuda", "rocm") and not (_is_pow2(K) and _is_pow2(bu)):
+        raise ValueError(
+            f"pallas memory kernels: U = {U} is not a multiple of the tile {bu}; {_XLA_HINT}"
+        )
+    if (
+        not cfg.interpret
+        and cfg.platform in ("cuda", "rocm")
+        and not (_is_pow2(K) and _is_pow2(bu))
+    ):
         raise ValueError(
             f"pallas memory kernels on GPU need power-of-two K and U tile (K = {K}, tile {bu}); {_XLA_HINT}"
         )
-    if not cfg.interpret and cfg.platform == "tpu" and bu % 128:
-        raise ValueError(f"pallas memory kernels on TPU need U a multiple of 128 (U = {U}); {_XLA_HINT}")
     return bu
 
 
@@ -163,15 +167,16 @@ def step(cfg: Config, M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
         (B, H, U // bu),
         [_tile(K, bu), _vec_k(K), _vec_k(K), _vec_u(bu), _scalar_bh(), _scalar_bh()],
         [_tile(K, bu), _vec_u(bu)],
-        [jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype), jax.ShapeDtypeStruct((B, H, U), F32)],
+        [
+            jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype),
+            jax.ShapeDtypeStruct((B, H, U), F32),
+        ],
         aliases={0: 0},
     )
     return tuple(call(M_BxHxKxU, *vecs))
 
 
-def _stack_kernel(
-    m0_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, keep_ref, ms_ref, km_ref, qm_ref
-):
+def _stack_kernel(m0_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, keep_ref, ms_ref, km_ref, qm_ref):
     S = k_ref.shape[0]
     dtype = ms_ref.dtype
 
@@ -196,7 +201,9 @@ def stack(cfg: Config, M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, 
     B, H, K, U = M0_BxHxKxU.shape
     S = k_SxBxHxK.shape[0]
     bu = _tile_u(cfg, K, U)
-    vecs = [x.astype(F32) for x in (k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)]
+    vecs = [
+        x.astype(F32) for x in (k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)
+    ]
     seq_k = _spec((S, None, None, K), lambda b, h, j: (0, b, h, 0))
     seq_u = _spec((S, None, None, bu), lambda b, h, j: (0, b, h, j))
     seq_bh = _spec((S, None, None), lambda b, h, j: (0, b, h))
@@ -223,7 +230,9 @@ def _stack_tile(S, K, bu):  # Ms (S, B, H, K, U) -> (S, K, bu): the kernel reads
 
 def _grad_args(Ms, t, keep_B, dM):
     if Ms.ndim != 5 or Ms.shape[1:] != dM.shape:
-        raise ValueError(f"pallas memory grads: expected Ms (S, B, H, K, U), dM (B, H, K, U); got {Ms.shape}, {dM.shape}")
+        raise ValueError(
+            f"pallas memory grads: expected Ms (S, B, H, K, U), dM (B, H, K, U); got {Ms.shape}, {dM.shape}"
+        )
     if jnp.dtype(Ms.dtype).name not in MEMORY_DTYPES:
         raise ValueError(f"pallas memory grads: Ms in {Ms.dtype} unsupported; {_XLA_HINT}")
     t1 = jnp.asarray(t, jnp.int32).reshape(1)
@@ -276,7 +285,11 @@ def _grad_update_kernel(
     a, c = dkm_ref[...], dqm_ref[...]
     mk_ref[...] = keep * _row_sum(M, a)
     mq_ref[...] = keep * _row_sum(M, c)
-    D = eg_ref[...] * dm_ref[...] + k_ref[...][:, None] * a[None, :] + q_ref[...][:, None] * c[None, :]
+    D = (
+        eg_ref[...] * dm_ref[...]
+        + k_ref[...][:, None] * a[None, :]
+        + q_ref[...][:, None] * c[None, :]
+    )
     out_ref[...] = keep * D
 
 
@@ -327,8 +340,14 @@ def memory_kernels(
     platform = {"gpu": "cuda"}.get(platform, platform)
     if interpret is None:
         interpret = platform == "cpu"
-    if not interpret and platform not in ("cuda", "rocm", "tpu"):
-        raise ValueError(f"pallas memory kernels compile for GPU or TPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}")
+    if not interpret and platform == "tpu":
+        raise ValueError(
+            f"pallas memory kernels: no TPU (Mosaic) variant, XLA keeps M in VMEM there; {_XLA_HINT}"
+        )
+    if not interpret and platform not in ("cuda", "rocm"):
+        raise ValueError(
+            f"pallas memory kernels compile for GPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
+        )
     cfg = Config(bool(interpret), platform, block_u)
     return PallasMemory(
         functools.partial(step, cfg),
