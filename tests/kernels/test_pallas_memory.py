@@ -78,6 +78,9 @@ def test_step_matches_formulas(kernels, dtype):
     store = EPS_BF16 if dtype == "bfloat16" else 0.0
     assert_rel_close(Mn.astype(jnp.float32), Mn_ref.astype(jnp.float32), f32 + store, "M'")
     _check_read(o, o_ref, Mn_ref.astype(jnp.float32), 2 * f32 + store, "o")
+    # the read is of the stored M' (float32 round-off only from the kernel's own M')
+    own = jnp.einsum("bhk,bhku->bhu", args[2], Mn.astype(jnp.float32))
+    _check_read(o, own, Mn.astype(jnp.float32), f32, "o from the stored M'")
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
@@ -94,6 +97,11 @@ def test_stack_matches_scan_with_resets(kernels, dtype):
     np.testing.assert_array_equal(Ms[0], M0)  # the segment's start, stored unchanged
     for name, a, b in (("kM", kM, kM_ref), ("qM", qM, qM_ref)):
         _check_read(a, b, Ms_ref32, f32 + store, name)
+    # each step reads the memory as stored (the carry is rounded to storage at every write)
+    Mi = Ms.astype(jnp.float32) * _keep()[:, :, None, None, None]
+    for name, a, x in (("kM", kM, k), ("qM", qM, q)):
+        own = jnp.einsum("sbhk,sbhku->sbhu", x, Mi)
+        _check_read(a, own, Mi, EPS32 * K * MARGIN, f"{name} from the stored Ms")
     # a reset zeroes the memory that step reads: row 1's step 0 reads nothing
     np.testing.assert_array_equal(kM[0, 1], 0.0)
 
