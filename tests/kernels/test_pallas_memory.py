@@ -192,5 +192,8 @@ def test_lowers_for_cuda_at_130m(dtype):
     for name, args in _shapes_130m(jnp.dtype(dtype)).items():
         text = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("xla.gpu.triton") == 1, name
+        # one program per (b, h, U tile of 64): grid (8, 15, 4), 8 warps each
+        for attr in ("grid_x = 8 ", "grid_y = 15 ", "grid_z = 4 ", "num_warps = 8 "):
+            assert attr in text, (name, attr)
         if name in ("step", "grad_update"):
             assert "output_operand_aliases" in text, name

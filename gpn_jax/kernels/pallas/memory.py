@@ -18,8 +18,9 @@ rounded memory, so it recomputes exactly the memories the forward's `step` store
 read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`) do.
 
 Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
-K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 64 registers
-per thread over 4 warps (a whole (128, 256) memory, 128 KiB, would spill). In interpret mode
+K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 32 registers
+per thread over 8 warps for each tile-sized value (M, Mi, M' live at once in `stack`); a whole
+(128, 256) memory, 128 KiB, would spill. These defaults are not yet tuned on a GPU. In interpret mode
 (CPU) any K and any bu that divides U work. There is no TPU (Mosaic) variant: issue 46 asks for
 one only where XLA:TPU's step moves M through HBM (it kept M in VMEM at the batches compiled so
 far), and these blocks (1-D vectors, scalar (b, h) gates) do not meet Mosaic's tiling rules.
@@ -49,7 +50,7 @@ class Config(NamedTuple):
     interpret: bool
     platform: str
     block_u: int | None = None
-    num_warps: int = 4
+    num_warps: int = 8
 
 
 def _is_pow2(n: int) -> bool:
@@ -332,10 +333,14 @@ class PallasMemory(NamedTuple):
 
 
 def memory_kernels(
-    interpret: bool | None = None, platform: str | None = None, block_u: int | None = None
+    interpret: bool | None = None,
+    platform: str | None = None,
+    block_u: int | None = None,
+    num_warps: int = 8,
 ) -> PallasMemory:
     """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda').
-    `interpret` None: Pallas's interpreter exactly when that platform is the CPU."""
+    `interpret` None: Pallas's interpreter exactly when that platform is the CPU. `block_u`
+    and `num_warps` (Triton) are tuning knobs for a GPU run to sweep (module docstring)."""
     platform = platform or jax.default_backend()
     platform = {"gpu": "cuda"}.get(platform, platform)
     if interpret is None:
@@ -348,7 +353,7 @@ def memory_kernels(
         raise ValueError(
             f"pallas memory kernels compile for GPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
         )
-    cfg = Config(bool(interpret), platform, block_u)
+    cfg = Config(bool(interpret), platform, block_u, num_warps)
     return PallasMemory(
         functools.partial(step, cfg),
         functools.partial(stack, cfg),
