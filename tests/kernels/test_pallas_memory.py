@@ -35,6 +35,13 @@ def kernels():
     return memory_kernels(interpret=True, block_u=BLOCK_U)
 
 
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def grad_kernels(request):
+    """Interpreted as for the CPU (Ms[t] sliced before the call) and as for a GPU (the kernel
+    indexes the stack at t itself)."""
+    return memory_kernels(interpret=True, platform=request.param, block_u=BLOCK_U)
+
+
 def _unit(x):
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
@@ -108,13 +115,13 @@ def test_stack_matches_scan_with_resets(kernels, dtype):
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 @pytest.mark.parametrize("t", [1, 3])
-def test_grad_reduce_matches_autodiff(kernels, dtype, t):
+def test_grad_reduce_matches_autodiff(grad_kernels, dtype, t):
     Ms = _memory(4, dtype, (S, B, H, K, U))
     dM = _memory(5, jnp.float32)
     k = _inputs(6)[0]
     w = jax.random.normal(jax.random.key(7), (B, H, U))
     keep_B = jnp.array([1.0, 0.0])  # row 1 starts a document at step t
-    got = jax.jit(kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
+    got = jax.jit(grad_kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
     want = ref.grad_reduce(Ms, t, keep_B, dM, k, w)
     # Ms is read from storage by both: float32 round-off only
     for name, a, b, n in zip(("dM^T k", "dM w", "<dM, Mi>"), got, want, (K, U, K * U), strict=True):
@@ -124,14 +131,14 @@ def test_grad_reduce_matches_autodiff(kernels, dtype, t):
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
-def test_grad_update_matches_autodiff(kernels, dtype):
+def test_grad_update_matches_autodiff(grad_kernels, dtype):
     t = 2
     Ms = _memory(8, dtype, (S, B, H, K, U))
     dM = _memory(9, jnp.float32)
     k, q, _, _, eg = _inputs(10)
     dkM, dqM = jax.random.normal(jax.random.key(11), (2, B, H, U))
     keep_B = jnp.array([0.0, 1.0])
-    got = jax.jit(kernels.grad_update)(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    got = jax.jit(grad_kernels.grad_update)(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
     want = ref.grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
     for name, a, b, n in zip(("dM_prev", "Mi dkM", "Mi dqM"), got, want, (3, U, U), strict=True):
         assert a.dtype == jnp.float32 and a.shape == b.shape, name
@@ -197,3 +204,34 @@ def test_lowers_for_cuda_at_130m(dtype):
             assert attr in text, (name, attr)
         if name in ("step", "grad_update"):
             assert "output_operand_aliases" in text, name
+
+
+def test_step_and_grad_update_per_shard(kernels):
+    """Under `shard_map` with the batch split over two devices (how the fused window runs them
+    per shard, `check_vma=False` as `gpn_jax.parallel.spmd` maps) each shard's kernels give the
+    unsharded result: the passes are per (b, h)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    M = _memory(14, jnp.float32)
+    args = (M, *_inputs(15))
+    spec = (P("data"),) * len(args)
+    sharded = jax.jit(
+        jax.shard_map(kernels.step, mesh=mesh, in_specs=spec, out_specs=P("data"), check_vma=False)
+    )
+    bound = EPS32 * K * MARGIN * 2  # same formulas; only the summation order may differ
+    assert_rel_close(sharded(*args), jax.jit(kernels.step)(*args), bound, "step per shard")
+    Ms = _memory(16, jnp.float32, (S, B, H, K, U))
+    k, q, _, _, eg = _inputs(17)
+    dkM, dqM = jax.random.normal(jax.random.key(18), (2, B, H, U))
+    rest = (jnp.array([1.0, 0.0]), M, k, q, dkM, dqM, eg)
+    upd = jax.shard_map(
+        lambda Ms, *r: kernels.grad_update(Ms, 3, *r),
+        mesh=mesh,
+        in_specs=(P(None, "data"),) + (P("data"),) * len(rest),
+        out_specs=P("data"),
+        check_vma=False,
+    )
+    want = jax.jit(kernels.grad_update)(Ms, 3, *rest)
+    assert_rel_close(jax.jit(upd)(Ms, *rest), want, EPS32 * U * MARGIN, "grad_update per shard")

@@ -229,7 +229,10 @@ def _stack_tile(S, K, bu):  # Ms (S, B, H, K, U) -> (S, K, bu): the kernel reads
     return _spec((S, None, None, K, bu), lambda b, h, j: (0, b, h, 0, j))
 
 
-def _grad_args(Ms, t, keep_B, dM):
+def _grad_args(cfg: Config, Ms, t, keep_B, dM):
+    """(Ms, t (1,), keep, dM) for the grad kernels. Interpreted for the CPU, Ms[t] is sliced
+    first: the interpreter copies each program's whole (S, K, bu) block, where a compiled kernel
+    (or the interpreter standing in for one, platform 'cuda') loads one step of it."""
     if Ms.ndim != 5 or Ms.shape[1:] != dM.shape:
         raise ValueError(
             f"pallas memory grads: expected Ms (S, B, H, K, U), dM (B, H, K, U); got {Ms.shape}, {dM.shape}"
@@ -237,7 +240,9 @@ def _grad_args(Ms, t, keep_B, dM):
     if jnp.dtype(Ms.dtype).name not in MEMORY_DTYPES:
         raise ValueError(f"pallas memory grads: Ms in {Ms.dtype} unsupported; {_XLA_HINT}")
     t1 = jnp.asarray(t, jnp.int32).reshape(1)
-    return t1, keep_B.astype(F32), dM.astype(F32)
+    if cfg.interpret and cfg.platform == "cpu":
+        Ms, t1 = jax.lax.dynamic_slice_in_dim(Ms, t1[0], 1), jnp.zeros(1, jnp.int32)
+    return Ms, t1, keep_B.astype(F32), dM.astype(F32)
 
 
 def _scalar_t():
@@ -258,8 +263,8 @@ def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, 
 
 def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
     """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t], float32."""
-    t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
-    S, B, H, K, U = Ms_SxBxHxKxU.shape
+    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms.shape
     bu = _tile_u(cfg, K, U)
     n = U // bu
     call = _call(
@@ -274,7 +279,7 @@ def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxH
             jax.ShapeDtypeStruct((B, H, n), F32),
         ],
     )
-    dMk, dMw, inner = call(Ms_SxBxHxKxU, t1, keep, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
+    dMk, dMw, inner = call(Ms, t1, keep, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
     return dMk, dMw.sum(axis=2), inner.sum(axis=2)
 
 
@@ -299,8 +304,8 @@ def grad_update(
 ):
     """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)), float32, with
     Mi = keep Ms[t]; the first written over dM's buffer."""
-    t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
-    S, B, H, K, U = Ms_SxBxHxKxU.shape
+    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms.shape
     bu = _tile_u(cfg, K, U)
     n = U // bu
     vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)]
@@ -318,7 +323,7 @@ def grad_update(
         ],
         aliases={3: 0},
     )
-    dM_new, mk, mq = call(Ms_SxBxHxKxU, t1, keep, dM, *vecs)
+    dM_new, mk, mq = call(Ms, t1, keep, dM, *vecs)
     return dM_new, mk.sum(axis=2), mq.sum(axis=2)
 
 
