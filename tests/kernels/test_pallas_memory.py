@@ -30,15 +30,11 @@ B, H, K, U, S = 2, 3, 8, 16, 5
 BLOCK_U = 8  # two U tiles: the kernels' partial row sums are exercised
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    return memory_kernels(interpret=True, block_u=BLOCK_U)
-
-
 @pytest.fixture(scope="module", params=["cpu", "cuda"])
-def grad_kernels(request):
-    """Interpreted as for the CPU (Ms[t] sliced before the call) and as for a GPU (the kernel
-    indexes the stack at t itself)."""
+def kernels(request):
+    """Interpreted as the CPU runs them (one program over every (b, h); the stack sliced at t
+    before the grads) and as a GPU's grid runs them (one program per (b, h, U tile); the grads
+    index the stack at t themselves)."""
     return memory_kernels(interpret=True, platform=request.param, block_u=BLOCK_U)
 
 
@@ -115,13 +111,13 @@ def test_stack_matches_scan_with_resets(kernels, dtype):
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 @pytest.mark.parametrize("t", [1, 3])
-def test_grad_reduce_matches_autodiff(grad_kernels, dtype, t):
+def test_grad_reduce_matches_autodiff(kernels, dtype, t):
     Ms = _memory(4, dtype, (S, B, H, K, U))
     dM = _memory(5, jnp.float32)
     k = _inputs(6)[0]
     w = jax.random.normal(jax.random.key(7), (B, H, U))
     keep_B = jnp.array([1.0, 0.0])  # row 1 starts a document at step t
-    got = jax.jit(grad_kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
+    got = jax.jit(kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
     want = ref.grad_reduce(Ms, t, keep_B, dM, k, w)
     # Ms is read from storage by both: float32 round-off only
     for name, a, b, n in zip(("dM^T k", "dM w", "<dM, Mi>"), got, want, (K, U, K * U), strict=True):
@@ -131,14 +127,14 @@ def test_grad_reduce_matches_autodiff(grad_kernels, dtype, t):
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
-def test_grad_update_matches_autodiff(grad_kernels, dtype):
+def test_grad_update_matches_autodiff(kernels, dtype):
     t = 2
     Ms = _memory(8, dtype, (S, B, H, K, U))
     dM = _memory(9, jnp.float32)
     k, q, _, _, eg = _inputs(10)
     dkM, dqM = jax.random.normal(jax.random.key(11), (2, B, H, U))
     keep_B = jnp.array([0.0, 1.0])
-    got = jax.jit(grad_kernels.grad_update)(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    got = jax.jit(kernels.grad_update)(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
     want = ref.grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
     for name, a, b, n in zip(("dM_prev", "Mi dkM", "Mi dqM"), got, want, (3, U, U), strict=True):
         assert a.dtype == jnp.float32 and a.shape == b.shape, name
@@ -157,9 +153,9 @@ def test_default_tile_and_interpret_choice():
     assert_rel_close((Mn, o), (Mn_ref, o_ref), EPS32 * K * MARGIN * 2, "step")
 
 
-def test_refusals_name_the_xla_alternative(kernels):
+def test_refusals_name_the_xla_alternative():
     with pytest.raises(ValueError, match="kernels='xla'"):
-        kernels.step(_memory(0, jnp.float16), *_inputs(1))
+        memory_kernels(interpret=True).step(_memory(0, jnp.float16), *_inputs(1))
     with pytest.raises(ValueError, match="kernels='xla'"):
         memory_kernels(interpret=True, block_u=5).step(_memory(0, jnp.float32), *_inputs(1))
     with pytest.raises(ValueError, match="no TPU"):

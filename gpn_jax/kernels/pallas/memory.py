@@ -107,50 +107,90 @@ def _call(cfg: Config, kernel, grid, in_specs, out_specs, out_shape, aliases=Non
     )
 
 
-def _spec(block, index_map) -> pl.BlockSpec:
-    return pl.BlockSpec(block, index_map)
+class _Blocks(NamedTuple):
+    """Block specs over the grid (b, h, j), j the U tile. `bb`, `hb`: None (one batch row, one
+    head per program: the GPU's grid) or B, H (every row and head in one program: the CPU's
+    interpreter, whose per-program cost is copying the operands, so it runs few programs)."""
+
+    bb: int | None
+    hb: int | None
+    K: int
+    bu: int
+
+    def grid(self, B, H, U):
+        return (B if self.bb is None else 1, H if self.hb is None else 1, U // self.bu)
+
+    def spec(self, tail, index_tail, lead_b=True, lead_h=True, seq=None):
+        """(seq?, bb?, hb?, *tail) with index map (0?, b?, h?, *index_tail(j))."""
+        block = (
+            ((seq,) if seq else ())
+            + ((self.bb,) if lead_b else ())
+            + ((self.hb,) if lead_h else ())
+        )
+
+        def index(b, h, j):
+            return (
+                ((0,) if seq else ())
+                + ((b,) if lead_b else ())
+                + ((h,) if lead_h else ())
+                + index_tail(j)
+            )
+
+        return pl.BlockSpec(block + tuple(tail), index)
+
+    def tile(self, seq=None):  # (S?, B, H, K, U) -> (S?, bb?, hb?, K, bu)
+        return self.spec((self.K, self.bu), lambda j: (0, j), seq=seq)
+
+    def vec_k(self, seq=None):  # (S?, B, H, K)
+        return self.spec((self.K,), lambda j: (0,), seq=seq)
+
+    def vec_u(self, seq=None):  # (S?, B, H, U) -> bu columns
+        return self.spec((self.bu,), lambda j: (j,), seq=seq)
+
+    def per_bh(self, seq=None):  # (S?, B, H)
+        return self.spec((), lambda j: (), seq=seq)
+
+    def per_b(self, seq=None):  # (S?, B)
+        return self.spec((), lambda j: (), lead_h=False, seq=seq)
+
+    def partial_k(self):  # (B, H, U / bu, K): one U tile's part of a row sum
+        return self.spec((None, self.K), lambda j: (j, 0))
+
+    def partial(self):  # (B, H, U / bu)
+        return self.spec((None,), lambda j: (j,))
 
 
-# Block specs over the grid (b, h, j): j is the U tile.
-def _tile(K, bu):  # (B, H, K, U) -> (K, bu)
-    return _spec((None, None, K, bu), lambda b, h, j: (b, h, 0, j))
+def _blocks(cfg: Config, B: int, H: int, K: int, U: int) -> _Blocks:
+    whole = cfg.interpret and cfg.platform == "cpu"
+    return _Blocks(B if whole else None, H if whole else None, K, _tile_u(cfg, K, U))
 
 
-def _vec_k(K):  # (B, H, K) -> (K,)
-    return _spec((None, None, K), lambda b, h, j: (b, h, 0))
+def _bc(x, ndim: int):
+    """x (per (b, h) or per b, or a scalar) with trailing unit dims to broadcast against an
+    array of `ndim` dims whose leading dims are x's."""
+    return x if x.ndim == 0 else x.reshape(x.shape + (1,) * (ndim - x.ndim))
 
 
-def _vec_u(bu):  # (B, H, U) -> (bu,)
-    return _spec((None, None, bu), lambda b, h, j: (b, h, j))
+def _col_sum(x, M):
+    """x^T M over the tile's rows: (..., K), (..., K, bu) -> (..., bu)."""
+    return jnp.sum(x[..., :, None] * M, axis=-2)
 
 
-def _scalar_bh():  # (B, H) -> ()
-    return _spec((None, None), lambda b, h, j: (b, h))
+def _row_sum(M, y):
+    """M y over the tile's columns, this tile's part: (..., K, bu), (..., bu) -> (..., K)."""
+    return jnp.sum(M * y[..., None, :], axis=-1)
 
 
-def _partial_k(K):  # (B, H, U / bu, K) -> (K,)
-    return _spec((None, None, None, K), lambda b, h, j: (b, h, j, 0))
-
-
-def _partial():  # (B, H, U / bu) -> ()
-    return _spec((None, None, None), lambda b, h, j: (b, h, j))
-
-
-def _col_sum(x_K, M_KxU):
-    """x^T M over the tile's rows: (bu,)."""
-    return jnp.sum(x_K[:, None] * M_KxU, axis=0)
-
-
-def _row_sum(M_KxU, y_U):
-    """M y over the tile's columns: (K,), this tile's part."""
-    return jnp.sum(M_KxU * y_U[None, :], axis=1)
+def _outer(x, y):
+    return x[..., :, None] * y[..., None, :]
 
 
 def _step_kernel(m_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, mn_ref, o_ref):
     M = m_ref[...].astype(F32)
     k = k_ref[...]
-    w = beta_ref[...] * (v_ref[...] - _col_sum(k, M))
-    Mn = (eg_ref[...] * M + k[:, None] * w[None, :]).astype(mn_ref.dtype)
+    kM = _col_sum(k, M)
+    w = _bc(beta_ref[...], kM.ndim) * (v_ref[...] - kM)
+    Mn = (_bc(eg_ref[...], M.ndim) * M + _outer(k, w)).astype(mn_ref.dtype)
     mn_ref[...] = Mn
     o_ref[...] = _col_sum(q_ref[...], Mn.astype(F32))
 
@@ -160,14 +200,14 @@ def step(cfg: Config, M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
     o = M'^T q (float32, from the stored M')."""
     _check_memory(M_BxHxKxU)
     B, H, K, U = M_BxHxKxU.shape
-    bu = _tile_u(cfg, K, U)
+    bl = _blocks(cfg, B, H, K, U)
     vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH)]
     call = _call(
         cfg,
         _step_kernel,
-        (B, H, U // bu),
-        [_tile(K, bu), _vec_k(K), _vec_k(K), _vec_u(bu), _scalar_bh(), _scalar_bh()],
-        [_tile(K, bu), _vec_u(bu)],
+        bl.grid(B, H, U),
+        [bl.tile(), bl.vec_k(), bl.vec_k(), bl.vec_u(), bl.per_bh(), bl.per_bh()],
+        [bl.tile(), bl.vec_u()],
         [
             jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype),
             jax.ShapeDtypeStruct((B, H, U), F32),
@@ -183,13 +223,13 @@ def _stack_kernel(m0_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, keep_ref, ms_re
 
     def body(t, M):  # M: the stored memory entering step t (float32 copy of storage)
         ms_ref[t] = M.astype(dtype)
-        Mi = keep_ref[t] * M
+        Mi = _bc(keep_ref[t], M.ndim) * M
         k = k_ref[t]
         kM = _col_sum(k, Mi)
         km_ref[t] = kM
         qm_ref[t] = _col_sum(q_ref[t], Mi)
-        w = beta_ref[t] * (v_ref[t] - kM)
-        return (eg_ref[t] * Mi + k[:, None] * w[None, :]).astype(dtype).astype(F32)
+        w = _bc(beta_ref[t], kM.ndim) * (v_ref[t] - kM)
+        return (_bc(eg_ref[t], M.ndim) * Mi + _outer(k, w)).astype(dtype).astype(F32)
 
     jax.lax.fori_loop(0, S, body, m0_ref[...].astype(F32))
 
@@ -201,21 +241,17 @@ def stack(cfg: Config, M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, 
     _check_memory(M0_BxHxKxU)
     B, H, K, U = M0_BxHxKxU.shape
     S = k_SxBxHxK.shape[0]
-    bu = _tile_u(cfg, K, U)
+    bl = _blocks(cfg, B, H, K, U)
     vecs = [
         x.astype(F32) for x in (k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)
     ]
-    seq_k = _spec((S, None, None, K), lambda b, h, j: (0, b, h, 0))
-    seq_u = _spec((S, None, None, bu), lambda b, h, j: (0, b, h, j))
-    seq_bh = _spec((S, None, None), lambda b, h, j: (0, b, h))
-    seq_b = _spec((S, None), lambda b, h, j: (0, b))
-    seq_tile = _spec((S, None, None, K, bu), lambda b, h, j: (0, b, h, 0, j))
+    seq_k, seq_u, seq_bh = bl.vec_k(S), bl.vec_u(S), bl.per_bh(S)
     call = _call(
         cfg,
         _stack_kernel,
-        (B, H, U // bu),
-        [_tile(K, bu), seq_k, seq_k, seq_u, seq_bh, seq_bh, seq_b],
-        [seq_tile, seq_u, seq_u],
+        bl.grid(B, H, U),
+        [bl.tile(), seq_k, seq_k, seq_u, seq_bh, seq_bh, bl.per_b(S)],
+        [bl.tile(S), seq_u, seq_u],
         [
             jax.ShapeDtypeStruct((S, B, H, K, U), M0_BxHxKxU.dtype),
             jax.ShapeDtypeStruct((S, B, H, U), F32),
@@ -223,10 +259,6 @@ def stack(cfg: Config, M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, 
         ],
     )
     return tuple(call(M0_BxHxKxU, *vecs))
-
-
-def _stack_tile(S, K, bu):  # Ms (S, B, H, K, U) -> (S, K, bu): the kernel reads one step of it
-    return _spec((S, None, None, K, bu), lambda b, h, j: (0, b, h, 0, j))
 
 
 def _grad_args(cfg: Config, Ms, t, keep_B, dM):
@@ -246,11 +278,7 @@ def _grad_args(cfg: Config, Ms, t, keep_B, dM):
 
 
 def _scalar_t():
-    return _spec((1,), lambda b, h, j: (0,))
-
-
-def _scalar_b():
-    return _spec((None,), lambda b, h, j: (b,))
+    return pl.BlockSpec((1,), lambda b, h, j: (0,))
 
 
 def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, dmw_ref, in_ref):
@@ -258,21 +286,22 @@ def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, 
     D = dm_ref[...]
     dmk_ref[...] = _col_sum(k_ref[...], D)
     dmw_ref[...] = _row_sum(D, w_ref[...])
-    in_ref[...] = keep_ref[...] * jnp.sum(D * M)
+    inner = jnp.sum(D * M, axis=(-2, -1))
+    in_ref[...] = _bc(keep_ref[...], inner.ndim) * inner
 
 
 def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
     """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t], float32."""
     Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
     S, B, H, K, U = Ms.shape
-    bu = _tile_u(cfg, K, U)
-    n = U // bu
+    bl = _blocks(cfg, B, H, K, U)
+    n = U // bl.bu
     call = _call(
         cfg,
         _grad_reduce_kernel,
-        (B, H, n),
-        [_stack_tile(S, K, bu), _scalar_t(), _scalar_b(), _tile(K, bu), _vec_k(K), _vec_u(bu)],
-        [_vec_u(bu), _partial_k(K), _partial()],
+        bl.grid(B, H, U),
+        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_u()],
+        [bl.vec_u(), bl.partial_k(), bl.partial()],
         [
             jax.ShapeDtypeStruct((B, H, U), F32),
             jax.ShapeDtypeStruct((B, H, n, K), F32),
@@ -289,14 +318,12 @@ def _grad_update_kernel(
     keep = keep_ref[...]
     M = ms_ref[t_ref[0]].astype(F32)
     a, c = dkm_ref[...], dqm_ref[...]
-    mk_ref[...] = keep * _row_sum(M, a)
-    mq_ref[...] = keep * _row_sum(M, c)
-    D = (
-        eg_ref[...] * dm_ref[...]
-        + k_ref[...][:, None] * a[None, :]
-        + q_ref[...][:, None] * c[None, :]
-    )
-    out_ref[...] = keep * D
+    Ma, Mc = _row_sum(M, a), _row_sum(M, c)
+    mk_ref[...] = _bc(keep, Ma.ndim) * Ma
+    mq_ref[...] = _bc(keep, Mc.ndim) * Mc
+    D = dm_ref[...]
+    D = _bc(eg_ref[...], D.ndim) * D + _outer(k_ref[...], a) + _outer(q_ref[...], c)
+    out_ref[...] = _bc(keep, D.ndim) * D
 
 
 def grad_update(
@@ -306,16 +333,16 @@ def grad_update(
     Mi = keep Ms[t]; the first written over dM's buffer."""
     Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
     S, B, H, K, U = Ms.shape
-    bu = _tile_u(cfg, K, U)
-    n = U // bu
+    bl = _blocks(cfg, B, H, K, U)
+    n = U // bl.bu
     vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)]
     call = _call(
         cfg,
         _grad_update_kernel,
-        (B, H, n),
-        [_stack_tile(S, K, bu), _scalar_t(), _scalar_b(), _tile(K, bu), _vec_k(K), _vec_k(K)]
-        + [_vec_u(bu), _vec_u(bu), _scalar_bh()],
-        [_tile(K, bu), _partial_k(K), _partial_k(K)],
+        bl.grid(B, H, U),
+        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_k()]
+        + [bl.vec_u(), bl.vec_u(), bl.per_bh()],
+        [bl.tile(), bl.partial_k(), bl.partial_k()],
         [
             jax.ShapeDtypeStruct((B, H, K, U), F32),
             jax.ShapeDtypeStruct((B, H, n, K), F32),
