@@ -20,10 +20,16 @@ read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`)
 Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
 K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 32 registers
 per thread over 8 warps for each tile-sized value (M, Mi, M' live at once in `stack`); a whole
-(128, 256) memory, 128 KiB, would spill. These defaults are not yet tuned on a GPU. In interpret mode
-(CPU) any K and any bu that divides U work. There is no TPU (Mosaic) variant: issue 46 asks for
-one only where XLA:TPU's step moves M through HBM (it kept M in VMEM at the batches compiled so
-far), and these blocks (1-D vectors, scalar (b, h) gates) do not meet Mosaic's tiling rules.
+(128, 256) memory, 128 KiB, would spill. These defaults are not yet tuned on a GPU (`block_u`,
+`num_warps`). Interpreted for the CPU, one program covers every (b, h) (the interpreter's cost
+is per program: it copies each program's operands) and any K and any bu dividing U work;
+`platform='cuda'` with `interpret=True` runs the GPU's grid in the interpreter instead. Under
+`shard_map` the kernels need `check_vma=False` (as `gpn_jax.parallel.spmd` maps).
+
+There is no TPU (Mosaic) variant: issue 46 asks for one only where XLA:TPU's step moves M
+through HBM (it kept M in VMEM at the batches compiled so far), and these blocks do not meet
+Mosaic's rules (the last two block dims divisible by (8, 128) or whole: the (K,) vectors and
+(b, h) scalars are not; 1-D blocks also need the TPU's device kind, which a CPU host lacks).
 """
 
 from __future__ import annotations
