@@ -1,6 +1,9 @@
-"""The Pallas memory kernels (interpret mode on this CPU) against plain-jnp formulas
+"""The Pallas memory kernels (interpret mode on this CPU, with the CPU's blocks and with the
+GPU's grid of (b, h, U tile) programs) against plain-jnp formulas and autodiff
 (`tests/helpers/memory_reference.py`), for float32 and bfloat16 storage with document resets,
-and their Triton lowering for CUDA at the 130M shapes.
+per shard under `shard_map`, and their Triton lowering for CUDA at the 130M shapes (jaxlib
+carries the Triton dialect, so this needs no GPU and no CUDA plugin). There is no TPU variant to
+lower (`memory_kernels` refuses 'tpu', naming the XLA alternative).
 
 Tolerances are norm-relative (`tests/tolerance.py`):
 - float32 arithmetic: a sum of n products in another order differs by at most ~n eps32 relative
