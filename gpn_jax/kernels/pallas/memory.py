@@ -50,8 +50,8 @@ _XLA_HINT = "use model.kernels='xla'"
 
 class Config(NamedTuple):
     """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
-    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: per platform) and
-    the Triton warps per program."""
+    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: U interpreted for the
+    CPU, else min(U, 64)) and the Triton warps per program."""
 
     interpret: bool
     platform: str
@@ -67,8 +67,8 @@ def _tile_u(cfg: Config, K: int, U: int) -> int:
     """The U tile for a (K, U) memory, or a ValueError naming the XLA alternative."""
     if cfg.block_u is not None:
         bu = cfg.block_u
-    elif cfg.interpret:
-        bu = min(U, 64)
+    elif cfg.interpret and cfg.platform == "cpu":
+        bu = U  # one program: the interpreter's cost is per program
     else:
         bu = min(U, 64)
     if U % bu:
