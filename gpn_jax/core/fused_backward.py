@@ -278,11 +278,14 @@ def window_bwd(dm: Dims, saved, cts):
 
 def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
     """A segment's (residuals, what `bstep` reads per step for the memory, `stack`): with remat
-    the forward reruns (residuals and memories); with the kernels' backward passes their
-    `stack` and (t, kM, qM) per step; else the memories recomputed (None without memory)."""
-    if dm.remat:
+    the forward reruns (for residuals and memories, or residuals only when the kernels rebuild
+    the memories); with the kernels' backward passes their `stack` and (t, kM, qM) per step;
+    else the memories recomputed (None without memory)."""
+    if dm.remat and not dm.kernel_backward:
         _, (_, res, Ms) = scan_steps(dm, fwh, start, xg_seg, "resM", keep_seg)
         return res, Ms, None
+    if dm.remat:  # rerun for the residuals only: the kernels' `stack` rebuilds the memories
+        _, (_, res) = scan_steps(dm, fwh, start, xg_seg, "res", keep_seg)
     if dm.kernel_backward:  # the stack is read in place by the kernels' passes (`memory_bwd`)
         stack, kM, qM = memory_stack(dm, fw, start[2], res, keep_seg)
         return res, (jnp.arange(dm.segment, dtype=jnp.int32), kM, qM), stack

@@ -101,11 +101,12 @@ class Dims:
     @property
     def kernel_backward(self) -> bool:
         """Whether the backward's per-token passes over the memory do too
-        (`fused_backward.memory_bwd`): kernels for them, one predict layer (whose query the
-        recomputation takes), no remat (whose segments rerun the forward instead)."""
+        (`fused_backward.memory_bwd`): kernels for them and one predict layer (whose query the
+        recomputation takes); with remat the kernels' `stack` rebuilds each rerun segment's
+        memories."""
         ops = self.kernels
         has_passes = ops is not None and None not in (ops.grad_reduce, ops.grad_update)
-        return self.kernel_passes and has_passes and self.n_layers == 1 and not self.remat
+        return self.kernel_passes and has_passes and self.n_layers == 1
 
     def layer_cols(self) -> list[int]:
         """Column widths of a predict layer's fused input projection [w1 | w3 | wpg | wq | wrg]

@@ -97,15 +97,25 @@ def _native(platform: str, explicit: bool) -> MemoryKernels | None:
 
 
 def _pallas(platform: str, memory_dtype: str, explicit: bool) -> MemoryKernels | None:
-    """`gpn_jax.kernels.pallas.memory_kernels(platform, memory_dtype)`; an ImportError there
-    (absent, or a jax too old for it) or its RuntimeError is the reason it is unavailable."""
+    """`gpn_jax.kernels.pallas.memory_kernels` built for `platform` (the interpreter on a CPU);
+    an ImportError there (a jax too old for its Pallas API) or its refusal of a platform (no
+    TPU variant) is the reason it is unavailable.`memory_dtype` is the storage the window
+    asks for; one outside `MEMORY_DTYPES` keeps the window on its XLA formulas (`core.kernel_ops`)."""
     try:
         from gpn_jax.kernels import pallas
 
-        return pallas.memory_kernels(platform, memory_dtype)
-    except (ImportError, AttributeError, RuntimeError, NotImplementedError) as e:
+        passes = pallas.memory_kernels(platform=platform)
+    except (ImportError, AttributeError, ValueError, RuntimeError, NotImplementedError) as e:
         _unavailable("pallas", f"the Pallas kernels cannot be used ({_one_line(e)})", explicit)
         return None
+    return MemoryKernels(
+        "pallas",
+        passes.step,
+        passes.stack,
+        passes.grad_reduce,
+        passes.grad_update,
+        pallas.MEMORY_DTYPES,
+    )
 
 
 @functools.cache

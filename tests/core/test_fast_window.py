@@ -57,6 +57,24 @@ def test_loss_carry_and_gradients_equal_autodiff(name, kernels, monkeypatch):
     assert_rel_close(grads_f, grads_r, bound, "gradients")
 
 
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
+@pytest.mark.parametrize("remat", [0, 4])
+def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monkeypatch):
+    """One predict layer (where every memory pass can be a kernel's), document resets, 4
+    segments, with and without remat: the loss, final carry and gradients against autodiff."""
+    require_kernels(kernels)
+    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    ref, fused = pair(kernels=kernels, n_layers=1, d_key=8, d_value=16, remat_segment=remat)
+    params, carry, x = random_params(ref), random_carry(ref), tokens(16)
+    resets = jnp.zeros(x.shape, bool).at[0, 5].set(True).at[1, 8].set(True)
+    (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, x, carry, resets)
+    (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, x, carry, resets)
+    bound = window_bound(16)  # T = 16 steps of contractions rounded in another order
+    assert_rel_close(loss_f, loss_r, bound, "loss")
+    assert_rel_close(carry_f, carry_r, bound, "carry")
+    assert_rel_close(grads_f, grads_r, bound, "gradients")
+
+
 # The tensor-parallel layout (module doc of `fast_window`: tp column blocks, the predict gate its
 # own projection, the read norm's scale after Wo and its hand-written derivative) on one
 # device, where the blocks are an ordinary array axis; `tests/parallel/test_sharding.py`

@@ -105,7 +105,8 @@ def native_available() -> bool:
         return False
 
 
-KERNEL_CHOICES = ("xla", "native")  # the explicit choices the window's tests run on CPU
+# The explicit choices the window's tests run on CPU (pallas: its kernels in Pallas's interpreter)
+KERNEL_CHOICES = ("xla", "native", "pallas")
 
 
 def require_kernels(choice: str) -> None:

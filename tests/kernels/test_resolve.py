@@ -104,17 +104,29 @@ def test_pallas_is_imported_lazily_and_an_import_failure_falls_back_once(monkeyp
         kernels.resolve("pallas", "gpu")
 
 
-def test_pallas_gets_the_platform_and_memory_dtype(monkeypatch):
+def test_pallas_is_built_for_the_platform_and_handed_over_as_memory_kernels(monkeypatch):
     calls = []
 
-    def memory_kernels(platform, memory_dtype):
-        calls.append((platform, memory_dtype))
-        return FAKE
+    def memory_kernels(platform):
+        calls.append(platform)
+        return types.SimpleNamespace(step=print, stack=len, grad_reduce=max, grad_update=min)
 
-    _fake_pallas(monkeypatch, types.SimpleNamespace(memory_kernels=memory_kernels))
-    assert kernels.resolve("auto", "gpu", "bfloat16") is FAKE
-    assert kernels.resolve("pallas", "cpu") is FAKE
-    assert calls == [("gpu", "bfloat16"), ("cpu", "float32")]
+    fake = types.SimpleNamespace(memory_kernels=memory_kernels, MEMORY_DTYPES=("float32",))
+    _fake_pallas(monkeypatch, fake)
+    got = kernels.resolve("auto", "gpu", "bfloat16")
+    assert got == MemoryKernels("pallas", print, len, max, min, ("float32",))
+    assert kernels.resolve("pallas", "cpu") == got
+    assert calls == ["gpu", "cpu"]
+
+
+def test_the_real_pallas_kernels_resolve_on_cpu_and_refuse_tpu():
+    """On a CPU they run in Pallas's interpreter; there is no TPU variant (XLA:TPU keeps the
+    memory on chip), so `auto` keeps XLA on TPU and an explicit choice names xla."""
+    got = kernels.resolve("pallas", "cpu", "bfloat16")
+    assert got.name == "pallas" and got.memory_dtypes == ("float32", "bfloat16")
+    assert got.grad_reduce is not None and got.grad_update is not None
+    with pytest.raises(kernels.KernelsUnavailable, match=r"no TPU .*kernels=xla$"):
+        kernels.resolve("pallas", "tpu")
 
 
 def test_gpn_jax_native_is_ignored_with_one_warning(monkeypatch, caplog):

@@ -1,0 +1,181 @@
+"""Microbenchmark of the memory's passes: the XLA formulas against the Pallas kernels, as
+microseconds per token and the bytes over M-sized arrays that each pass must move at least
+(for an accelerator script to turn into GB/s; `time_passes`).
+
+Each pass runs `reps` times inside one jitted loop whose carry chains the calls (the memory for
+`step`, the segment's last memory for `stack`, the cotangent for `grad_update`; `grad_reduce`
+takes a different t each time), so neither dispatch nor loop-invariant hoisting hides the pass.
+On the CPU the kernels run in Pallas's interpreter: slow, and no measure of the GPU kernels.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from gpn_jax.kernels.pallas.memory import memory_kernels
+
+F32 = jnp.float32
+PASSES = ("step", "stack", "grad_reduce", "grad_update")
+
+
+def _einsum_col(x, M):
+    return jnp.einsum("bhk,bhku->bhu", x, M)
+
+
+def xla_step(M, k, q, v, beta, eg):
+    """The forward's write and read as XLA operations (`fast_window._write`, `_read_out`)."""
+    Mf = M.astype(F32)
+    w = beta[..., None] * (v - _einsum_col(k, Mf))
+    Mn = (eg[..., None, None] * Mf + k[..., :, None] * w[..., None, :]).astype(M.dtype)
+    return Mn, _einsum_col(q, Mn.astype(F32))
+
+
+def xla_stack(M0, k, q, v, beta, eg, keep):
+    """The recomputation as a scan of XLA writes (`fast_window._recompute_memory`)."""
+
+    def body(M, x):
+        kt, qt, vt, bt, et, kp = x
+        Mi = M.astype(F32) * kp[:, None, None, None]
+        kM, qM = _einsum_col(kt, Mi), _einsum_col(qt, Mi)
+        w = bt[..., None] * (vt - kM)
+        Mn = et[..., None, None] * Mi + kt[..., :, None] * w[..., None, :]
+        return Mn.astype(M.dtype), (M, kM, qM)
+
+    return jax.lax.scan(body, M0, (k, q, v, beta, eg, keep))[1]
+
+
+def xla_grad_reduce(Ms, t, keep_B, dM, k, w):
+    Mi = Ms[t].astype(F32) * keep_B[:, None, None, None]
+    return _einsum_col(k, dM), jnp.einsum("bhku,bhu->bhk", dM, w), jnp.sum(dM * Mi, axis=(2, 3))
+
+
+def xla_grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg):
+    keep = keep_B[:, None, None, None]
+    Mi = Ms[t].astype(F32) * keep
+    outer = k[..., :, None] * dkM[..., None, :] + q[..., :, None] * dqM[..., None, :]
+    dM_new = keep * (eg[..., None, None] * dM + outer)
+    return dM_new, jnp.einsum("bhku,bhu->bhk", Mi, dkM), jnp.einsum("bhku,bhu->bhk", Mi, dqM)
+
+
+def _inputs(B, H, K, U, S, dtype, key):
+    ks = jax.random.split(key, 8)
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    return {
+        "M": jax.random.normal(ks[0], (B, H, K, U)).astype(dtype),
+        "Ms": jax.random.normal(ks[1], (S, B, H, K, U)).astype(dtype),
+        "dM": jax.random.normal(ks[2], (B, H, K, U), F32),
+        "k": unit(jax.random.normal(ks[3], (S, B, H, K))),
+        "q": unit(jax.random.normal(ks[4], (S, B, H, K))),
+        "v": jax.random.normal(ks[5], (S, B, H, U)),
+        "beta": jax.random.uniform(ks[6], (S, B, H), minval=0.1, maxval=0.9),
+        "eg": jax.random.uniform(ks[7], (S, B, H), minval=0.5, maxval=1.0),
+        "keep": jnp.ones((S, B), F32),
+    }
+
+
+def _loops(ops: dict, x: dict, reps: int) -> dict:
+    """One jitted function per pass: `reps` chained calls (see the module docstring)."""
+    S = x["k"].shape[0]
+    one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+    keep_B = x["keep"][0]
+
+    def step(M):
+        def body(i, c):
+            M, acc = c
+            Mn, o = ops["step"](M, one["k"], one["q"], one["v"], one["beta"], one["eg"])
+            return Mn, acc + o[0, 0, 0]
+
+        return jax.lax.fori_loop(0, reps, body, (M, jnp.zeros((), F32)))
+
+    def stack(M0):
+        def body(i, c):
+            Ms, kM, qM = ops["stack"](c[0], x["k"], x["q"], x["v"], x["beta"], x["eg"], x["keep"])
+            return Ms[S - 1], c[1] + kM[0, 0, 0, 0] + qM[0, 0, 0, 0]
+
+        return jax.lax.fori_loop(0, reps, body, (M0, jnp.zeros((), F32)))
+
+    def grad_reduce(dM):
+        def body(i, acc):
+            a, b, c = ops["grad_reduce"](x["Ms"], i % S, keep_B, dM, one["k"], one["v"])
+            return acc + a[0, 0, 0] + b[0, 0, 0] + c[0, 0]
+
+        return jax.lax.fori_loop(0, reps, body, jnp.zeros((), F32))
+
+    def grad_update(dM):
+        def body(i, c):
+            d, mk, mq = ops["grad_update"](
+                x["Ms"], i % S, keep_B, c[0], one["k"], one["q"], one["v"], one["v"], one["eg"]
+            )
+            return d, c[1] + mk[0, 0, 0] + mq[0, 0, 0]
+
+        return jax.lax.fori_loop(0, reps, body, (dM, jnp.zeros((), F32)))
+
+    # pass -> (loop, its argument, whether the loop may take that argument's buffer)
+    return {
+        "step": (step, "M", True),
+        "stack": (stack, "M", True),
+        "grad_reduce": (grad_reduce, "dM", False),
+        "grad_update": (grad_update, "dM", True),
+    }
+
+
+def _seconds(fn, arg, donate: bool, device) -> float:
+    """Wall seconds of one call of a compiled `fn` (compiled and run once first)."""
+    f = jax.jit(fn, donate_argnums=0 if donate else ())
+    fresh = lambda: jax.device_put(jnp.copy(arg), device)  # noqa: E731
+    jax.block_until_ready(f(fresh()))
+    a = fresh()
+    jax.block_until_ready(a)
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    return time.perf_counter() - t0
+
+
+def min_bytes_per_token(K: int, U: int, H: int, memory_dtype) -> dict:
+    """Bytes over M-sized arrays each pass must move per token (one (H, K, U) memory per token):
+    step reads and writes M; stack writes each step's memory (its reads stay on chip);
+    grad_reduce reads Ms[t] and dM (float32); grad_update reads both and writes dM."""
+    m = H * K * U * jnp.dtype(memory_dtype).itemsize
+    d = H * K * U * 4
+    return {"step": 2 * m, "stack": m, "grad_reduce": m + d, "grad_update": m + 2 * d}
+
+
+def time_passes(
+    B: int,
+    H: int,
+    K: int,
+    U: int,
+    memory_dtype="float32",
+    backend: str | None = None,
+    S: int = 16,
+    reps: int = 8,
+    passes: tuple[str, ...] = PASSES,
+) -> dict:
+    """{pass: {"xla_us_per_token", "pallas_us_per_token", "min_bytes_per_token"}} for the four
+    passes at (B, H, K, U), the memory stored in `memory_dtype`, on JAX platform `backend`
+    (None: the default; Pallas runs interpreted on 'cpu'), for `passes`. A token is one sequence's step:
+    B per `step` call, S B per `stack` call."""
+    device = jax.devices(backend)[0]
+    platform = device.platform
+    kern = memory_kernels(interpret=platform == "cpu", platform=platform)
+    pallas = {n: getattr(kern, n) for n in PASSES}
+    xla = {"step": xla_step, "stack": xla_stack, "grad_reduce": xla_grad_reduce} | {
+        "grad_update": xla_grad_update
+    }
+    with jax.default_device(device):
+        x = jax.device_put(
+            _inputs(B, H, K, U, S, jnp.dtype(memory_dtype), jax.random.key(0)), device
+        )
+        tokens = {"step": B, "stack": S * B, "grad_reduce": B, "grad_update": B}
+        minimum = min_bytes_per_token(K, U, H, memory_dtype)
+        out = {n: {"min_bytes_per_token": minimum[n]} for n in passes}
+        for label, ops in (("xla", xla), ("pallas", pallas)):
+            for name, (fn, arg, donate) in _loops(ops, x, reps).items():
+                if name not in passes:
+                    continue
+                sec = _seconds(fn, x[arg], donate, device)
+                out[name][f"{label}_us_per_token"] = sec * 1e6 / (reps * tokens[name])
+    return out

@@ -1,0 +1,401 @@
+"""The fused window's passes over the (B, H, K, U) memory as Pallas kernels: each token's write
+and read (`step`), the backward's per-segment recomputation (`stack`) and the backward's
+per-token passes (`grad_reduce`, `grad_update`), with the signatures and semantics of the C++
+kernels (`gpn_jax.native.memory`, whose sources' comments hold the formulas).
+
+Every program owns one (b, h) memory's (K, bu) column tile (grid (B, H, U / bu)). The write
+and the reads are local to a column of M: with kM = M^T k, column u of
+M' = eg M + k (beta (v - kM))^T and o = M'^T q needs only column u of M. So `step` reads its
+tile once and writes M' over it (`input_output_aliases`), and `stack` carries its tile through
+a segment's S writes in registers (a loop inside the kernel, the carried-state pattern),
+writing each step's memory once. The backward's row sums (dM w, Mi dkM, Mi dqM) and <dM, Mi>
+span the U tiles: each program writes its tile's partial sum and the wrapper adds the U / bu
+partials ((B, H, U / bu, K) vectors, small beside M).
+
+Arithmetic is float32; M and the stack Ms are stored in M's dtype (`MEMORY_DTYPES`). A stored
+memory is rounded once, where it is written, and read back from storage: `stack` carries the
+rounded memory, so it recomputes exactly the memories the forward's `step` stored, and `step`'s
+read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`) do.
+
+Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
+K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 32 registers
+per thread over 8 warps for each tile-sized value (M, Mi, M' live at once in `stack`); a whole
+(128, 256) memory, 128 KiB, would spill. These defaults are not yet tuned on a GPU (`block_u`,
+`num_warps`). Interpreted for the CPU, one program covers every (b, h) (the interpreter's cost
+is per program: it copies each program's operands) and any K and any bu dividing U work;
+`platform='cuda'` with `interpret=True` runs the GPU's grid in the interpreter instead. Under
+`shard_map` the kernels need `check_vma=False` (as `gpn_jax.parallel.spmd` maps).
+
+There is no TPU (Mosaic) variant: issue 46 asks for one only where XLA:TPU's step moves M
+through HBM (it kept M in VMEM at the batches compiled so far), and these blocks do not meet
+Mosaic's rules (the last two block dims divisible by (8, 128) or whole: the (K,) vectors and
+(b, h) scalars are not; 1-D blocks also need the TPU's device kind, which a CPU host lacks).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+Array = jax.Array
+F32 = jnp.float32
+MEMORY_DTYPES = ("float32", "bfloat16")
+_XLA_HINT = "use model.kernels='xla'"
+
+
+class Config(NamedTuple):
+    """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
+    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: U interpreted for the
+    CPU, else min(U, 64)) and the Triton warps per program."""
+
+    interpret: bool
+    platform: str
+    block_u: int | None = None
+    num_warps: int = 8
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _tile_u(cfg: Config, K: int, U: int) -> int:
+    """The U tile for a (K, U) memory, or a ValueError naming the XLA alternative."""
+    if cfg.block_u is not None:
+        bu = cfg.block_u
+    elif cfg.interpret and cfg.platform == "cpu":
+        bu = U  # one program: the interpreter's cost is per program
+    else:
+        bu = min(U, 64)
+    if U % bu:
+        raise ValueError(
+            f"pallas memory kernels: U = {U} is not a multiple of the tile {bu}; {_XLA_HINT}"
+        )
+    if (
+        not cfg.interpret
+        and cfg.platform in ("cuda", "rocm")
+        and not (_is_pow2(K) and _is_pow2(bu))
+    ):
+        raise ValueError(
+            f"pallas memory kernels on GPU need power-of-two K and U tile (K = {K}, tile {bu}); {_XLA_HINT}"
+        )
+    return bu
+
+
+def _check_memory(M: Array) -> None:
+    if M.ndim != 4:
+        raise ValueError(f"pallas memory kernels: expected M (B, H, K, U), got shape {M.shape}")
+    if jnp.dtype(M.dtype).name not in MEMORY_DTYPES:
+        raise ValueError(
+            f"pallas memory kernels store M in {MEMORY_DTYPES}, not {jnp.dtype(M.dtype).name}; {_XLA_HINT}"
+        )
+
+
+def _call(cfg: Config, kernel, grid, in_specs, out_specs, out_shape, aliases=None):
+    params = None
+    if not cfg.interpret and cfg.platform in ("cuda", "rocm"):
+        from jax.experimental.pallas import triton as plgpu
+
+        params = plgpu.CompilerParams(num_warps=cfg.num_warps)
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases or {},
+        interpret=cfg.interpret,
+        compiler_params=params,
+    )
+
+
+class _Blocks(NamedTuple):
+    """Block specs over the grid (b, h, j), j the U tile. `bb`, `hb`: None (one batch row, one
+    head per program: the GPU's grid) or B, H (every row and head in one program: the CPU's
+    interpreter, whose per-program cost is copying the operands, so it runs few programs)."""
+
+    bb: int | None
+    hb: int | None
+    K: int
+    bu: int
+
+    def grid(self, B, H, U):
+        return (B if self.bb is None else 1, H if self.hb is None else 1, U // self.bu)
+
+    def spec(self, tail, index_tail, lead_b=True, lead_h=True, seq=None):
+        """(seq?, bb?, hb?, *tail) with index map (0?, b?, h?, *index_tail(j))."""
+        block = (
+            ((seq,) if seq else ())
+            + ((self.bb,) if lead_b else ())
+            + ((self.hb,) if lead_h else ())
+        )
+
+        def index(b, h, j):
+            return (
+                ((0,) if seq else ())
+                + ((b,) if lead_b else ())
+                + ((h,) if lead_h else ())
+                + index_tail(j)
+            )
+
+        return pl.BlockSpec(block + tuple(tail), index)
+
+    def tile(self, seq=None):  # (S?, B, H, K, U) -> (S?, bb?, hb?, K, bu)
+        return self.spec((self.K, self.bu), lambda j: (0, j), seq=seq)
+
+    def vec_k(self, seq=None):  # (S?, B, H, K)
+        return self.spec((self.K,), lambda j: (0,), seq=seq)
+
+    def vec_u(self, seq=None):  # (S?, B, H, U) -> bu columns
+        return self.spec((self.bu,), lambda j: (j,), seq=seq)
+
+    def per_bh(self, seq=None):  # (S?, B, H)
+        return self.spec((), lambda j: (), seq=seq)
+
+    def per_b(self, seq=None):  # (S?, B)
+        return self.spec((), lambda j: (), lead_h=False, seq=seq)
+
+    def partial_k(self):  # (B, H, U / bu, K): one U tile's part of a row sum
+        return self.spec((None, self.K), lambda j: (j, 0))
+
+    def partial(self):  # (B, H, U / bu)
+        return self.spec((None,), lambda j: (j,))
+
+
+def _blocks(cfg: Config, B: int, H: int, K: int, U: int) -> _Blocks:
+    whole = cfg.interpret and cfg.platform == "cpu"
+    return _Blocks(B if whole else None, H if whole else None, K, _tile_u(cfg, K, U))
+
+
+def _bc(x, ndim: int):
+    """x (per (b, h) or per b, or a scalar) with trailing unit dims to broadcast against an
+    array of `ndim` dims whose leading dims are x's."""
+    return x if x.ndim == 0 else x.reshape(x.shape + (1,) * (ndim - x.ndim))
+
+
+def _col_sum(x, M):
+    """x^T M over the tile's rows: (..., K), (..., K, bu) -> (..., bu)."""
+    return jnp.sum(x[..., :, None] * M, axis=-2)
+
+
+def _row_sum(M, y):
+    """M y over the tile's columns, this tile's part: (..., K, bu), (..., bu) -> (..., K)."""
+    return jnp.sum(M * y[..., None, :], axis=-1)
+
+
+def _outer(x, y):
+    return x[..., :, None] * y[..., None, :]
+
+
+def _step_kernel(m_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, mn_ref, o_ref):
+    M = m_ref[...].astype(F32)
+    k = k_ref[...]
+    kM = _col_sum(k, M)
+    w = _bc(beta_ref[...], kM.ndim) * (v_ref[...] - kM)
+    Mn = (_bc(eg_ref[...], M.ndim) * M + _outer(k, w)).astype(mn_ref.dtype)
+    mn_ref[...] = Mn
+    o_ref[...] = _col_sum(q_ref[...], Mn.astype(F32))
+
+
+def step(cfg: Config, M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
+    """(M', o): M' = eg M + k (beta (v - M^T k))^T in M's dtype, written over M's buffer, and
+    o = M'^T q (float32, from the stored M')."""
+    _check_memory(M_BxHxKxU)
+    B, H, K, U = M_BxHxKxU.shape
+    bl = _blocks(cfg, B, H, K, U)
+    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH)]
+    call = _call(
+        cfg,
+        _step_kernel,
+        bl.grid(B, H, U),
+        [bl.tile(), bl.vec_k(), bl.vec_k(), bl.vec_u(), bl.per_bh(), bl.per_bh()],
+        [bl.tile(), bl.vec_u()],
+        [
+            jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype),
+            jax.ShapeDtypeStruct((B, H, U), F32),
+        ],
+        aliases={0: 0},
+    )
+    return tuple(call(M_BxHxKxU, *vecs))
+
+
+def _stack_kernel(m0_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, keep_ref, ms_ref, km_ref, qm_ref):
+    S = k_ref.shape[0]
+    dtype = ms_ref.dtype
+
+    def body(t, M):  # M: the stored memory entering step t (float32 copy of storage)
+        ms_ref[t] = M.astype(dtype)
+        Mi = _bc(keep_ref[t], M.ndim) * M
+        k = k_ref[t]
+        kM = _col_sum(k, Mi)
+        km_ref[t] = kM
+        qm_ref[t] = _col_sum(q_ref[t], Mi)
+        w = _bc(beta_ref[t], kM.ndim) * (v_ref[t] - kM)
+        return (_bc(eg_ref[t], M.ndim) * Mi + _outer(k, w)).astype(dtype).astype(F32)
+
+    jax.lax.fori_loop(0, S, body, m0_ref[...].astype(F32))
+
+
+def stack(cfg: Config, M0_BxHxKxU, k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB):
+    """(Ms (S, B, H, K, U) in M0's dtype, kM, qM (S, B, H, U) float32): Ms[t] the memory entering
+    step t (before its reset), M <- eg Mi + k (beta (v - Mi^T k))^T with Mi = keep M; kM = Mi^T k
+    and qM = Mi^T q of each step."""
+    _check_memory(M0_BxHxKxU)
+    B, H, K, U = M0_BxHxKxU.shape
+    S = k_SxBxHxK.shape[0]
+    bl = _blocks(cfg, B, H, K, U)
+    vecs = [
+        x.astype(F32) for x in (k_SxBxHxK, q_SxBxHxK, v_SxBxHxU, beta_SxBxH, eg_SxBxH, keep_SxB)
+    ]
+    seq_k, seq_u, seq_bh = bl.vec_k(S), bl.vec_u(S), bl.per_bh(S)
+    call = _call(
+        cfg,
+        _stack_kernel,
+        bl.grid(B, H, U),
+        [bl.tile(), seq_k, seq_k, seq_u, seq_bh, seq_bh, bl.per_b(S)],
+        [bl.tile(S), seq_u, seq_u],
+        [
+            jax.ShapeDtypeStruct((S, B, H, K, U), M0_BxHxKxU.dtype),
+            jax.ShapeDtypeStruct((S, B, H, U), F32),
+            jax.ShapeDtypeStruct((S, B, H, U), F32),
+        ],
+    )
+    return tuple(call(M0_BxHxKxU, *vecs))
+
+
+def _grad_args(cfg: Config, Ms, t, keep_B, dM):
+    """(Ms, t (1,), keep, dM) for the grad kernels. Interpreted for the CPU, Ms[t] is sliced
+    first: the interpreter copies each program's whole (S, K, bu) block, where a compiled kernel
+    (or the interpreter standing in for one, platform 'cuda') loads one step of it."""
+    if Ms.ndim != 5 or Ms.shape[1:] != dM.shape:
+        raise ValueError(
+            f"pallas memory grads: expected Ms (S, B, H, K, U), dM (B, H, K, U); got {Ms.shape}, {dM.shape}"
+        )
+    if jnp.dtype(Ms.dtype).name not in MEMORY_DTYPES:
+        raise ValueError(f"pallas memory grads: Ms in {Ms.dtype} unsupported; {_XLA_HINT}")
+    t1 = jnp.asarray(t, jnp.int32).reshape(1)
+    if cfg.interpret and cfg.platform == "cpu":
+        Ms, t1 = jax.lax.dynamic_slice_in_dim(Ms, t1[0], 1), jnp.zeros(1, jnp.int32)
+    return Ms, t1, keep_B.astype(F32), dM.astype(F32)
+
+
+def _scalar_t():
+    return pl.BlockSpec((1,), lambda b, h, j: (0,))
+
+
+def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, dmw_ref, in_ref):
+    M = ms_ref[t_ref[0]].astype(F32)
+    D = dm_ref[...]
+    dmk_ref[...] = _col_sum(k_ref[...], D)
+    dmw_ref[...] = _row_sum(D, w_ref[...])
+    inner = jnp.sum(D * M, axis=(-2, -1))
+    in_ref[...] = _bc(keep_ref[...], inner.ndim) * inner
+
+
+def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
+    """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t], float32."""
+    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms.shape
+    bl = _blocks(cfg, B, H, K, U)
+    n = U // bl.bu
+    call = _call(
+        cfg,
+        _grad_reduce_kernel,
+        bl.grid(B, H, U),
+        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_u()],
+        [bl.vec_u(), bl.partial_k(), bl.partial()],
+        [
+            jax.ShapeDtypeStruct((B, H, U), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+            jax.ShapeDtypeStruct((B, H, n), F32),
+        ],
+    )
+    dMk, dMw, inner = call(Ms, t1, keep, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
+    return dMk, dMw.sum(axis=2), inner.sum(axis=2)
+
+
+def _grad_update_kernel(
+    ms_ref, t_ref, keep_ref, dm_ref, k_ref, q_ref, dkm_ref, dqm_ref, eg_ref, out_ref, mk_ref, mq_ref
+):
+    keep = keep_ref[...]
+    M = ms_ref[t_ref[0]].astype(F32)
+    a, c = dkm_ref[...], dqm_ref[...]
+    Ma, Mc = _row_sum(M, a), _row_sum(M, c)
+    mk_ref[...] = _bc(keep, Ma.ndim) * Ma
+    mq_ref[...] = _bc(keep, Mc.ndim) * Mc
+    D = dm_ref[...]
+    D = _bc(eg_ref[...], D.ndim) * D + _outer(k_ref[...], a) + _outer(q_ref[...], c)
+    out_ref[...] = _bc(keep, D.ndim) * D
+
+
+def grad_update(
+    cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
+):
+    """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)), float32, with
+    Mi = keep Ms[t]; the first written over dM's buffer."""
+    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+    S, B, H, K, U = Ms.shape
+    bl = _blocks(cfg, B, H, K, U)
+    n = U // bl.bu
+    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)]
+    call = _call(
+        cfg,
+        _grad_update_kernel,
+        bl.grid(B, H, U),
+        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_k()]
+        + [bl.vec_u(), bl.vec_u(), bl.per_bh()],
+        [bl.tile(), bl.partial_k(), bl.partial_k()],
+        [
+            jax.ShapeDtypeStruct((B, H, K, U), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+        ],
+        aliases={3: 0},
+    )
+    dM_new, mk, mq = call(Ms, t1, keep, dM, *vecs)
+    return dM_new, mk.sum(axis=2), mq.sum(axis=2)
+
+
+class PallasMemory(NamedTuple):
+    """The four passes, each with `gpn_jax.native.memory`'s signature."""
+
+    step: Callable
+    stack: Callable
+    grad_reduce: Callable
+    grad_update: Callable
+    config: Config
+
+
+def memory_kernels(
+    interpret: bool | None = None,
+    platform: str | None = None,
+    block_u: int | None = None,
+    num_warps: int = 8,
+) -> PallasMemory:
+    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda').
+    `interpret` None: Pallas's interpreter exactly when that platform is the CPU. `block_u`
+    and `num_warps` (Triton) are tuning knobs for a GPU run to sweep (module docstring)."""
+    platform = platform or jax.default_backend()
+    platform = {"gpu": "cuda"}.get(platform, platform)
+    if interpret is None:
+        interpret = platform == "cpu"
+    if not interpret and platform == "tpu":
+        raise ValueError(
+            f"pallas memory kernels: no TPU (Mosaic) variant, XLA keeps M in VMEM there; {_XLA_HINT}"
+        )
+    if not interpret and platform not in ("cuda", "rocm"):
+        raise ValueError(
+            f"pallas memory kernels compile for GPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
+        )
+    cfg = Config(bool(interpret), platform, block_u, num_warps)
+    return PallasMemory(
+        functools.partial(step, cfg),
+        functools.partial(stack, cfg),
+        functools.partial(grad_reduce, cfg),
+        functools.partial(grad_update, cfg),
+        cfg,
+    )

@@ -1,0 +1,236 @@
+"""The Pallas memory kernels (interpret mode on this CPU, with the CPU's blocks and with the
+GPU's grid of (b, h, U tile) programs) against plain-jnp formulas and autodiff
+(`tests/helpers/memory_reference.py`), for float32 and bfloat16 storage with document resets,
+per shard under `shard_map`, and their Triton lowering for CUDA at the 130M shapes (jaxlib
+carries the Triton dialect, so this needs no GPU and no CUDA plugin). There is no TPU variant to
+lower (`memory_kernels` refuses 'tpu', naming the XLA alternative).
+
+Tolerances are norm-relative (`tests/tolerance.py`):
+- float32 arithmetic: a sum of n products in another order differs by at most ~n eps32 relative
+  to the sum of magnitudes, so each output's bound is eps32 x n x MARGIN, n its reduction length
+  (K for M^T x, U for M y, K U for <dM, M>), and the stack's S chained writes add theirs (each
+  write, (eg I - beta k k^T) Mi + beta k v^T with |k| = 1, eg <= 1, beta < 1, is non-expansive);
+- bfloat16 storage: kernel and reference round the same float32 values, which may differ in the
+  last bits, so a stored value may land one bfloat16 step (eps_bf16 = 2^-7 relative) apart:
+  M' within eps_bf16, a stack of S steps within S eps_bf16 (non-expansive writes carry earlier
+  steps' differences unchanged at most), and reads of a stored memory within the same bound
+  relative to the memory's norm (|q| = 1: ||dM^T q|| <= ||dM||).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpn_jax.kernels.pallas import MEMORY_DTYPES, memory_kernels
+from tests.helpers import memory_reference as ref
+from tests.tolerance import assert_rel_close
+
+EPS32 = 1.19e-7
+EPS_BF16 = 2.0**-7  # 7.8e-3: one bfloat16 step per stored value
+MARGIN = 4  # over the linear round-off bound
+B, H, K, U, S = 2, 3, 8, 16, 5
+BLOCK_U = 8  # two U tiles: the kernels' partial row sums are exercised
+
+
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def kernels(request):
+    """Interpreted as the CPU runs them (one program over every (b, h); the stack sliced at t
+    before the grads) and as a GPU's grid runs them (one program per (b, h, U tile); the grads
+    index the stack at t themselves)."""
+    return memory_kernels(interpret=True, platform=request.param, block_u=BLOCK_U)
+
+
+def _unit(x):
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _inputs(seed, lead=()):
+    """Write inputs in their real ranges: unit k, q; beta in (0.1, 0.9); eg in (0.5, 1)."""
+    ks = jax.random.split(jax.random.key(seed), 5)
+    n = (*lead, B, H)
+    k = _unit(jax.random.normal(ks[0], (*n, K)))
+    q = _unit(jax.random.normal(ks[1], (*n, K)))
+    v = jax.random.normal(ks[2], (*n, U))
+    beta = jax.random.uniform(ks[3], n, minval=0.1, maxval=0.9)
+    eg = jax.random.uniform(ks[4], n, minval=0.5, maxval=1.0)
+    return k, q, v, beta, eg
+
+
+def _memory(seed, dtype, shape=(B, H, K, U)):
+    return jax.random.normal(jax.random.key(seed), shape).astype(dtype)
+
+
+def _keep():
+    """(S, B) resets: row 0 starts a document at step 2, row 1 at step 0."""
+    return jnp.ones((S, B)).at[2, 0].set(0.0).at[0, 1].set(0.0)
+
+
+def _check_read(actual, desired, memory, bound, what):
+    """||actual - desired|| <= bound ||memory||: a read of a stored memory (unit query)."""
+    err = np.linalg.norm(np.asarray(actual, np.float64) - np.asarray(desired, np.float64))
+    scale = np.linalg.norm(np.asarray(memory, np.float64))
+    assert err <= bound * scale, f"{what}: {err / scale:.2e} > {bound:.1e}"
+
+
+@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
+def test_step_matches_formulas(kernels, dtype):
+    M = _memory(0, dtype)
+    args = (M, *_inputs(1)[:2], *_inputs(1)[2:])
+    Mn, o = jax.jit(kernels.step)(*args)
+    Mn_ref, o_ref = ref.step(*args)
+    assert Mn.dtype == jnp.dtype(dtype) and o.dtype == jnp.float32
+    f32 = EPS32 * K * MARGIN  # M^T k over K, then one multiply-add
+    store = EPS_BF16 if dtype == "bfloat16" else 0.0
+    assert_rel_close(Mn.astype(jnp.float32), Mn_ref.astype(jnp.float32), f32 + store, "M'")
+    _check_read(o, o_ref, Mn_ref.astype(jnp.float32), 2 * f32 + store, "o")
+    # the read is of the stored M' (float32 round-off only from the kernel's own M')
+    own = jnp.einsum("bhk,bhku->bhu", args[2], Mn.astype(jnp.float32))
+    _check_read(o, own, Mn.astype(jnp.float32), f32, "o from the stored M'")
+
+
+@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
+def test_stack_matches_scan_with_resets(kernels, dtype):
+    M0 = _memory(2, dtype)
+    k, q, v, beta, eg = _inputs(3, lead=(S,))
+    Ms, kM, qM = jax.jit(kernels.stack)(M0, k, q, v, beta, eg, _keep())
+    Ms_ref, kM_ref, qM_ref = ref.stack(M0, k, q, v, beta, eg, _keep())
+    assert Ms.dtype == jnp.dtype(dtype) and Ms.shape == (S, B, H, K, U)
+    f32 = EPS32 * K * MARGIN * S  # S chained writes, each over K
+    store = S * EPS_BF16 if dtype == "bfloat16" else 0.0
+    Ms_ref32 = Ms_ref.astype(jnp.float32)
+    assert_rel_close(Ms.astype(jnp.float32), Ms_ref32, f32 + store, "Ms")
+    np.testing.assert_array_equal(Ms[0], M0)  # the segment's start, stored unchanged
+    for name, a, b in (("kM", kM, kM_ref), ("qM", qM, qM_ref)):
+        _check_read(a, b, Ms_ref32, f32 + store, name)
+    # each step reads the memory as stored (the carry is rounded to storage at every write)
+    Mi = Ms.astype(jnp.float32) * _keep()[:, :, None, None, None]
+    for name, a, x in (("kM", kM, k), ("qM", qM, q)):
+        own = jnp.einsum("sbhk,sbhku->sbhu", x, Mi)
+        _check_read(a, own, Mi, EPS32 * K * MARGIN, f"{name} from the stored Ms")
+    # a reset zeroes the memory that step reads: row 1's step 0 reads nothing
+    np.testing.assert_array_equal(kM[0, 1], 0.0)
+
+
+@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
+@pytest.mark.parametrize("t", [1, 3])
+def test_grad_reduce_matches_autodiff(kernels, dtype, t):
+    Ms = _memory(4, dtype, (S, B, H, K, U))
+    dM = _memory(5, jnp.float32)
+    k = _inputs(6)[0]
+    w = jax.random.normal(jax.random.key(7), (B, H, U))
+    keep_B = jnp.array([1.0, 0.0])  # row 1 starts a document at step t
+    got = jax.jit(kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
+    want = ref.grad_reduce(Ms, t, keep_B, dM, k, w)
+    # Ms is read from storage by both: float32 round-off only
+    for name, a, b, n in zip(("dM^T k", "dM w", "<dM, Mi>"), got, want, (K, U, K * U), strict=True):
+        assert a.dtype == jnp.float32 and a.shape == b.shape, name
+        assert_rel_close(a, b, EPS32 * n * MARGIN, name)
+    np.testing.assert_array_equal(got[2][1], 0.0)
+
+
+@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
+def test_grad_update_matches_autodiff(kernels, dtype):
+    t = 2
+    Ms = _memory(8, dtype, (S, B, H, K, U))
+    dM = _memory(9, jnp.float32)
+    k, q, _, _, eg = _inputs(10)
+    dkM, dqM = jax.random.normal(jax.random.key(11), (2, B, H, U))
+    keep_B = jnp.array([0.0, 1.0])
+    got = jax.jit(kernels.grad_update)(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    want = ref.grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
+    for name, a, b, n in zip(("dM_prev", "Mi dkM", "Mi dqM"), got, want, (3, U, U), strict=True):
+        assert a.dtype == jnp.float32 and a.shape == b.shape, name
+        assert_rel_close(a, b, EPS32 * n * MARGIN, name)
+    np.testing.assert_array_equal(got[0][0], 0.0)  # reset row: no cotangent flows past it
+
+
+def test_default_tile_and_interpret_choice():
+    """interpret=None on this CPU: the interpreter, with the default U tile (one tile here)."""
+    mk = memory_kernels()
+    assert mk.config.interpret and mk.config.platform == "cpu"
+    M = _memory(12, jnp.float32)
+    args = (M, *_inputs(13))
+    Mn, o = jax.jit(mk.step)(*args)
+    Mn_ref, o_ref = ref.step(*args)
+    assert_rel_close((Mn, o), (Mn_ref, o_ref), EPS32 * K * MARGIN * 2, "step")
+
+
+def test_refusals_name_the_xla_alternative():
+    with pytest.raises(ValueError, match="kernels='xla'"):
+        memory_kernels(interpret=True).step(_memory(0, jnp.float16), *_inputs(1))
+    with pytest.raises(ValueError, match="kernels='xla'"):
+        memory_kernels(interpret=True, block_u=5).step(_memory(0, jnp.float32), *_inputs(1))
+    with pytest.raises(ValueError, match="no TPU"):
+        memory_kernels(interpret=False, platform="tpu")
+    with pytest.raises(ValueError, match="power-of-two"):
+        gpu = memory_kernels(interpret=False, platform="cuda", block_u=16)
+        jax.jit(gpu.step).trace(_memory(0, jnp.float32, (B, H, 6, U)), *_inputs(1)).lower(
+            lowering_platforms=("cuda",)
+        )
+
+
+def _shapes_130m(dtype):
+    """The passes' arguments at 130M: B = 8, H = 15, K = 128, U = 256, segment S = 64."""
+    b, h, k, u, s = 8, 15, 128, 256, 64
+    f, sd = jnp.float32, jax.ShapeDtypeStruct
+    i32 = sd((), jnp.int32)
+    return {
+        "step": (sd((b, h, k, u), dtype), sd((b, h, k), f), sd((b, h, k), f), sd((b, h, u), f))
+        + (sd((b, h), f),) * 2,
+        "stack": (sd((b, h, k, u), dtype), sd((s, b, h, k), f), sd((s, b, h, k), f))
+        + (sd((s, b, h, u), f), sd((s, b, h), f), sd((s, b, h), f), sd((s, b), f)),
+        "grad_reduce": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
+        + (sd((b, h, k), f), sd((b, h, u), f)),
+        "grad_update": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
+        + (sd((b, h, k), f),) * 2
+        + (sd((b, h, u), f),) * 2
+        + (sd((b, h), f),),
+    }
+
+
+@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
+def test_lowers_for_cuda_at_130m(dtype):
+    """Triton lowering from this CPU host (jaxlib carries the Triton dialect; PTX is compiled on
+    the GPU): each pass becomes one Triton custom call; step and grad_update alias their
+    memory operand to their first result."""
+    mk = memory_kernels(interpret=False, platform="cuda")
+    for name, args in _shapes_130m(jnp.dtype(dtype)).items():
+        text = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("xla.gpu.triton") == 1, name
+        # one program per (b, h, U tile of 64): grid (8, 15, 4), 8 warps each
+        for attr in ("grid_x = 8 ", "grid_y = 15 ", "grid_z = 4 ", "num_warps = 8 "):
+            assert attr in text, (name, attr)
+        if name in ("step", "grad_update"):
+            assert "output_operand_aliases" in text, name
+
+
+def test_step_and_grad_update_per_shard(kernels):
+    """Under `shard_map` with the batch split over two devices (how the fused window runs them
+    per shard, `check_vma=False` as `gpn_jax.parallel.spmd` maps) each shard's kernels give the
+    unsharded result: the passes are per (b, h)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    M = _memory(14, jnp.float32)
+    args = (M, *_inputs(15))
+    spec = (P("data"),) * len(args)
+    sharded = jax.jit(
+        jax.shard_map(kernels.step, mesh=mesh, in_specs=spec, out_specs=P("data"), check_vma=False)
+    )
+    bound = EPS32 * K * MARGIN * 2  # same formulas; only the summation order may differ
+    assert_rel_close(sharded(*args), jax.jit(kernels.step)(*args), bound, "step per shard")
+    Ms = _memory(16, jnp.float32, (S, B, H, K, U))
+    k, q, _, _, eg = _inputs(17)
+    dkM, dqM = jax.random.normal(jax.random.key(18), (2, B, H, U))
+    rest = (jnp.array([1.0, 0.0]), M, k, q, dkM, dqM, eg)
+    upd = jax.shard_map(
+        lambda Ms, *r: kernels.grad_update(Ms, 3, *r),
+        mesh=mesh,
+        in_specs=(P(None, "data"),) + (P("data"),) * len(rest),
+        out_specs=P("data"),
+        check_vma=False,
+    )
+    want = jax.jit(kernels.grad_update)(Ms, 3, *rest)
+    assert_rel_close(jax.jit(upd)(Ms, *rest), want, EPS32 * U * MARGIN, "grad_update per shard")

@@ -1,0 +1,45 @@
+"""Which of the Pallas kernels' passes the fused window calls (`model.kernels=pallas`): every
+pass for one predict layer, with or without remat, in float32 or bfloat16 storage; the
+forward's passes with two layers. Interpret mode lowers to plain HLO, so the calls are
+counted as the window is traced."""
+
+import collections
+
+import jax
+import pytest
+
+from gpn_jax import kernels
+from gpn_jax.core.kernel_ops import MemoryKernels
+from tests.helpers.window import fused_grad_hlo, pair, random_carry, tokens
+
+PASSES = ("step", "stack", "grad_reduce", "grad_update")
+
+
+def _counting(real: MemoryKernels, calls: collections.Counter) -> MemoryKernels:
+    def wrap(name):
+        def call(*args):
+            calls[name] += 1
+            return getattr(real, name)(*args)
+
+        return call
+
+    return real._replace(**{name: wrap(name) for name in PASSES})
+
+
+@pytest.mark.parametrize(
+    "kw,used",
+    [
+        (dict(n_layers=1), set(PASSES)),
+        (dict(n_layers=1, remat_segment=3), set(PASSES)),  # the forward reruns per segment
+        (dict(n_layers=1, memory_dtype="bfloat16"), set(PASSES)),
+        (dict(n_layers=2), {"step", "stack"}),  # the backward's passes take one layer's query
+    ],
+)
+def test_which_passes_the_window_calls(kw, used, monkeypatch):
+    model = pair(kernels="pallas", **kw)[1]
+    real = kernels.resolve("pallas", "cpu", model.config.memory_dtype)
+    calls = collections.Counter()
+    monkeypatch.setattr(type(model), "kernels", lambda self: _counting(real, calls))
+    params = model.init(jax.random.PRNGKey(0))
+    fused_grad_hlo(model, params, tokens(9), random_carry(model))
+    assert set(calls) == used
