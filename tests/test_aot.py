@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax import aot
+from gpn_jax.benchmarks import aot
 from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,8 +37,8 @@ def test_parse_mesh():
 def test_compile_reports_sharded_state_and_memory():
     config = gpn_m_tiny.get_config()
     config.train.update(dict(batch_size=8, seq_len=16))
-    result = aot.compile_train_step(config, 8, {"data": 2, "fsdp": 4, "tensor": 1})
-    report = aot.memory_report(result, memory_gb=1.0)
+    result = aot.compile_train_step(config, jax.devices()[:8], {"data": 2, "fsdp": 4, "tensor": 1})
+    report = aot.memory_report(result, memory_bytes=aot.GiB)
     # the train state (params, Adam mu and nu, float32) is split 4 ways over fsdp, except
     # the vectors, which stay whole
     leaves = jax.tree.leaves(result["abstract"])
@@ -51,7 +51,7 @@ def test_compile_reports_sharded_state_and_memory():
         report["arguments"] + report["outputs"] - report["aliased"] + report["temporaries"]
     )
     assert report["loop_collectives"] == {}
-    text = aot.format_report(config, result, report, 1.0)
+    text = aot.format_report(config, result, report, aot.GiB)
     assert "per-device memory" in text and "fits in 1 GiB" in text
 
 
@@ -62,14 +62,14 @@ def test_cli_forces_cpu_devices_and_prints_memory():
         [
             sys.executable, "-m", "gpn_jax.aot",
             "--config=experiments/configs/gpn_m_tiny.py", "--devices=4", "--mesh=fsdp=2",
-            "--config.train.batch_size=4", "--config.train.seq_len=8", "--memory_gb=0.000001",
+            "--config.train.batch_size=4", "--config.train.seq_len=8", "--memory_gb=0.001",
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1} on 4 cpu devices" in out
-    assert "temporaries" in out and "does NOT fit in 1e-06 GiB" in out
+    assert "temporaries" in out and "does NOT fit in 0.001 GiB" in out
     assert "no collective inside any loop body" in out
 
 

@@ -198,7 +198,7 @@ def format_report(config, result, report, memory_bytes: int | None = None) -> st
     ]
     if memory_bytes:
         verdict = "fits" if report["fits"] else "does NOT fit"
-        lines.append(f"  -> {verdict} in {memory_bytes / GiB:g} GiB per device")
+        lines.append(f"  -> {verdict} in {memory_bytes / GiB:.3g} GiB per device")
     if report["loop_collectives"]:
         lines.append(
             "collectives inside loop bodies (once per iteration; with tensor > 1 these are the"

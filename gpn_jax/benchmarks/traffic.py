@@ -242,13 +242,21 @@ def _result_bytes(ins: Instr, body: list[Instr], elements: int) -> int:
     return total
 
 
-def instruction_bytes(ins: Instr, comps: dict, elements: int) -> int:
-    """HBM bytes over M-sized arrays (`elements` elements) that one execution of `ins` moves."""
-    if ins.opcode in FREE:
-        return 0
+def _shape_of(operand: str, shapes: dict) -> str:
+    """An operand's shape text: printed with it, or its definition's in the computation."""
+    if _SHAPE.search(operand):
+        return operand
+    return shapes.get(operand.split()[-1].lstrip("%"), "")
+
+
+def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
+    """HBM bytes over M-sized arrays (`elements` elements) that one execution of `ins` moves;
+    `shapes`: name -> result shape of the instructions of its computation."""
+    if ins.opcode in FREE or ins.opcode in ("while", "call", "conditional"):
+        return 0  # control flow passes its buffers on; what its computations move counts
     if ins.opcode.endswith("-done"):
         return array_bytes(ins.result, elements) if ins.opcode == "copy-done" else 0
-    operands = _operand_list(ins.operands)
+    operands = [_shape_of(o, shapes) for o in _operand_list(ins.operands)]
     if ins.opcode.endswith("-start"):
         return sum(array_bytes(o, elements) for o in operands) if ins.opcode == "copy-start" else 0
     if ins.opcode == "dynamic-slice":
@@ -287,9 +295,9 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
             return memo[name]
         if name in stack or name not in comps:
             return 0
-        total = 0
+        total, shapes = 0, {i.name: i.result for i in comps[name]}
         for ins in comps[name]:
-            b = instruction_bytes(ins, comps, elements)
+            b = instruction_bytes(ins, comps, elements, shapes)
             if b:
                 moved.add((name, ins.name))
             total += b + _nested(ins, name, stack + (name,))
