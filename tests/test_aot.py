@@ -1,6 +1,7 @@
 """Ahead-of-time check: compile a config's train step for an N-device mesh on forced CPU
 devices, from abstract inputs, and report per-device memory."""
 
+import json
 import math
 import os
 import subprocess
@@ -10,7 +11,7 @@ import jax
 import pytest
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax.benchmarks import aot
+from gpn_jax.benchmarks import aot, aot_run
 from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,3 +105,55 @@ def test_cli_reports_bad_input_in_one_line(args, message):
     )  # fmt: skip
     assert proc.returncode == 1
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def tiny_config():
+    config = gpn_m_tiny.get_config()
+    config.train.update(dict(batch_size=4, seq_len=16))
+    return config
+
+
+def check_record(record: dict) -> None:
+    assert isinstance(record["fits"], bool)
+    assert isinstance(record["peak_bytes_per_device"], int) and record["peak_bytes_per_device"] > 0
+    assert record["kernels"] in ("xla", "native", "pallas")
+    assert record["unknown_trip_counts"] == []
+    cells = 2 * 16 * 32  # gpn_m_tiny: H x K x U
+    assert record["memory_bytes_per_token_min"] == cells * 28  # float32 storage: 5 x 4 + 8
+    assert isinstance(record["memory_bytes_per_token_hlo"], float)
+    json.dumps(record)  # plain JSON types
+
+
+def test_cpu_record_has_traffic_fields():
+    """XLA:CPU keeps every array in memory: the step moves at least the schedule's minimum."""
+    config = tiny_config()
+    result = aot.compile_train_step(config, jax.devices()[:1], {"data": 1, "fsdp": 1, "tensor": 1})
+    report = aot.memory_report(result, aot.GiB)
+    record = aot.step_record(config, result, report, aot.GiB)
+    check_record(record)
+    assert record["fits"] and record["batch_per_device"] == 4
+    assert record["memory_bytes_per_token_hlo"] >= record["memory_bytes_per_token_min"]
+
+
+def test_tpu_topology_compile(tmp_path):
+    """The tiny train step compiled for a v5e:2x2 slice with libtpu's compile-only devices."""
+    missing = aot.libtpu_missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "aot.json"
+    flags = dict(
+        devices=None, topology="v5e:2x2", mesh="4,1,1", memory_gb=None, json=True,
+        out=str(out), find_max_batch=False, max_trials=1,
+    )  # fmt: skip
+    record = aot_run.run(tiny_config(), flags, ["gpn-aot", "--topology=v5e:2x2"])
+    check_record(record)
+    assert record["platform"] == "tpu" and record["device_kind"] == "TPU v5 lite"
+    assert record["devices"] == 4 and record["batch_per_device"] == 1
+    assert record["fits"] and record["hbm_bytes_per_device"] == 16 * aot.GiB
+    assert json.loads(out.read_text())["fits"] is True
+    assert record["command"] == "python -m gpn_jax.aot --topology=v5e:2x2"
+
+
+def test_bad_topology_is_one_line():
+    with pytest.raises(ValueError, match="expected <v4|v5e|v5p|v6e>"):
+        aot.topology_devices("v5e-8")

@@ -86,6 +86,8 @@ def topology_devices(name: str) -> list:
     from jax.experimental import topologies
 
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask
+    # compile-only: no chip is opened, so other processes may load libtpu at the same time
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     jax.config.update("jax_platforms", "cpu")
     dims = [int(d) for d in m.group(2).split("x")] + [1]
     bounds = tuple(min(d, b) for d, b in zip(dims[:3], _HOST_BOUNDS, strict=True))

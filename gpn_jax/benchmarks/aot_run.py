@@ -64,8 +64,9 @@ def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
     return None if any(t["batch_per_device"] == guess for t in trials) else guess
 
 
-def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log) -> dict:
-    """Compiles per-device batches until the largest that fits is bracketed within 8."""
+def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log, save=None) -> dict:
+    """Compiles per-device batches until the largest that fits is bracketed within 8;
+    `save(result)` after each compile keeps what was found if a later one is cut off."""
     dp = _data_parallel(sizes, len(devices))
     batch = max(1, config.train.batch_size // dp)
     trials = []
@@ -79,6 +80,12 @@ def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log) -
             + f", M in VMEM: {record['m_in_vmem']}, {record['compile_seconds']} s"
         )
         batch = _next_batch(trials, memory_bytes, 8)
+        if save:
+            save(_search_result(trials, complete=batch is None))
+    return _search_result(trials, complete=batch is None)
+
+
+def _search_result(trials: list[dict], complete: bool) -> dict:
     fit = [t for t in trials if t["fits"]]
     fail = [t["batch_per_device"] for t in trials if not t["fits"]]
     vmem = [t["batch_per_device"] for t in fit if t["m_in_vmem"]]
@@ -86,8 +93,12 @@ def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log) -
     return {
         "largest_fitting_batch_per_device": best["batch_per_device"] if best else None,
         "smallest_failing_batch_per_device": min(fail, default=None),
-        "largest_batch_with_m_in_vmem": max(vmem, default=None),
+        "largest_batch_with_m_in_vmem": max(vmem, default=None),  # of those compiled
+        "smallest_batch_with_m_in_hbm": min(
+            (t["batch_per_device"] for t in trials if t["m_in_vmem"] is False), default=None
+        ),
         "fits": best is not None,
+        "search_complete": complete,
         **{k: v for k, v in (best or trials[-1]).items() if k not in ("fits", "batch_size")},
         "trials": trials,
     }
@@ -146,14 +157,16 @@ def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:
     sizes = aot.parse_mesh(flags["mesh"], config.mesh)
     memory = int(flags["memory_gb"] * aot.GiB) if flags["memory_gb"] else aot.hbm_bytes(devices[0])
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if flags["json"] else print
+    head = {**provenance(argv), "topology": flags["topology"] or None}
     if flags["find_max_batch"]:
         if not memory:
             raise ValueError("--find_max_batch needs the device memory: pass --memory_gb")
-        result = find_max_batch(config, devices, sizes, memory, flags["max_trials"], log)
+        save = (lambda r: write_json(flags["out"], {**head, **r})) if flags["out"] else None
+        result = find_max_batch(config, devices, sizes, memory, flags["max_trials"], log, save)
     else:
         result, text = compile_one(config, devices, sizes, memory)
         log(text)
-    result = {**provenance(argv), "topology": flags["topology"] or None, **result}
+    result = {**head, **result}
     if flags["json"]:
         print(json.dumps(result, indent=1), flush=True)
     else:
