@@ -1,7 +1,7 @@
-"""The README's accelerator figure (issue #16, item 4) in one command, for a machine with a GPU/TPU:
+"""The README's accelerator figure in one command, for a machine with a GPU/TPU:
 
     python experiments/accel_bench.py --config=experiments/configs/bench_accel.py \
-        --workdir=/tmp/gpn_accel --device_spec=h100,h200
+        --workdir=runs/accel --device_spec=h100,h200
 
 The config (`experiments/configs/bench_accel.py`) is the paper's 130M GPN+M at T = 2048 in
 bfloat16. The bench's `train` suite runs it (`gpn_jax.bench.run`), once per candidate batch of
@@ -12,7 +12,7 @@ plus the `--device_spec` data-sheet bounds.
 A candidate that runs out of device memory is reported and the next one is tried. Any other
 failure stops the script with its one-line error, so that a bug never passes for "did not fit".
 
-It takes `gpn_jax.bench`'s flags (`--profile`, `--isolate`, `--out` as there); its suite is
+It takes the flags `--profile`, `--isolate`, `--out` as `gpn_jax.bench` does; its suite is
 always `train`. The run writes <workdir>/bench_accel.{json,md} for the batch that ran; its last
 line is the figure: device, batch, tokens/s, MFU, and the fraction of the device's roofline
 bound. It needs only what `gpn_jax.bench` imports: on an offline machine whose image already
@@ -24,7 +24,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpn_jax import bench, cli  # noqa: E402 - after the path to this checkout
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from gpn_jax import cli  # noqa: E402 - after the path to this checkout
+from gpn_jax.benchmarks import runner  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Bench config (bench_accel.py).")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Output directory (default: a new private one).")
+_OUT = flags.DEFINE_string("out", "", "JSON results file (default <workdir>/<config name>.json).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Save a profile of one training step.")
+_ISOLATE = flags.DEFINE_bool("isolate", True, "Run each record in its own process.")
+_DEVICE_SPEC = flags.DEFINE_string("device_spec", "", "Data-sheet rooflines to print (h100,h200).")
+flags.mark_flags_as_required(["config"])
 
 PROG = "accel_bench"
 # What XLA says when an allocation does not fit, lower-cased (GPU: "RESOURCE_EXHAUSTED: Out of
@@ -72,16 +84,14 @@ def figure(records: list[dict]) -> str:
 
 
 def _run_bench(config, workdir: str, device_spec: str) -> list[dict]:
-    f = bench.flags.FLAGS
-    return bench.run(config, workdir, f.out, ["train"], f.profile, f.isolate, device_spec)
+    return runner.run(
+        config, workdir, _OUT.value, ["train"], _PROFILE.value, _ISOLATE.value, device_spec
+    )
 
 
 def _body():
-    f = bench.flags.FLAGS
-    if f.suites not in ("", "train"):
-        raise ValueError("accel_bench runs the train suite only; drop --suites")
-    config = cli.config_or_exit(bench._CONFIG, PROG)
-    records = largest_that_runs(config, f.workdir, f.device_spec, _run_bench)
+    config = cli.config_or_exit(_CONFIG, PROG)
+    records = largest_that_runs(config, _WORKDIR.value, _DEVICE_SPEC.value, _run_bench)
     print(f"\n{PROG}: largest batch that ran: {figure(records)}", flush=True)
 
 

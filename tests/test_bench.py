@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from experiments.configs import bench_tiny
-from gpn_jax import bench
-from gpn_jax.benchmarks import common, report, roofline
+from gpn_jax.benchmarks import common, report, roofline, runner
 from gpn_jax.native import small_matmul
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
@@ -24,7 +23,7 @@ def test_all_suites_in_process(tmp_path):
     config.generate.batch_sizes = (1, 4)
     config.generate.kv_cache_limit_gb = 60_000 / 2**30  # the batch-4 cache at 64 is over it
     out = tmp_path / "out" / "tiny.json"
-    bench.run(
+    runner.run(
         config,
         str(tmp_path),
         str(out),
@@ -76,8 +75,8 @@ def test_all_suites_in_process(tmp_path):
 def test_one_record_in_its_own_process(tmp_path):
     config = bench_tiny.get_config()
     config.train.models = "gpn"
-    (spec,) = bench.build_specs(config, ["train"], str(tmp_path), profile=False)
-    result = bench.run_spec(spec, isolate=True)
+    (spec,) = runner.build_specs(config, ["train"], str(tmp_path), profile=False)
+    result = runner.run_spec(spec, isolate=True)
     (record,) = result["records"]
     assert record["model"] == "gpn" and record["tokens_per_s"] > 0
     assert record["bytes_per_token"]["memory"] == 0 < record["bytes_per_token_bf16"]["train"]
@@ -94,8 +93,8 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
         config = bench_tiny.get_config()
         config.train.models = "gpn_m,gdn"
         config.compute_dtype = dtype
-        for spec in bench.build_specs(config, ["train"], str(tmp_path), profile=False):
-            (record,) = bench.run_spec(spec, isolate=False)["records"]
+        for spec in runner.build_specs(config, ["train"], str(tmp_path), profile=False):
+            (record,) = runner.run_spec(spec, isolate=False)["records"]
             assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
             losses[record["model"], dtype] = record["loss"]
     for name in ("gpn_m", "gdn"):
@@ -105,12 +104,12 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
 
 def test_specs_and_remat_segments():
     config = bench_tiny.get_config()
-    specs = bench.build_specs(config, ["scaling"], "/tmp/x", profile=False)
+    specs = runner.build_specs(config, ["scaling"], "/tmp/x", profile=False)
     assert {s["overrides"]["remat_segment"] for s in specs} == {0, 4, 8}
-    assert [bench.sqrt_segment(t) for t in (256, 512, 1024, 2048, 4096)] == [16, 16, 32, 32, 64]
+    assert [runner.sqrt_segment(t) for t in (256, 512, 1024, 2048, 4096)] == [16, 16, 32, 32, 64]
     with pytest.raises(ValueError, match="unknown model"):
         config.train.models = "nope"
-        bench.build_specs(config, ["train"], "/tmp/x", profile=False)
+        runner.build_specs(config, ["train"], "/tmp/x", profile=False)
 
 
 def test_memory_slopes():
@@ -200,9 +199,9 @@ def test_cli_unknown_device_spec_is_one_line(tmp_path):
 def test_alternated_steps_give_per_round_ratios(tmp_path):
     config = bench_tiny.get_config()
     config.alternate.update(dict(models="gpn,transformer", reference="transformer", rounds=3))
-    (spec,) = bench.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+    (spec,) = runner.build_specs(config, ["alternate"], str(tmp_path), profile=False)
     assert list(spec["models"]) == ["gpn", "transformer"] and spec["rounds"] == 3
-    records = bench.run_spec(spec, isolate=False)["records"]
+    records = runner.run_spec(spec, isolate=False)["records"]
     assert [r["model"] for r in records] == ["gpn", "transformer"]
     gpn, ref = records
     for r in records:
@@ -231,7 +230,7 @@ def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
     config = bench_tiny.get_config()
     config.alternate.update(dict(models="gpn_m,gdn", reference="transformer"))
     with pytest.raises(ValueError, match="alternate.reference 'transformer' is not among"):
-        bench.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+        runner.build_specs(config, ["alternate"], str(tmp_path), profile=False)
 
 
 def test_loop_costs_times_the_fused_windows_matrix_shapes():

@@ -281,7 +281,7 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         return rec
     text = result["compiled"].as_text()
     if cells:
-        t = traffic.hlo_bytes(text, micro * cells)
+        t = traffic.hlo_bytes(text, micro * cells)  # the whole step: every micro-batch
         rec["memory_bytes_per_token_hlo"] = t.bytes / (per_step * config.train.seq_len)
         rec["unknown_trip_counts"] = t.unknown_trip_counts
         rec["m_in_vmem"] = m_in_vmem(text, micro * cells)

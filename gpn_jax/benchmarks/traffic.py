@@ -328,16 +328,28 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
     return Traffic(total, unknown, len(moved))
 
 
+def _field(cfg, name: str, default):
+    """A model config's field: ConfigDict / dict (`.get`) or a dataclass (attribute)."""
+    if hasattr(cfg, "get"):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
 def memory_cells(model_cfg) -> int:
     """H x K x U of a GPN+M model config (0 for a model without the matrix memory)."""
-    if model_cfg.get("family", "gpn") != "gpn" or not model_cfg.get("memory", True):
+    if hasattr(model_cfg, "get"):  # a config block: its family
+        gpn = model_cfg.get("family", "gpn") == "gpn"
+    else:  # a built model's config
+        gpn = type(model_cfg).__name__ == "GPNConfig"
+    if not gpn or not _field(model_cfg, "memory", True):
         return 0
-    return int(model_cfg.n_heads) * int(model_cfg.d_key) * int(model_cfg.d_value)
+    sizes = [int(_field(model_cfg, k, 0) or 0) for k in ("n_heads", "d_key", "d_value")]
+    return math.prod(sizes)
 
 
 def min_bytes_per_cell(memory_dtype: str) -> int:
     """5m + 8: the module docstring's minimum per memory cell per token."""
-    m = {"float32": 4, "bfloat16": 2}[memory_dtype]
+    m = {"float32": 4, "bfloat16": 2}[str(memory_dtype)]
     return 5 * m + 8
 
 
@@ -346,18 +358,18 @@ def min_bytes_per_token(model_cfg) -> int | None:
     cells = memory_cells(model_cfg)
     if not cells:
         return None
-    return cells * min_bytes_per_cell(model_cfg.get("memory_dtype", "float32"))
+    return cells * min_bytes_per_cell(_field(model_cfg, "memory_dtype", "float32"))
 
 
-def hlo_bytes_per_token(text: str, model_cfg, batch_local: int, seq_len: int) -> dict:
-    """The HLO count for a compiled step whose device holds `batch_local` sequences of
-    `seq_len` tokens: {'memory_bytes_per_token_hlo', 'unknown_trip_counts', ...}."""
+def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dict:
+    """The two traffic fields of a compiled step whose device holds `batch_local` sequences
+    of `seq_len` tokens (one micro-batch): the HLO count and the minimum, bytes per token."""
     cells = memory_cells(model_cfg)
     if not cells:
-        return {"memory_bytes_per_token_hlo": None, "unknown_trip_counts": []}
-    t = hlo_bytes(text, batch_local * cells)
+        return {"memory_bytes_per_token_hlo": None, "memory_bytes_per_token_min": None}
+    t = hlo_bytes(hlo_text, batch_local * cells)
     return {
         "memory_bytes_per_token_hlo": t.bytes / (batch_local * seq_len),
-        "memory_instructions": t.instructions,
+        "memory_bytes_per_token_min": min_bytes_per_token(model_cfg),
         "unknown_trip_counts": t.unknown_trip_counts,
     }

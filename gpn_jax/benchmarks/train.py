@@ -14,7 +14,7 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import common, op_profile
+from gpn_jax.benchmarks import common, op_profile, traffic
 from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
@@ -152,6 +152,7 @@ def run(spec: dict) -> dict:
         }
         | _throughput(spec, model, times)
         | byte_accounting(model, B, T)
+        | traffic.step_fields(model.config, compiled.as_text(), B, T)
     )
 
 
