@@ -4,7 +4,7 @@ the largest batch of `train.batch_sizes` that fits (`experiments/accel_bench.py`
 largest first). `:tiny` is a toy version of the same run for CPU tests.
 
 python experiments/accel_bench.py --config=experiments/configs/bench_accel.py \
-    --workdir=/tmp/gpn_accel --device_spec=h100,h200
+    --workdir=runs/accel --device_spec=h100,h200
 
 Candidate batches from `python -m gpn_jax.aot --config=experiments/configs/gpn_m_1l_130m.py
 --devices=1 --mesh=data=1,fsdp=1,tensor=1 --config.train.seq_len=2048

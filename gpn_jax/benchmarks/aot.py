@@ -231,20 +231,22 @@ def batch_shard(config, mesh) -> tuple[int, int]:
     return per_step, per_step // config.train.grad_accum
 
 
-def m_in_vmem(text: str, elements: int) -> bool | None:
+def m_in_vmem(text: str, elements: int, innermost: bool = False) -> bool | None:
     """True when every M-sized array that a while loop carries sits in memory space 1 (VMEM
-    on TPU); None when no loop carries one."""
+    on TPU); None when no loop carries one. `innermost`: only the loops whose body runs no
+    loop (the per-token loops); the outer ones (per segment) may hold M in HBM."""
     from gpn_jax.benchmarks import traffic
 
     comps, _ = traffic.parse(text)
-    found = [
-        bytes_
-        for instrs in comps.values()
-        for ins in instrs
-        if ins.opcode == "while"
-        for k, bytes_ in traffic.arrays(ins.result, elements)
-        if k == 1
-    ]
+    found = []
+    for instrs in comps.values():
+        for ins in instrs:
+            body = re.search(r"body=%?([\w.\-]+)", ins.attrs) if ins.opcode == "while" else None
+            if body is None or (
+                innermost and any(i.opcode == "while" for i in comps.get(body.group(1), []))
+            ):
+                continue
+            found += [b for k, b in traffic.arrays(ins.result, elements) if k == 1]
     return None if not found else not any(found)
 
 
@@ -285,6 +287,7 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         rec["memory_bytes_per_token_hlo"] = t.bytes / (per_step * config.train.seq_len)
         rec["unknown_trip_counts"] = t.unknown_trip_counts
         rec["m_in_vmem"] = m_in_vmem(text, micro * cells)
+        rec["m_in_vmem_per_token_loops"] = m_in_vmem(text, micro * cells, innermost=True)
     for key in ("arguments", "temporaries", "outputs", "aliased"):
         rec[key + "_bytes"] = report[key]
     return rec

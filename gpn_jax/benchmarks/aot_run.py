@@ -135,6 +135,7 @@ def write_json(path: str, obj: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # a results file, readable like the repository's others
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
