@@ -8,8 +8,8 @@ python experiments/accel_bench.py --config=experiments/configs/bench_accel.py \
 
 Candidate batches from `python -m gpn_jax.aot --config=experiments/configs/gpn_m_1l_130m.py
 --devices=1 --mesh=data=1,fsdp=1,tensor=1 --config.train.seq_len=2048
---config.train.batch_size=B` (XLA:CPU's memory analysis, an estimate of the accelerator's; run
-2026-12-03): 38.8 GiB at B = 128, 74.9 at 256, 111.0 at 384 per device.
+--config.train.batch_size=B` (XLA:CPU's memory analysis, an estimate of the accelerator's):
+about 39 GiB at B = 128, 75 at 256, 111 at 384 per device.
 """
 
 import ml_collections

@@ -30,10 +30,8 @@ EVAL_STRIDE-th of the held-out split's in-order batches (163,840 tokens): a samp
 split, where a prefix is one corner of it (its documents are in file order; on the hash split
 the first 196,608 tokens gave a 270-step GPN+M 70.80 against a train PPL of 60.11).
 
-Time, measured 2026-12-02 (2-core AMD EPYC, AVX2, matmul peak 160-174 GFLOP/s, idle): the
-compare command took 54 min 51 s (12 runs of 2.2-5.9 minutes and six analyses); on the
-hash-chosen split and a slower machine of the same kind (117 GFLOP/s) 1 h 16 min 45 s, within
-the ~90 minutes this table is meant to take either way. At 270 steps with the whole held-out
+Time: on 2 idle CPU cores (AVX2) the compare command takes about an hour (12 runs of 2-6
+minutes and six analyses), within the ~90 minutes this table is meant to take. At 270 steps with the whole held-out
 split (`--config.train.steps=270 --config.train.warmup_steps=27
 --config.train.final_eval_stride=1`, the README's longer budget) it took over 2 hours. If the
 machine is slower, lower `train.steps` (all models alike) rather than the seeds.
