@@ -97,6 +97,12 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
             (record,) = runner.run_spec(spec, isolate=False)["records"]
             assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
             losses[record["model"], dtype] = record["loss"]
+            if record["model"] == "gpn_m":  # 2 x 8 x 8 memory cells, float32: 5 x 4 + 8 bytes
+                assert record["memory_bytes_per_token_min"] == 2 * 8 * 8 * 28
+                assert record["memory_bytes_per_token_hlo"] > 0
+            else:  # Gated DeltaNet: no GPN+M memory
+                assert record["memory_bytes_per_token_hlo"] is None
+                assert record["memory_bytes_per_token_min"] is None
     for name in ("gpn_m", "gdn"):
         f32, bf16 = losses[name, "float32"], losses[name, "bfloat16"]
         assert bf16 != f32 and abs(bf16 - f32) < 0.02 * f32, (name, f32, bf16)

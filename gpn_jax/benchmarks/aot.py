@@ -213,14 +213,22 @@ def format_report(config, result, report, memory_bytes: int | None = None) -> st
 
 
 def resolved_kernels(config, platform: str) -> str:
-    """The kernel choice of `config.model.kernels` for `platform` ('xla' without the field)."""
-    choice = config.model.get("kernels", "xla")
+    """The kernel choice of `config.model.kernels` for `platform`, resolved by the kernel
+    seam (`gpn_jax.kernels.resolve`) where it exists; without the field, 'xla' except on a
+    CPU where the C++ kernels switch on by themselves ('native')."""
+    choice = config.model.get("kernels")
     try:
         from gpn_jax import kernels
     except ImportError:
-        return "xla" if choice == "auto" else choice
-    ops = kernels.resolve(choice, platform, config.model.get("memory_dtype", "float32"))
-    return ops.name if ops is not None else "xla"
+        kernels = None
+    if choice is not None and kernels is not None:
+        ops = kernels.resolve(choice, platform, config.model.get("memory_dtype", "float32"))
+        return ops.name if ops is not None else "xla"
+    if choice not in (None, "auto", "native") or platform != "cpu":
+        return choice if choice not in (None, "auto") else "xla"
+    from gpn_jax.native import small_matmul
+
+    return "native" if small_matmul.available() else "xla"
 
 
 def batch_shard(config, mesh) -> tuple[int, int]:
