@@ -332,63 +332,28 @@ def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
         window_ab.compiled_steps(["worktree"], "gpn_m", [{"xla_cpu_no_such_option": True}])
 
 
-def _accel_run(outcomes: dict, tried: list):
-    """A stand-in for one bench run per batch: the records `outcomes[B]` describes."""
-
-    def run(config, workdir, device_spec):
-        B = config.train.batch_size
-        tried.append(B)
-        error = outcomes[B]
-        return [{"suite": "train", "batch_size": B} | ({"error": error} if error else {})]
-
-    return run
-
-
-def test_accel_bench_tries_batches_largest_first_past_out_of_memory(capsys):
-    from experiments import accel_bench
-    from experiments.configs import bench_accel
-
-    config = bench_accel.get_config("tiny")
-    config.train.batch_sizes = (2, 8, 4)
-    oom = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123456 bytes."
-    tried = []
-    run = _accel_run({8: oom, 4: None, 2: None}, tried)
-    records = accel_bench.largest_that_runs(config, "w", "h200", run)
-    assert tried == [8, 4] and records == [{"suite": "train", "batch_size": 4}]
-    assert "batch 8 did not fit in device memory" in capsys.readouterr().out
-
-    tried.clear()
-    run = _accel_run({8: oom, 4: "INVALID_ARGUMENT: bad shape\nmore", 2: None}, tried)
-    with pytest.raises(RuntimeError, match=r"^batch 4 failed, not for lack of memory: INVALID_"):
-        accel_bench.largest_that_runs(config, "w", "h200", run)
-    assert tried == [8, 4]  # a bug does not pass for "did not fit"
-
-    run = _accel_run({8: oom, 4: oom, 2: "TPU: Ran out of memory in memory space hbm"}, [])
-    with pytest.raises(RuntimeError, match=r"no batch of \[8, 4, 2\] fits in device memory"):
-        accel_bench.largest_that_runs(config, "w", "h200", run)
-    config.train.batch_sizes = (4, 0)
-    with pytest.raises(ValueError, match=r"train.batch_sizes must be positive"):
-        accel_bench.largest_that_runs(config, "w", "h200", run)
-
-
-@pytest.mark.slow
-def test_accel_bench_cli_prints_the_figure_of_the_batch_that_ran(tmp_path):
-    argv = ["--config=experiments/configs/bench_accel.py:tiny", "--isolate=false"]
-    argv += [f"--workdir={tmp_path}", "--device_spec=h200"]
+def test_accel_bench_skips_the_passes_without_the_pallas_bench(tmp_path):
+    """Part (a) needs `gpn_jax.kernels.pallas.bench`; where it is missing the run says so in
+    its JSON and still succeeds."""
+    try:
+        import gpn_jax.kernels.pallas.bench  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the Pallas bench exists here: part (a) would run")
+    out = tmp_path / "accel"
     p = subprocess.run(
-        [sys.executable, "experiments/accel_bench.py", *argv],
+        [
+            sys.executable, "experiments/accel_bench.py", f"--out={out}", "--parts=passes",
+            "--config=experiments/configs/bench_accel.py:tiny",
+        ],
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        capture_output=True,
-        text=True,
-    )
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
-    last = p.stdout.strip().splitlines()[-1]
-    assert last.startswith("accel_bench: largest batch that ran: ")
-    assert " (cpu): gpn_m_130m B=4 T=32: " in last and " tokens/s, MFU " in last
-    assert "of the roofline bound (" in last
-    (record,) = json.loads((tmp_path / "bench_accel.json").read_text())
-    assert record["batch_size"] == 4 and f"{record['tokens_per_s']:,.0f} tokens/s" in last
-    assert "| H200 SXM (data sheet, bf16) |" in (tmp_path / "bench_accel.md").read_text()
+    result = json.loads((out / "accel.json").read_text())
+    assert result["passes"]["skipped"].startswith("gpn_jax.kernels.pallas.bench is missing")
+    assert "step" not in result and result["batch"] == 4
 
 
 def test_accel_bench_config_is_the_papers_130m_model_at_2048():
@@ -396,6 +361,6 @@ def test_accel_bench_config_is_the_papers_130m_model_at_2048():
 
     c = bench_accel.get_config()
     assert c.models.gpn_m_130m == gpn_m_1l_130m.get_config().model
-    assert (c.train.seq_len, c.train.batch_size, c.suites) == (2048, 384, "train")
+    assert (c.train.seq_len, c.train.batch_size, c.suites) == (2048, 128, "train")
     with pytest.raises(ValueError, match=r"unknown config variant 'cpu'; the only variant"):
         bench_accel.get_config("cpu")

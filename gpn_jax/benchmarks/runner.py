@@ -84,6 +84,7 @@ def _train_specs(t, shared: dict, model, workdir: str, profile: bool) -> list[di
             warmup=t.warmup,
             steps=t.steps,
             profile_dir=os.path.join(workdir, "profile", name) if profile else "",
+            timeout_s=t.get("timeout_s"),
         )
         for name in names(t.models)
     ]
@@ -153,6 +154,7 @@ def run_spec(spec: dict, isolate: bool) -> dict:
             cwd=root,
             capture_output=True,
             text=True,
+            timeout=spec.get("timeout_s"),  # None: no limit; a timeout fails this record
         )
         if proc.returncode or not os.path.exists(out_path):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
