@@ -157,3 +157,22 @@ def test_tpu_topology_compile(tmp_path):
 def test_bad_topology_is_one_line():
     with pytest.raises(ValueError, match="expected <v4|v5e|v5p|v6e>"):
         aot.topology_devices("v5e-8")
+
+
+def test_batch_search_brackets_the_largest_fitting_batch():
+    """`_next_batch` on a made-up step whose peak is 1 GiB + 0.5 GiB per sequence, in 16 GiB:
+    30 fits and 31 does not, so the search ends with 24 fitting and 32 failing."""
+    memory = 16 * aot.GiB
+
+    def compile_at(b):
+        peak = aot.GiB + b * aot.GiB // 2
+        return {"batch_per_device": b, "peak_bytes_per_device": peak, "fits": peak <= memory}
+
+    trials, batch = [], 8
+    while batch is not None:
+        trials.append(compile_at(batch))
+        batch = aot_run._next_batch(trials, memory, 8)
+        assert len(trials) < 10
+    fit = max(t["batch_per_device"] for t in trials if t["fits"])
+    fail = min(t["batch_per_device"] for t in trials if not t["fits"])
+    assert (fit, fail) == (24, 32) and len(trials) <= 4

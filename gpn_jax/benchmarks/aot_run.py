@@ -41,26 +41,31 @@ def compile_one(config, devices, sizes, memory_bytes):
 
 
 def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
-    """The next per-device batch to try, or None when the bracket is found."""
+    """The next per-device batch to try, or None when the bracket is found: the batch a line
+    through the two latest peaks (fitting or not) says fills the memory, a multiple of
+    `step` strictly inside the bracket (else its middle)."""
     fit = [t["batch_per_device"] for t in trials if t["fits"]]
     fail = [t["batch_per_device"] for t in trials if not t["fits"]]
     lo, hi = max(fit, default=0), min(fail, default=None)
     if hi is not None and hi - lo <= step:
         return None
-    sized = sorted((t["batch_per_device"], t["peak_bytes_per_device"]) for t in trials if t["fits"])
+    sized = [(t["batch_per_device"], t["peak_bytes_per_device"]) for t in trials]
+    sized = sorted(x for x in sized if x[1])
     if len(sized) >= 2:
         (b0, p0), (b1, p1) = sized[-2], sized[-1]
         slope = (p1 - p0) / (b1 - b0) if b1 != b0 else 0
         guess = b1 + int((memory_bytes - p1) / slope) if slope > 0 else 2 * b1
-    elif sized:  # one fit: peak taken as proportional to the batch (arguments make it low)
+    elif sized:  # one peak: taken as proportional to the batch
         b1, p1 = sized[0]
-        guess = int(b1 * memory_bytes / p1) if p1 else 2 * b1
+        guess = int(b1 * memory_bytes / p1)
     else:
-        guess = max(1, (hi or step) // 2)
-    guess = max(step, guess // step * step)
-    if hi is not None:
-        guess = min(guess, hi - step)
-    guess = max(guess, lo + step) if lo else guess
+        guess = 2 * lo if lo else step
+    guess = guess // step * step
+    if hi is not None and not lo < guess < hi:
+        guess = (lo + hi) // 2 // step * step
+    guess = max(guess, lo + step) if lo else max(guess, step)
+    if hi is not None and guess >= hi:
+        return None
     return None if any(t["batch_per_device"] == guess for t in trials) else guess
 
 
