@@ -178,3 +178,18 @@ def test_minimum_per_token():
 def test_no_entry_is_an_error():
     with pytest.raises(ValueError, match="no ENTRY computation"):
         traffic.hlo_bytes("HloModule m\n", N)
+
+
+def test_in_place_fusion_without_operands_counts_its_write():
+    """A fusion whose root is an in-place update may take no operand (all inside it)."""
+    extra = """
+%fill () -> f32[6,2,3,4,5] {
+  %z = f32[] constant(0)
+  %s = f32[6,2,3,4,5]{4,3,2,1,0} broadcast(%z), dimensions={}
+  %m = f32[1,2,3,4,5]{4,3,2,1,0} broadcast(%z), dimensions={}
+  %i = s32[] constant(0)
+  ROOT %w = f32[6,2,3,4,5]{4,3,2,1,0} dynamic-update-slice(%s, %m, %i, %i, %i, %i, %i)
+}
+"""
+    text = module("  ROOT %f = f32[6,2,3,4,5]{4,3,2,1,0} fusion(), kind=kLoop, calls=%fill", extra)
+    assert traffic.hlo_bytes(text, N).bytes == MB  # one M-sized slice written

@@ -265,7 +265,7 @@ def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> i
     reads = [_param_bytes(body, j, o, elements) for j, o in enumerate(operands)]
     root = next((i for i in body if i.root), None)
     if ins.opcode == "dynamic-update-slice" or (root and root.opcode == "dynamic-update-slice"):
-        reads[0] = 0  # the buffer updated in place is neither read nor copied
+        reads[:1] = [0] * len(reads[:1])  # the buffer updated in place: neither read nor copied
     return sum(reads) + _result_bytes(ins, body, elements)
 
 
