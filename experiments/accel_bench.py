@@ -1,22 +1,16 @@
-"""The README's accelerator figure (issue #16, item 4) in one command, for a machine with a GPU/TPU:
+"""The prepared accelerator run, one command for a lent GPU (or TPU) machine:
 
-    python experiments/accel_bench.py --config=experiments/configs/bench_accel.py \
-        --workdir=/tmp/gpn_accel --device_spec=h100,h200
+    python experiments/accel_bench.py --out=runs/accel [--parts=passes,step] [--budget_s=420]
 
-The config (`experiments/configs/bench_accel.py`) is the paper's 130M GPN+M at T = 2048 in
-bfloat16. The bench's `train` suite runs it (`gpn_jax.bench.run`), once per candidate batch of
-`config.train.batch_sizes`, largest first, until one runs. Each run measures the device's
-matmul peak and memory bandwidth and reports the step's tokens/s, MFU and roofline fraction,
-plus the `--device_spec` data-sheet bounds.
-
-A candidate that runs out of device memory is reported and the next one is tried. Any other
-failure stops the script with its one-line error, so that a bug never passes for "did not fit".
-
-It takes `gpn_jax.bench`'s flags (`--profile`, `--isolate`, `--out` as there); its suite is
-always `train`. The run writes <workdir>/bench_accel.{json,md} for the batch that ran; its last
-line is the figure: device, batch, tokens/s, MFU, and the fraction of the device's roofline
-bound. It needs only what `gpn_jax.bench` imports: on an offline machine whose image already
-holds JAX, Flax and Optax, install the wheels of ml-collections and zstandard if they are missing.
+(a) `passes`: the memory's passes at the 130M shapes (15 heads x 128 x 256, batch 128), XLA
+against Pallas, with float32 and bfloat16 storage: microseconds per token and GB/s against a
+copy bandwidth measured in the same run; (b) `step`: the 130M training step
+(`experiments/configs/bench_accel.py`: bfloat16 compute, T = 2048) at batch 128 with
+`model.kernels=xla` and `=pallas`, each in its own process with a timeout. It writes
+<out>/accel.json after each part, and each step's tables and optimised HLO under
+<out>/step_<kernels>/. Everything runs within `--budget_s` seconds (compiles included), so a
+caller's 8-minute limit leaves the JSON of every part that finished. What each figure means:
+`gpn_jax/benchmarks/accel.py`.
 """
 
 import os
@@ -24,65 +18,32 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpn_jax import bench, cli  # noqa: E402 - after the path to this checkout
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from gpn_jax import cli  # noqa: E402 - after the path to this checkout
 
 PROG = "accel_bench"
-# What XLA says when an allocation does not fit, lower-cased (GPU: "RESOURCE_EXHAUSTED: Out of
-# memory while trying to allocate ..."; TPU: "... Ran out of memory in memory space hbm").
-OOM_MARKERS = ("resource_exhausted", "out of memory")
-
-
-def out_of_memory(error: str) -> bool:
-    """True when a failed record's error says the device ran out of memory."""
-    return any(m in error.lower() for m in OOM_MARKERS)
-
-
-def largest_that_runs(config, workdir: str, device_spec: str, run) -> list[dict]:
-    """`run(config, workdir, device_spec)` (the bench's records) for each candidate batch,
-    largest first, until one runs without error: that run's records. A candidate that runs out
-    of memory is reported and skipped; any other error raises."""
-    sizes = sorted(config.train.batch_sizes, reverse=True)
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"train.batch_sizes must be positive batch sizes, got {sizes}")
-    for B in sizes:
-        config.train.batch_size = B
-        records = run(config, workdir, device_spec)
-        errors = [r["error"] for r in records if r.get("error")]
-        if not errors:
-            return records
-        if not all(out_of_memory(e) for e in errors):
-            first = errors[0].strip().splitlines()[0]
-            raise RuntimeError(f"batch {B} failed, not for lack of memory: {first}")
-        print(f"{PROG}: batch {B} did not fit in device memory; trying the next", flush=True)
-    raise RuntimeError(f"no batch of {sizes} fits in device memory")
-
-
-def figure(records: list[dict]) -> str:
-    """The README's line: device, batch, tokens/s, MFU and the fraction of the roofline bound."""
-    from gpn_jax.benchmarks import roofline
-
-    r = next(r for r in records if r.get("suite") == "train")
-    byt = r["bytes_per_token"]["train"]
-    tps, by = roofline.bound(r["flops_per_token"], byt, r["peak_flops"], r["memory_bandwidth"])
-    return (
-        f"{r['machine']} ({r['platform']}): {r['model']} B={r['batch_size']} "
-        f"T={r['seq_len']}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f} %, "
-        f"{r['tokens_per_s'] / tps:.2f} of the roofline bound ({tps:,.0f} tokens/s, {by}-bound)"
-    )
-
-
-def _run_bench(config, workdir: str, device_spec: str) -> list[dict]:
-    f = bench.flags.FLAGS
-    return bench.run(config, workdir, f.out, ["train"], f.profile, f.isolate, device_spec)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(_HERE, "configs", "bench_accel.py"), "Bench config (bench_accel.py)."
+)
+_OUT = flags.DEFINE_string("out", None, "Output folder: accel.json, tables, HLO.")
+_PARTS = flags.DEFINE_list("parts", ["passes", "step"], "Parts to run: passes, step.")
+_BUDGET = flags.DEFINE_float("budget_s", 420.0, "Seconds the whole run may take.")
+flags.mark_flags_as_required(["out"])
 
 
 def _body():
-    f = bench.flags.FLAGS
-    if f.suites not in ("", "train"):
-        raise ValueError("accel_bench runs the train suite only; drop --suites")
-    config = cli.config_or_exit(bench._CONFIG, PROG)
-    records = largest_that_runs(config, f.workdir, f.device_spec, _run_bench)
-    print(f"\n{PROG}: largest batch that ran: {figure(records)}", flush=True)
+    from gpn_jax.benchmarks import accel
+
+    unknown = sorted(set(_PARTS.value) - {"passes", "step"})
+    if unknown:
+        raise ValueError(f"unknown --parts {unknown}; choose from passes, step")
+    config = cli.config_or_exit(_CONFIG, PROG)
+    result = accel.run(config, _OUT.value, _BUDGET.value, _PARTS.value)
+    print(f"{PROG}: wrote {os.path.join(_OUT.value, 'accel.json')}", flush=True)
+    return result
 
 
 main, entry = cli.absl_entry(_body, PROG, quiet=False)

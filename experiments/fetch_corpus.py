@@ -1,7 +1,7 @@
 """Fetches compare_small's English corpus from Debian's package archive and writes it as jsonl.
 
-    python -m experiments.fetch_corpus --output=/tmp/docs
-    python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_strat \
+    python -m experiments.fetch_corpus --output=data/docs
+    python -m gpn_jax.prepare --input=data/docs/docs.jsonl --output=data/docs_strat \
         --vocab_size=4096 --heldout_fraction=0.05 --heldout_stratified
 
 The corpus is the reStructuredText sources that two Debian documentation packages ship in

@@ -13,11 +13,9 @@ finished runs (`recall_result.json`), so the sweep can be stopped and resumed.
 
 Runs train side by side, one single-core process per CPU core (`--config.workers`, 0 = one per
 core on CPU, 1 = one after the other in this process; `gpn_jax.parallel.core_pool`), each
-keeping freed buffers in its heap and all sharing one compile cache (`worker_setup`). Measured
-in alternation on a 2-core AVX-512 machine (2026-12-02, 2 seeds x 500 steps, before the heap
-setting): 2 workers vs 1 took 59 vs 89 s and 74 vs 96 s for Gated DeltaNet, 37 vs 48 s for
-GPN+M, 33 vs 37 s for Transformer++. On a 2-core AVX2 machine (2026-12-01) the gain was
-smaller: two single-threaded runs side by side took 190 s where one after the other took 218 s.
+keeping freed buffers in its heap and all sharing one compile cache (`worker_setup`). On 2 cores,
+two workers finished a cell's runs in less time than one worker did (about 1.1-1.5x faster,
+depending on the model and the machine).
 Training the learning-rate x seed runs of a cell as one `jax.vmap`-ed program was measured and
 not kept: it cost 0.8-1.7x per run what one run's step costs (XLA:CPU runs the batched matmuls
 off its fast path).

@@ -1,6 +1,6 @@
 """Versions of the fused window compared in one process: their training steps taken in turn.
 
-    python experiments/window_ab.py --revs=b465618,HEAD [--rounds=40] [--model=gpn_m]
+    python experiments/window_ab.py --revs=HEAD~1,HEAD [--rounds=40] [--model=gpn_m]
     python experiments/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own

@@ -1,7 +1,7 @@
 """Benchmark of `gpn_jax.prepare` and of the `bin:` data loader (prints figures; asserts nothing).
 
     python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2 \\
-        --workdir=/tmp/gpn_bench_prepare [--out=prepare.json]
+        --workdir=runs/bench_prepare [--out=prepare.json]
 
 Thin absl launcher over `gpn_jax.benchmarks.prepare.run` (what it measures is described there).
 """
@@ -12,7 +12,9 @@ from gpn_jax import cli
 
 _SIZES = flags.DEFINE_list("sizes_mb", ["50", "500"], "Corpus sizes to generate, in MB.")
 _WORKERS = flags.DEFINE_list("workers", ["1", "2"], "Worker counts to run prepare with.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/gpn_bench_prepare", "Corpora, outputs, results.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "", "Corpora, outputs, results (default: a new private temporary directory)."
+)
 _OUT = flags.DEFINE_string("out", "", "Results JSON (default <workdir>/prepare.json).")
 _VOCAB = flags.DEFINE_integer(
     "vocab_size", 4096, "Benchmark tokenizer vocabulary (the synthetic text allows < 6.5k)."

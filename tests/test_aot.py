@@ -1,6 +1,7 @@
 """Ahead-of-time check: compile a config's train step for an N-device mesh on forced CPU
 devices, from abstract inputs, and report per-device memory."""
 
+import json
 import math
 import os
 import subprocess
@@ -10,7 +11,7 @@ import jax
 import pytest
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax import aot
+from gpn_jax.benchmarks import aot, aot_run
 from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,8 +38,8 @@ def test_parse_mesh():
 def test_compile_reports_sharded_state_and_memory():
     config = gpn_m_tiny.get_config()
     config.train.update(dict(batch_size=8, seq_len=16))
-    result = aot.compile_train_step(config, 8, {"data": 2, "fsdp": 4, "tensor": 1})
-    report = aot.memory_report(result, memory_gb=1.0)
+    result = aot.compile_train_step(config, jax.devices()[:8], {"data": 2, "fsdp": 4, "tensor": 1})
+    report = aot.memory_report(result, memory_bytes=aot.GiB)
     # the train state (params, Adam mu and nu, float32) is split 4 ways over fsdp, except
     # the vectors, which stay whole
     leaves = jax.tree.leaves(result["abstract"])
@@ -51,7 +52,7 @@ def test_compile_reports_sharded_state_and_memory():
         report["arguments"] + report["outputs"] - report["aliased"] + report["temporaries"]
     )
     assert report["loop_collectives"] == {}
-    text = aot.format_report(config, result, report, 1.0)
+    text = aot.format_report(config, result, report, aot.GiB)
     assert "per-device memory" in text and "fits in 1 GiB" in text
 
 
@@ -62,14 +63,14 @@ def test_cli_forces_cpu_devices_and_prints_memory():
         [
             sys.executable, "-m", "gpn_jax.aot",
             "--config=experiments/configs/gpn_m_tiny.py", "--devices=4", "--mesh=fsdp=2",
-            "--config.train.batch_size=4", "--config.train.seq_len=8", "--memory_gb=0.000001",
+            "--config.train.batch_size=4", "--config.train.seq_len=8", "--memory_gb=0.001",
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1} on 4 cpu devices" in out
-    assert "temporaries" in out and "does NOT fit in 1e-06 GiB" in out
+    assert "temporaries" in out and "does NOT fit in 0.001 GiB" in out
     assert "no collective inside any loop body" in out
 
 
@@ -104,3 +105,74 @@ def test_cli_reports_bad_input_in_one_line(args, message):
     )  # fmt: skip
     assert proc.returncode == 1
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def tiny_config():
+    config = gpn_m_tiny.get_config()
+    config.train.update(dict(batch_size=4, seq_len=16))
+    return config
+
+
+def check_record(record: dict) -> None:
+    assert isinstance(record["fits"], bool)
+    assert isinstance(record["peak_bytes_per_device"], int) and record["peak_bytes_per_device"] > 0
+    assert record["kernels"] in ("xla", "native", "pallas")
+    assert record["unknown_trip_counts"] == []
+    cells = 2 * 16 * 32  # gpn_m_tiny: H x K x U
+    assert record["memory_bytes_per_token_min"] == cells * 28  # float32 storage: 5 x 4 + 8
+    assert isinstance(record["memory_bytes_per_token_hlo"], float)
+    json.dumps(record)  # plain JSON types
+
+
+def test_cpu_record_has_traffic_fields():
+    """XLA:CPU keeps every array in memory: the step moves at least the schedule's minimum."""
+    config = tiny_config()
+    result = aot.compile_train_step(config, jax.devices()[:1], {"data": 1, "fsdp": 1, "tensor": 1})
+    report = aot.memory_report(result, aot.GiB)
+    record = aot.step_record(config, result, report, aot.GiB)
+    check_record(record)
+    assert record["fits"] and record["batch_per_device"] == 4
+    assert record["memory_bytes_per_token_hlo"] >= record["memory_bytes_per_token_min"]
+
+
+def test_tpu_topology_compile(tmp_path):
+    """The tiny train step compiled for a v5e:2x2 slice with libtpu's compile-only devices."""
+    missing = aot.libtpu_missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "aot.json"
+    flags = dict(
+        devices=None, topology="v5e:2x2", mesh="4,1,1", memory_gb=None, json=True,
+        out=str(out), find_max_batch=False, max_trials=1,
+    )  # fmt: skip
+    record = aot_run.run(tiny_config(), flags, ["gpn-aot", "--topology=v5e:2x2"])
+    check_record(record)
+    assert record["platform"] == "tpu" and record["device_kind"] == "TPU v5 lite"
+    assert record["devices"] == 4 and record["batch_per_device"] == 1
+    assert record["fits"] and record["hbm_bytes_per_device"] == 16 * aot.GiB
+    assert json.loads(out.read_text())["fits"] is True
+    assert record["command"] == "python -m gpn_jax.aot --topology=v5e:2x2"
+
+
+def test_bad_topology_is_one_line():
+    with pytest.raises(ValueError, match="expected <v4|v5e|v5p|v6e>"):
+        aot.topology_devices("v5e-8")
+
+
+def test_batch_search_brackets_the_largest_fitting_batch():
+    """`_next_batch` on a made-up step whose peak is 1 GiB + 0.5 GiB per sequence, in 16 GiB:
+    30 fits and 31 does not, so the search ends with 24 fitting and 32 failing."""
+    memory = 16 * aot.GiB
+
+    def compile_at(b):
+        peak = aot.GiB + b * aot.GiB // 2
+        return {"batch_per_device": b, "peak_bytes_per_device": peak, "fits": peak <= memory}
+
+    trials, batch = [], 8
+    while batch is not None:
+        trials.append(compile_at(batch))
+        batch = aot_run._next_batch(trials, memory, 8)
+        assert len(trials) < 10
+    fit = max(t["batch_per_device"] for t in trials if t["fits"])
+    fail = min(t["batch_per_device"] for t in trials if not t["fits"])
+    assert (fit, fail) == (24, 32) and len(trials) <= 4

@@ -1,6 +1,6 @@
 """GPN+M step time and peak memory vs T (256 -> 4096) and vs B, remat off / on (suite: scaling); models and sizes in `bench_common`.
 
-python -m gpn_jax.bench --config=experiments/configs/bench_scaling.py --workdir=/tmp/gpn_bench --out=/tmp/gpn_bench/scaling.json
+python -m gpn_jax.bench --config=experiments/configs/bench_scaling.py --workdir=runs/bench --out=runs/bench/scaling.json
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """Training step side by side at B=16, T=512 (suites: train, alternate): GPN+M (fused and autodiff), GPN, Transformer++, GDN, each in its own process; then GPN+M and Transformer++ alternated step by step in one process (their ratio, robust to a shared machine's drift). Models and sizes in `bench_common`.
 
-python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=/tmp/gpn_bench --out=/tmp/gpn_bench/small.json
+python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=runs/bench --out=runs/bench/small.json
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """Every benchmark suite at toy sizes (tests and a quick smoke run, a few seconds per record).
 
-python -m gpn_jax.bench --config=experiments/configs/bench_tiny.py --workdir=/tmp/gpn_bench_tiny
+python -m gpn_jax.bench --config=experiments/configs/bench_tiny.py --workdir=runs/bench_tiny
 """
 
 import ml_collections

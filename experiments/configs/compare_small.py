@@ -1,12 +1,13 @@
 """A CPU-scale Table 1 that can rank models: four ~3M-parameter models on 35 MB of English.
 
-    python -m experiments.fetch_corpus --output=/tmp/docs
-    python -m gpn_jax.prepare --input=/tmp/docs/docs.jsonl --output=/tmp/docs_strat \
+    python -m experiments.fetch_corpus --output=data/docs
+    python -m gpn_jax.prepare --input=data/docs/docs.jsonl --output=data/docs_strat \
         --vocab_size=4096 --heldout_fraction=0.05 --heldout_stratified
-    python -m experiments.compare --config=experiments/configs/compare_small.py:/tmp/docs_strat \
-        --workdir=/tmp/cmp_small --seeds=3
+    python -m experiments.compare --config=experiments/configs/compare_small.py:data/docs_strat \
+        --workdir=runs/cmp_small --seeds=3
 
-The config argument is the prepared directory (default /tmp/docs_strat); the data is its `bin:`
+The config argument is the prepared directory (default: `docs_strat` in the user's cache
+directory, $XDG_CACHE_HOME/gpn_jax or ~/.cache/gpn_jax, never a shared one); the data is its `bin:`
 shards (the Python documentation's and the Linux kernel documentation's sources from Debian's
 python3.11-doc and linux-doc-6.1, SentencePiece vocab 4096; documents are sections of ~1,000
 tokens, see `experiments.fetch_corpus`). `prepare` holds out 5 % of the documents, one of every
@@ -40,6 +41,8 @@ partly read better than unread ones, so held-out PPL sat well above train PPL. W
 are held out also moves the gap by itself; the table's "Same, unigram" column shows by how much.
 """
 
+import os
+
 import ml_collections
 
 from experiments.configs import compare_common
@@ -51,7 +54,9 @@ BATCH = 16
 STEPS = 150
 EVAL_STRIDE = 4  # the final evaluation reads every 4th held-out batch (module doc)
 ANALYSIS_BATCHES = 8  # held-out batches (of 16 x 256) per GPN / GPN+M analysis
-DEFAULT_DATA = "/tmp/docs_strat"
+DEFAULT_DATA = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpn_jax", "docs_strat"
+)
 
 
 def models() -> dict:

@@ -1,9 +1,15 @@
-"""Benchmarks behind `python -m gpn_jax.bench`: training throughput and MFU, scaling, generation.
+"""Benchmarks: what `python -m gpn_jax.bench`, `gpn_jax.bench_prepare`, `gpn_jax.aot` and
+`experiments/accel_bench.py` run (the entry points only parse flags).
 
+* `runner`: the bench suites' orchestration: specs, one worker process per record, report, JSON.
 * `common`: platform, compute dtype, the matmul peak measured on this machine, memory, timing.
 * `train`: one record = one model's jitted training step (loss, grads, AdamW) timed.
 * `generate`: per-token decoding latency at long contexts.
 * `worker`: runs one record in a fresh process, so each record's peak host RSS is its own.
-* `report`: tables, the scaling analysis and the PNG plot.
+* `report`, `roofline`, `op_profile`: tables, the scaling analysis, the plot, roofline bounds.
+* `traffic`: the memory's HBM bytes per token read off a compiled step's HLO, and the minimum.
+* `aot`, `aot_run`: ahead-of-time compiles (CPU devices or a TPU topology), the batch search.
+* `accel`: the prepared accelerator run (memory passes XLA vs Pallas, the 130M step).
 * `prepare`: `gpn_jax.prepare` and the `bin:` loader (its own command, `python -m` it).
+* `workdirs`: private default working directories; no planted symlink followed.
 """

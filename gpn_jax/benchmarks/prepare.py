@@ -1,7 +1,7 @@
 """Benchmark of `gpn_jax.prepare` and of the `bin:` data loader (prints figures; asserts nothing).
 
     python -m gpn_jax.bench_prepare --sizes_mb=50,500 --workers=1,2 \\
-        --workdir=/tmp/gpn_bench_prepare [--out=prepare.json]
+        --workdir=runs/bench_prepare [--out=prepare.json]
 
 For each size a synthetic jsonl corpus is generated once (no download): documents of
 sentences of words drawn Zipf-like from the vocabulary of the embedded pydoc corpus. A
@@ -25,6 +25,8 @@ import sys
 import time
 
 import numpy as np
+
+from gpn_jax.benchmarks import workdirs
 
 
 def word_table() -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +68,7 @@ def make_corpus(path: str, megabytes: int, seed: int = 0) -> str:
         return path
     rng, (forms, cdf) = np.random.default_rng(seed), word_table()
     written, target, tmp = 0, megabytes * 1_000_000, f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with workdirs.open_new(tmp) as f:
         while written < target:
             line = json.dumps({"text": synthetic_document(rng, forms, cdf)}) + "\n"
             f.write(line)
@@ -92,7 +94,7 @@ def run_prepare(corpus: str, tokenizer: str, output: str, workers: int) -> dict:
     shutil.rmtree(output, ignore_errors=True)
     cmd = [sys.executable, "-m", "gpn_jax.prepare", f"--input={corpus}", f"--output={output}"]
     cmd += [f"--tokenizer_path={tokenizer}", f"--workers={workers}", "--progress=false"]
-    log = open(os.path.join(os.path.dirname(output), "prepare.log"), "w+")
+    log = workdirs.open_new(os.path.join(os.path.dirname(output), "prepare.log"), "w+")
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     peak_main = peak_tree = 0
@@ -162,7 +164,7 @@ def _rate(read, n: int) -> float:
 
 def run(sizes_mb, workers, workdir, out, vocab_size, batch_size, seq_len, loader_batches, keep):
     """Generates the corpora, times `prepare` per (size, workers) and the loader; writes JSON."""
-    os.makedirs(workdir, exist_ok=True)
+    workdir = workdirs.prepare(workdir, "gpn-bench-prepare")
     results = {"load_average_start": os.getloadavg(), "cpus": os.cpu_count(), "prepare": []}
     corpora = {
         mb: make_corpus(os.path.join(workdir, f"corpus_{mb}mb.jsonl"), mb) for mb in sizes_mb
@@ -181,7 +183,7 @@ def run(sizes_mb, workers, workdir, out, vocab_size, batch_size, seq_len, loader
     if not keep:
         shutil.rmtree(output, ignore_errors=True)
     path = out or os.path.join(workdir, "prepare.json")
-    with open(path, "w") as f:
+    with workdirs.open_new(path) as f:
         json.dump(results, f, indent=1)
     print(f"results: {path}; load average {results['load_average_start']} -> "
           f"{results['load_average_end']}")  # fmt: skip

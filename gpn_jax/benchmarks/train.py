@@ -14,7 +14,7 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import common, op_profile
+from gpn_jax.benchmarks import common, op_profile, traffic
 from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
@@ -152,6 +152,7 @@ def run(spec: dict) -> dict:
         }
         | _throughput(spec, model, times)
         | byte_accounting(model, B, T)
+        | traffic.step_fields(model.config, compiled.as_text(), B, T)
     )
 
 
@@ -167,8 +168,8 @@ def run_alternating(spec: dict) -> list[dict]:
     spec: models {name: config block}, reference (one of them), batch_size, seq_len, warmup,
     rounds, compute_dtype, config. Every model is compiled and warmed up; then each round
     runs one step of every model, the order rotated by one each round. Step times of one
-    round lie seconds apart, so a shared machine's drift over minutes (its matmul peak moved
-    from 462 to 348 GFLOP/s within about 4 minutes on 2026-12-02) slows every model alike, which
+    round lie seconds apart, so a shared machine's drift over minutes (its matmul peak can
+    move by a quarter within minutes) slows every model alike, which
     it does not across the `train` suite's one-process-per-model records run minutes apart. `vs_reference` is
     the median over rounds of (reference step time / this model's step time) in the same
     round. Peak memory is the process's, shared by all models: not reported per model.

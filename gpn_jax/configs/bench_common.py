@@ -9,8 +9,8 @@ The models are matched at ~6.1M parameters (same vocabulary 8192, same tokens pe
     gdn             Gated DeltaNet: d=256, 4 layers, 4 heads x 64 x 128, d_ffn=612  6,101,792
 
 All decode the loss 32 positions at a time (`loss_chunk`: the (32 x B, V) logits of a chunk stay
-small; measured against 64 on the AVX-512 machine of 2026-12-02: GPN+M's step 1.78-1.80 s vs
-1.80-1.97 s, peak RSS 1.26-1.27 vs 1.30-1.31 GiB, Transformer++ unchanged within noise).
+small; against 64, GPN+M's step was no slower and its peak RSS lower, Transformer++ unchanged
+within noise).
 `compute_dtype="auto"`: float32 on CPU, bfloat16 on GPU / TPU (the MFU peak is measured in
 the same dtype).
 """

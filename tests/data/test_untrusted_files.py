@@ -209,8 +209,8 @@ def test_an_object_dtype_corpus_named_by_a_restored_or_exported_run_is_one_line(
     rebuilds the held-out split from the data block its config records; a corpus there whose
     manifest says `"dtype": "O"` is refused the same way (no segfault)."""
     from experiments.configs import gpn_m_tiny
-    from gpn_jax.eval import run_evals
     from gpn_jax.checkpoints.restore import RestoredRun
+    from gpn_jax.eval import run_evals
 
     manifest = write_corpus(tmp_path / "corpus")
     write_manifest(tmp_path / "corpus", dict(manifest, dtype="O"))

@@ -4,9 +4,9 @@ I/O tests."""
 import jax
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
-from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.training.optimizer import make_optimizer
 from tests.tolerance import f32_bound
 

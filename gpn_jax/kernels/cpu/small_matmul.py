@@ -23,7 +23,6 @@ SSE and generic builds compute the same products, tested, but their speed is unm
 import ctypes
 import dataclasses
 import hashlib
-import os
 import platform
 import subprocess
 from pathlib import Path

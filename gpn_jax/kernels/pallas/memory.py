@@ -1,7 +1,7 @@
 """The fused window's passes over the (B, H, K, U) memory as Pallas kernels: each token's write
 and read (`step`), the backward's per-segment recomputation (`stack`) and the backward's
 per-token passes (`grad_reduce`, `grad_update`), with the signatures and semantics of the C++
-kernels (`gpn_jax.native.memory`, whose sources' comments hold the formulas).
+kernels (`gpn_jax.kernels.cpu.memory`, whose sources' comments hold the formulas).
 
 Every program owns one (b, h) memory's (K, bu) column tile (grid (B, H, U / bu)). The write
 and the reads are local to a column of M: with kM = M^T k, column u of
@@ -361,7 +361,7 @@ def grad_update(
 
 
 class PallasMemory(NamedTuple):
-    """The four passes, each with `gpn_jax.native.memory`'s signature."""
+    """The four passes, each with `gpn_jax.kernels.cpu.memory`'s signature."""
 
     step: Callable
     stack: Callable

@@ -1,0 +1,193 @@
+"""What `python -m gpn_jax.aot` does with its flags: one compile, or a search for the largest
+per-device batch that fits, printed as text or JSON and written to a results file.
+
+The search (`--find_max_batch`) compiles the config's per-device batch, then twice it, fits
+a line through their peak bytes and compiles the largest multiple of 8 the line says fits,
+stepping by 8 until one batch fits and the next does not (or `max_trials` compiles ran). Every
+compile is a trial in the result, so the bracket it found is on record.
+"""
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+
+from gpn_jax.benchmarks import aot
+
+
+def _with_batch(config, per_device: int, data_parallel: int):
+    c = config.copy_and_resolve_references()
+    c.train.batch_size = per_device * data_parallel
+    return c
+
+
+def _data_parallel(sizes: dict, n_devices: int) -> int:
+    known = [v for v in sizes.values() if v > 0]
+    rest = n_devices
+    for v in known:
+        rest //= v
+    d = sizes.get("data", 1)
+    return (rest if d == -1 else d) * max(1, sizes.get("fsdp", 1))
+
+
+def compile_one(config, devices, sizes, memory_bytes):
+    """(record, text report) of one compile."""
+    result = aot.compile_train_step(config, devices, sizes)
+    report = aot.memory_report(result, memory_bytes)
+    record = aot.step_record(config, result, report, memory_bytes)
+    return record, aot.format_report(config, result, report, memory_bytes)
+
+
+def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
+    """The next per-device batch to try, or None when the bracket is found: the batch a line
+    through the two latest peaks (fitting or not) says fills the memory, a multiple of
+    `step` strictly inside the bracket (else its middle)."""
+    fit = [t["batch_per_device"] for t in trials if t["fits"]]
+    fail = [t["batch_per_device"] for t in trials if not t["fits"]]
+    lo, hi = max(fit, default=0), min(fail, default=None)
+    if hi is not None and hi - lo <= step:
+        return None
+    sized = [(t["batch_per_device"], t["peak_bytes_per_device"]) for t in trials]
+    sized = sorted(x for x in sized if x[1])
+    if len(sized) >= 2:
+        (b0, p0), (b1, p1) = sized[-2], sized[-1]
+        slope = (p1 - p0) / (b1 - b0) if b1 != b0 else 0
+        guess = b1 + int((memory_bytes - p1) / slope) if slope > 0 else 2 * b1
+    elif sized:  # one peak: taken as proportional to the batch
+        b1, p1 = sized[0]
+        guess = int(b1 * memory_bytes / p1)
+    else:
+        guess = 2 * lo if lo else step
+    guess = guess // step * step
+    if hi is not None and not lo < guess < hi:
+        guess = (lo + hi) // 2 // step * step
+    guess = max(guess, lo + step) if lo else max(guess, step)
+    if hi is not None and guess >= hi:
+        return None
+    return None if any(t["batch_per_device"] == guess for t in trials) else guess
+
+
+def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log, save=None) -> dict:
+    """Compiles per-device batches until the largest that fits is bracketed within 8;
+    `save(result)` after each compile keeps what was found if a later one is cut off."""
+    dp = _data_parallel(sizes, len(devices))
+    batch = max(1, config.train.batch_size // dp)
+    trials = []
+    while batch is not None and len(trials) < max_trials:
+        record, _ = compile_one(_with_batch(config, batch, dp), devices, sizes, memory_bytes)
+        trials.append(record)
+        peak = record["peak_bytes_per_device"]
+        log(
+            f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
+            + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
+            + f", M in VMEM: {record['m_in_vmem']}, {record['compile_seconds']} s"
+        )
+        batch = _next_batch(trials, memory_bytes, 8)
+        if save:
+            save(_search_result(trials, complete=batch is None))
+    return _search_result(trials, complete=batch is None)
+
+
+def _search_result(trials: list[dict], complete: bool) -> dict:
+    fit = [t for t in trials if t["fits"]]
+    fail = [t["batch_per_device"] for t in trials if not t["fits"]]
+    vmem = [t["batch_per_device"] for t in fit if t["m_in_vmem"]]
+    best = max(fit, key=lambda t: t["batch_per_device"], default=None)
+    return {
+        "largest_fitting_batch_per_device": best["batch_per_device"] if best else None,
+        "smallest_failing_batch_per_device": min(fail, default=None),
+        "largest_batch_with_m_in_vmem": max(vmem, default=None),  # of those compiled
+        "smallest_batch_with_m_in_hbm": min(
+            (t["batch_per_device"] for t in trials if t["m_in_vmem"] is False), default=None
+        ),
+        "fits": best is not None,
+        "search_complete": complete,
+        **{k: v for k, v in (best or trials[-1]).items() if k not in ("fits", "batch_size")},
+        "trials": trials,
+    }
+
+
+def provenance(argv: list[str]) -> dict:
+    """What every results file records: the command, date, machine, package versions."""
+
+    def version(pkg):
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "command": " ".join(["python -m gpn_jax.aot", *argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
+        "gpn_jax_version": version("gpn_jax"),
+        "jax_version": version("jax"),
+        "libtpu_version": version("libtpu"),
+    }
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Writes `obj` to `path` via a fresh temporary file in the same directory (an existing
+    symlink at `path` is replaced, never followed)."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".aot-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.chmod(tmp, 0o644)  # a results file, readable like the repository's others
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:
+    """Compiles per `flags` (topology / devices, mesh, memory_gb, find_max_batch, max_trials,
+    json, out); prints the report or JSON; returns the result object."""
+    if flags["topology"]:
+        devices = aot.topology_devices(flags["topology"])
+    else:
+        import jax
+
+        aot.force_cpu_devices(flags["devices"])
+        devices = jax.devices()
+        if len(devices) < flags["devices"]:
+            raise ValueError(f"{flags['devices']} devices asked for, JAX has {len(devices)}")
+        devices = devices[: flags["devices"]]
+    sizes = aot.parse_mesh(flags["mesh"], config.mesh)
+    memory = int(flags["memory_gb"] * aot.GiB) if flags["memory_gb"] else aot.hbm_bytes(devices[0])
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if flags["json"] else print
+    head = {**provenance(argv), "topology": flags["topology"] or None}
+    if flags["find_max_batch"]:
+        if not memory:
+            raise ValueError("--find_max_batch needs the device memory: pass --memory_gb")
+        save = (lambda r: write_json(flags["out"], {**head, **r})) if flags["out"] else None
+        result = find_max_batch(config, devices, sizes, memory, flags["max_trials"], log, save)
+    else:
+        result, text = compile_one(config, devices, sizes, memory)
+        log(text)
+    result = {**head, **result}
+    if flags["json"]:
+        print(json.dumps(result, indent=1), flush=True)
+    else:
+        log(_summary_line(result))
+    if flags["out"]:
+        write_json(flags["out"], result)
+    return result
+
+
+def _summary_line(r: dict) -> str:
+    hlo, low = r.get("memory_bytes_per_token_hlo"), r.get("memory_bytes_per_token_min")
+    traffic = (
+        f"memory traffic {hlo / 1e6:.2f} MB/token (HLO) vs {low / 1e6:.2f} minimum "
+        f"({hlo / low:.2f}x)"
+        if hlo is not None and low
+        else "no memory traffic figure (no GPN+M memory, or the compile did not fit)"
+    )
+    return f"kernels {r['kernels']}; fits: {r['fits']}; {traffic}; M in VMEM: {r['m_in_vmem']}"

@@ -1,0 +1,375 @@
+"""HBM traffic over the GPN+M memory, read off a compiled step's optimised HLO, and its minimum.
+
+`hlo_bytes(text, elements)` walks the module from its entry computation and adds up the bytes
+of every array of exactly `elements` elements (the per-device memory (B_local, H, K, U) and any
+array of the same size, in any dtype) that an instruction reads or writes in device memory:
+
+- a fusion, custom call or other data-moving instruction counts each distinct operand once and
+  each result once (the inside of a fusion stays on chip: it is not walked);
+- an in-place update (a `dynamic-update-slice`, or a fusion whose root is one) does not count
+  the buffer it updates, only what it writes into it and its other operands;
+- `copy-start` counts what it reads, `copy-done` what it writes (asynchronous copies between
+  memory spaces);
+- an array whose layout names a memory space other than 0 (`S(1)`: VMEM on TPU) moves no
+  HBM bytes;
+- a while loop's body and condition count `known_trip_count` times (from the loop's
+  backend_config; else the one integer constant its condition compares with; else once, and
+  the loop is reported in `unknown_trip_counts`), a conditional its costliest branch, a call
+  its callee;
+- shape plumbing (`parameter`, `constant`, `get-tuple-element`, `tuple`, `bitcast`,
+  `opt-barrier`, ...) moves nothing.
+
+`min_bytes_per_token(...)` is the analytic minimum of the fused window's schedule per token,
+per memory cell, with m the storage dtype's bytes (`model.memory_dtype`):
+
+    forward                  read M_{t-1}, write M_t                         2m
+    backward recomputation   read M_{t-1}, write M_t (from the segment start) 2m
+    backward per-token pass  read M_t; read + write the float32 cotangent     m + 8
+                                                                      total  5m + 8
+
+i.e. 28 bytes per cell in float32 storage, 18 in bfloat16; times H x K x U cells per token.
+"""
+
+import dataclasses
+import math
+import re
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
+FREE = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "opt-barrier",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "iota",
+}
+_SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_OPCODE = re.compile(r"^\s*([a-z][\w\-]*)\(")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_WHILE = re.compile(r"condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)")
+_CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
+_BRANCHES = re.compile(
+    r"(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+)|false_computation=%?([\w.\-]+))"
+)
+_INT_SCALAR = re.compile(r"^[su](?:8|16|32|64)\[\]")
+_MEMSPACE = re.compile(r"S\((\d+)\)")
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    opcode: str
+    result: str  # the result's shape text
+    operands: str  # the text inside the opcode's parentheses
+    attrs: str  # the rest of the line (calls=, backend_config=, ...)
+    root: bool
+
+
+@dataclasses.dataclass
+class Traffic:
+    bytes: int  # HBM bytes over arrays of the asked size, loops multiplied out
+    unknown_trip_counts: list  # loop bodies counted once because no trip count was found
+    instructions: int  # instructions (once each, not multiplied) that moved such an array
+
+
+def _split_call(rest: str) -> tuple[str, str, str, str] | None:
+    """'f32[2]{0} add(f32[2]{0} %a, ...), attrs' -> (result, opcode, operands, attrs)."""
+    depth, i = 0, 0
+    # the result shape ends where the opcode starts: the first word followed by '(' at depth 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch in "([{":
+            if depth == 0 and ch == "(":
+                m = re.search(r"([a-z][\w\-]*)$", rest[:i])
+                if m and (i - len(m.group(1)) == 0 or rest[i - len(m.group(1)) - 1] == " "):
+                    start = i - len(m.group(1))
+                    close = _matching(rest, i)
+                    return rest[:start].strip(), m.group(1), rest[i + 1 : close], rest[close + 1 :]
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        i += 1
+    return None
+
+
+def _matching(text: str, open_at: int) -> int:
+    depth = 0
+    for j in range(open_at, len(text)):
+        if text[j] in "([{":
+            depth += 1
+        elif text[j] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(text)
+
+
+def parse(text: str) -> tuple[dict[str, list[Instr]], str | None]:
+    """Computation name -> its instructions, and the entry computation's name."""
+    comps: dict[str, list[Instr]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            m = _HEADER.match(line)
+            current = m.group(1) if (m and line.rstrip().endswith("{")) else None
+            if current:
+                comps[current] = []
+                if line.startswith("ENTRY"):
+                    entry = current
+            continue
+        if current is None:
+            continue
+        m = _INSTR.match(line)
+        parts = _split_call(m.group(3)) if m else None
+        if parts:
+            result, opcode, operands, attrs = parts
+            comps[current].append(
+                Instr(m.group(2), opcode, result, operands, attrs, bool(m.group(1)))
+            )
+    return comps, entry
+
+
+def arrays(shape_text: str, elements: int) -> list[tuple[int, int]]:
+    """(multiple, HBM bytes) of each array in `shape_text` whose element count is a multiple
+    of `elements` (1: M-sized; k > 1: a stack of k such arrays). An array in a memory space
+    other than 0 (`S(1)`: VMEM on TPU) has 0 HBM bytes."""
+    out = []
+    for dtype, dims, layout in _SHAPE.findall(shape_text):
+        n = math.prod(int(d) for d in dims.split(",")) if dims else 1
+        if n == 0 or n % elements:
+            continue
+        space = _MEMSPACE.search(layout or "")
+        hbm = not (space and space.group(1) != "0")
+        out.append((n // elements, n * DTYPE_BYTES[dtype] if hbm else 0))
+    return out
+
+
+def array_bytes(shape_text: str, elements: int) -> int:
+    """HBM bytes of the M-sized arrays (exactly `elements` elements) in `shape_text`."""
+    return sum(b for k, b in arrays(shape_text, elements) if k == 1)
+
+
+def _operand_list(operands: str) -> list[str]:
+    """Top-level comma-separated operands, each once (by its name)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(operands):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(operands[start:i])
+            start = i + 1
+    parts.append(operands[start:])
+    seen, out = set(), []
+    for p in (p.strip() for p in parts):
+        key = p.split()[-1] if p else p
+        if p and key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _users(body: list[Instr], name: str) -> list[Instr]:
+    pat = re.compile(r"%" + re.escape(name) + r"(?![\w.\-])")
+    return [i for i in body if pat.search(i.operands)]
+
+
+def _first_operand_is(ins: Instr, name: str) -> bool:
+    ops = _operand_list(ins.operands)
+    return bool(ops) and ops[0].split()[-1].lstrip("%") == name
+
+
+def _param_bytes(body: list[Instr], index: int, outer: str, elements: int) -> int:
+    """Bytes a fusion reads of its operand `index` (shape text `outer`): a stack that the
+    fusion only slices (or updates in place) counts the M-sized slices it reads."""
+    found = arrays(outer, elements)
+    if not found or not any(b for _, b in found):
+        return 0
+    if found[0][0] == 1 or not body:
+        return sum(b for _, b in found)
+    param = next((i for i in body if i.opcode == "parameter" and i.operands == str(index)), None)
+    users = _users(body, param.name) if param else []
+    if users and all(
+        u.opcode in ("dynamic-slice", "dynamic-update-slice") and _first_operand_is(u, param.name)
+        for u in users
+    ):
+        per = found[0][1] // found[0][0]  # one M-sized slice of the stack, in its dtype
+        return sum(per for u in users if u.opcode == "dynamic-slice" and arrays(u.result, elements))
+    return sum(b for _, b in found)
+
+
+def _fused_body(ins: Instr, comps: dict) -> list[Instr]:
+    callee = _CALLS.search(ins.attrs) if ins.opcode == "fusion" else None
+    return comps.get(callee.group(1), []) if callee else []
+
+
+def _result_bytes(ins: Instr, body: list[Instr], elements: int) -> int:
+    """Bytes written: a stack updated in place counts the M-sized slice written into it."""
+    root = next((i for i in body if i.root), None)
+    in_place = ins.opcode == "dynamic-update-slice" or (
+        root is not None and root.opcode == "dynamic-update-slice"
+    )
+    total = 0
+    for k, b in arrays(ins.result, elements):
+        total += b if (k == 1 and not in_place) else (b // k if in_place else b)
+    return total
+
+
+def _shape_of(operand: str, shapes: dict) -> str:
+    """An operand's shape text: printed with it, or its definition's in the computation."""
+    if _SHAPE.search(operand):
+        return operand
+    return shapes.get(operand.split()[-1].lstrip("%"), "")
+
+
+def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
+    """HBM bytes over M-sized arrays (`elements` elements) that one execution of `ins` moves;
+    `shapes`: name -> result shape of the instructions of its computation."""
+    if ins.opcode in FREE or ins.opcode in ("while", "call", "conditional"):
+        return 0  # control flow passes its buffers on; what its computations move counts
+    if ins.opcode.endswith("-done"):
+        return array_bytes(ins.result, elements) if ins.opcode == "copy-done" else 0
+    operands = [_shape_of(o, shapes) for o in _operand_list(ins.operands)]
+    if ins.opcode.endswith("-start"):
+        return sum(array_bytes(o, elements) for o in operands) if ins.opcode == "copy-start" else 0
+    if ins.opcode == "dynamic-slice":
+        return 2 * array_bytes(ins.result, elements)  # reads the slice, writes the result
+    body = _fused_body(ins, comps)
+    reads = [_param_bytes(body, j, o, elements) for j, o in enumerate(operands)]
+    root = next((i for i in body if i.root), None)
+    if ins.opcode == "dynamic-update-slice" or (root and root.opcode == "dynamic-update-slice"):
+        reads[:1] = [0] * len(reads[:1])  # the buffer updated in place: neither read nor copied
+    return sum(reads) + _result_bytes(ins, body, elements)
+
+
+def _trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
+    m = _TRIP.search(ins.attrs)
+    if m:
+        return int(m.group(1))
+    consts = {
+        int(c.operands)
+        for c in comps.get(cond, [])
+        if c.opcode == "constant"
+        and _INT_SCALAR.match(c.result)
+        and c.operands.lstrip("-").isdigit()
+    }
+    return consts.pop() if len(consts) == 1 else None
+
+
+def hlo_bytes(text: str, elements: int) -> Traffic:
+    """HBM bytes that the module in `text` moves over arrays of `elements` elements."""
+    comps, entry = parse(text)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    unknown, moved, memo = [], set(), {}
+
+    def cost(name: str, stack: tuple) -> int:
+        if name in memo:
+            return memo[name]
+        if name in stack or name not in comps:
+            return 0
+        total, shapes = 0, {i.name: i.result for i in comps[name]}
+        for ins in comps[name]:
+            b = instruction_bytes(ins, comps, elements, shapes)
+            if b:
+                moved.add((name, ins.name))
+            total += b + _nested(ins, name, stack + (name,))
+        memo[name] = total
+        return total
+
+    def _nested(ins: Instr, name: str, stack: tuple) -> int:
+        if ins.opcode == "while":
+            m = _WHILE.search(ins.attrs)
+            if not m:
+                return 0
+            trip = _trip_count(ins, comps, m.group(1))
+            if trip is None:
+                unknown.append(m.group(2))
+                trip = 1
+            return trip * (cost(m.group(2), stack) + cost(m.group(1), stack))
+        if ins.opcode == "call":
+            m = _CALLS.search(ins.attrs)
+            return cost(m.group(1), stack) if m else 0
+        if ins.opcode == "conditional":
+            names = []
+            for group, t, f in _BRANCHES.findall(ins.attrs):
+                names += [n.strip().lstrip("%") for n in group.split(",") if n.strip()] + [t, f]
+            return max((cost(n, stack) for n in names if n), default=0)
+        return 0
+
+    total = cost(entry, ())
+    return Traffic(total, unknown, len(moved))
+
+
+def _field(cfg, name: str, default):
+    """A model config's field: ConfigDict / dict (`.get`) or a dataclass (attribute)."""
+    if hasattr(cfg, "get"):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def memory_cells(model_cfg) -> int:
+    """H x K x U of a GPN+M model config (0 for a model without the matrix memory)."""
+    if hasattr(model_cfg, "get"):  # a config block: its family
+        gpn = model_cfg.get("family", "gpn") == "gpn"
+    else:  # a built model's config
+        gpn = type(model_cfg).__name__ == "GPNConfig"
+    if not gpn or not _field(model_cfg, "memory", True):
+        return 0
+    sizes = [int(_field(model_cfg, k, 0) or 0) for k in ("n_heads", "d_key", "d_value")]
+    return math.prod(sizes)
+
+
+def min_bytes_per_cell(memory_dtype: str) -> int:
+    """5m + 8: the module docstring's minimum per memory cell per token."""
+    m = {"float32": 4, "bfloat16": 2}[str(memory_dtype)]
+    return 5 * m + 8
+
+
+def min_bytes_per_token(model_cfg) -> int | None:
+    """The analytic minimum of the memory's HBM traffic per token (None without a memory)."""
+    cells = memory_cells(model_cfg)
+    if not cells:
+        return None
+    return cells * min_bytes_per_cell(_field(model_cfg, "memory_dtype", "float32"))
+
+
+def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dict:
+    """The two traffic fields of a compiled step whose device holds `batch_local` sequences
+    of `seq_len` tokens (one micro-batch): the HLO count and the minimum, bytes per token."""
+    cells = memory_cells(model_cfg)
+    if not cells:
+        return {"memory_bytes_per_token_hlo": None, "memory_bytes_per_token_min": None}
+    t = hlo_bytes(hlo_text, batch_local * cells)
+    return {
+        "memory_bytes_per_token_hlo": t.bytes / (batch_local * seq_len),
+        "memory_bytes_per_token_min": min_bytes_per_token(model_cfg),
+        "unknown_trip_counts": t.unknown_trip_counts,
+    }
