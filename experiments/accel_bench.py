@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from gpn_jax import cli  # noqa: E402 - after the path to this checkout
+from gpn_jax.io import cli  # noqa: E402 - after the path to this checkout
 
 PROG = "accel_bench"
 _HERE = os.path.dirname(os.path.abspath(__file__))

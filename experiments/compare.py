@@ -42,11 +42,11 @@ from ml_collections import config_flags
 
 from experiments import compare_claims, compare_seeds
 from experiments import harness_table as paper_table
-from gpn_jax import cli
 from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents
+from gpn_jax.io import cli
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import distributed
 from gpn_jax.training import host_memory

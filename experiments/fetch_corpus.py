@@ -45,7 +45,7 @@ import tempfile
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 PACKAGES = ("python3.11-doc", "linux-doc-6.1")
 CORPUS_FILE, SOURCE_FILE = "docs.jsonl", "source.json"

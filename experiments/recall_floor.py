@@ -25,7 +25,7 @@ import ml_collections
 from absl import flags
 
 from experiments import recall_sweep
-from gpn_jax import cli
+from gpn_jax.io import cli
 from gpn_jax.parallel import core_pool
 
 

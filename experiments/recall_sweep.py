@@ -35,10 +35,10 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from gpn_jax import cli
 from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.configs import common
 from gpn_jax.eval.recall import recall_eval
+from gpn_jax.io import cli
 from gpn_jax.io.files import atomic_write
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import core_pool

@@ -20,7 +20,7 @@ import json
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 
 def seen_and_unseen_steps(trained_steps: int, steps_per_epoch: int, batches: int) -> dict:

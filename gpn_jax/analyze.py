@@ -11,7 +11,7 @@ temporary directory) and prints the ablation table. Thin absl launcher over
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (the workdir itself is never written).")

@@ -26,7 +26,7 @@ on TPU/GPU, so read them as an estimate of an accelerator's footprint.
 from absl import flags
 from ml_collections import config_flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

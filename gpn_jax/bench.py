@@ -49,7 +49,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from gpn_jax import cli  # noqa: E402
+from gpn_jax.io import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Benchmark config (experiments/configs/bench_*.py)."

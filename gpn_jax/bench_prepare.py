@@ -8,7 +8,7 @@ Thin absl launcher over `gpn_jax.benchmarks.prepare.run` (what it measures is de
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _SIZES = flags.DEFINE_list("sizes_mb", ["50", "500"], "Corpus sizes to generate, in MB.")
 _WORKERS = flags.DEFINE_list("workers", ["1", "2"], "Worker counts to run prepare with.")

@@ -18,7 +18,7 @@ and results only to --out: the model directory is never written.
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Exported model (gpn_jax.export) instead.")

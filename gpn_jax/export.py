@@ -14,7 +14,7 @@ entry points, which declare their own --workdir) can `from gpn_jax.export import
 import shlex
 import sys
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _FLAGS: dict = {}
 

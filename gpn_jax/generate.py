@@ -13,7 +13,7 @@ Runs without a tokenizer (e.g. recall) take `--prompt_ids=3,40,7` and print ids.
 
 from absl import flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Exported model (gpn_jax.export) instead.")

@@ -12,7 +12,7 @@ importing `gpn_jax.eval.harness_lm` first registers ours. Needs `pip install -e 
 
 import sys
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 
 PROG = "gpn-harness"
 

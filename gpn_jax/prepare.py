@@ -89,7 +89,7 @@ def _command() -> str:
 
 def main(argv):
     """For `app.run`; see `run`."""
-    from gpn_jax import cli
+    from gpn_jax.io import cli
 
     return cli.absl_entry(_body, PROG)[0](argv)
 
@@ -98,7 +98,7 @@ def run():
     """The console script and `python -m`. The shared CLI module (and with it JAX) is imported
     here, not at the top: the tokenizing workers re-import this module when they start
     (multiprocessing 'spawn') and should load only the tokenizer, not JAX."""
-    from gpn_jax import cli
+    from gpn_jax.io import cli
 
     cli.absl_entry(_body, PROG)[1]()
 

@@ -11,8 +11,8 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-from gpn_jax import cli
 from gpn_jax.benchmarks import roofline
+from gpn_jax.io import cli
 from gpn_jax.models import factory
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file.")

@@ -8,7 +8,7 @@ Rerunning the same command on the same workdir resumes from its newest checkpoin
 from absl import flags
 from ml_collections import config_flags
 
-from gpn_jax import cli
+from gpn_jax.io import cli
 from gpn_jax.training import validate
 
 _CONFIG = config_flags.DEFINE_config_file(

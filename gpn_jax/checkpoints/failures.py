@@ -179,7 +179,7 @@ def check_step_metadata(directory: str) -> None:
     on such a file (an unparsable one it skips, and restore then finds the step's damage)."""
     from etils import epath
 
-    from gpn_jax.errors import CheckpointError
+    from gpn_jax.io.errors import CheckpointError
 
     root = epath.Path(directory)
     if not root.exists():

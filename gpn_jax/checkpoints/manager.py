@@ -31,8 +31,8 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from gpn_jax.checkpoints import checksums, failures
-from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
+from gpn_jax.io.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

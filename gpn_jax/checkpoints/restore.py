@@ -16,8 +16,8 @@ import ml_collections
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
-from gpn_jax.errors import CheckpointError
 from gpn_jax.io import paths
+from gpn_jax.io.errors import CheckpointError
 from gpn_jax.models import factory
 
 

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.errors import TrainingError
 from gpn_jax.io import paths
+from gpn_jax.io.errors import TrainingError
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, setup, validate

@@ -9,8 +9,13 @@ import optax
 import pytest
 
 from gpn_jax.checkpoints import paper_pickle
-from gpn_jax.models.gpn import GPN
-from tests.core.test_gpn_core import random_params, tiny, tokens
+from gpn_jax.models.gpn import GPN, GPNConfig
+from tests.helpers.window import BASE, random_params, tokens
+
+
+def tiny(**kw) -> GPNConfig:
+    return GPNConfig(**(BASE | kw))
+
 
 # Parameter names the paper's Flax modules declare (read off its sot_m / sot model files).
 PAPER_SOT_M_SHARED = {
@@ -121,7 +126,7 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     loaded = paper_pickle.load(str(tmp_path / "run_7"))
     assert (loaded["step"], loaded["data_position"]) == (7, 21)
     jax.tree.map(np.testing.assert_array_equal, loaded["params"], jax.device_get(ours))
-    x = tokens()
+    x = tokens(8)
     np.testing.assert_array_equal(model.loss(loaded["params"], x)[0], model.loss(ours, x)[0])
     # Moments are keyed by our names now, in the structure our own optimiser would build.
     our_state = paper_optimizer(ours).init(ours)

@@ -4,7 +4,7 @@ work, from `validate.check_config` and through the command line's `cli.run_or_ex
 import pytest
 
 from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny
-from gpn_jax import cli
+from gpn_jax.io import cli
 from gpn_jax.training import validate
 
 TRANSFORMER = "config.train.carry_state=true needs a recurrent model (family gpn or gdn)"

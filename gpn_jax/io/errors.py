@@ -1,6 +1,6 @@
 """The user-facing error classes, in a module that imports nothing.
 
-`gpn_jax.cli` turns them into one-line messages; keeping them here lets every entry point
+`gpn_jax.io.cli` turns them into one-line messages; keeping them here lets every entry point
 import the CLI without loading the trainer (orbax, tqdm). The old homes
 (`checkpoints.manager.CheckpointError`, `training.loop.TrainingError`) re-export them.
 """

@@ -8,7 +8,7 @@ script and `python -m`), so argument checks, log level and error handling live h
 import re
 import sys
 
-from gpn_jax.errors import CheckpointError, TrainingError
+from gpn_jax.io.errors import CheckpointError, TrainingError
 
 # Errors a user can cause (bad input, config, workdir); anything else is a bug and keeps its traceback.
 USER_ERRORS = (
