@@ -1,6 +1,6 @@
 """Benchmarks: training tokens/s and MFU side by side, scaling in T and B, generation latency.
 
-    python -m gpn_jax.bench --config=experiments/configs/bench_small.py --workdir=/tmp/gpn_bench \
+    python -m gpn_jax.bench --config=experiments/bench/bench_small.py --workdir=/tmp/gpn_bench \
         --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate] \
         [--device_spec=h100,h200,v5e,v5p]
 
@@ -52,7 +52,7 @@ from ml_collections import config_flags  # noqa: E402
 from gpn_jax.io import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Benchmark config (experiments/configs/bench_*.py)."
+    "config", None, "Benchmark config (experiments/bench/bench_*.py)."
 )
 _WORKDIR = flags.DEFINE_string(
     "workdir",

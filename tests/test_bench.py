@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from experiments.configs import bench_tiny
+from experiments.bench import bench_tiny
 from gpn_jax.benchmarks import common, report, roofline, runner
 from gpn_jax.kernels.cpu import small_matmul
 
@@ -133,7 +133,7 @@ def test_memory_slopes():
 
 def run_bench_cli(workdir, *flags):
     """`python -m gpn_jax.bench` on the tiny config, from the repository root."""
-    argv = ["--config=experiments/configs/bench_tiny.py", f"--workdir={workdir}", *flags]
+    argv = ["--config=experiments/bench/bench_tiny.py", f"--workdir={workdir}", *flags]
     return subprocess.run(
         [sys.executable, "-m", "gpn_jax.bench", *argv],
         capture_output=True,
@@ -240,27 +240,27 @@ def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
 
 
 def test_loop_costs_times_the_fused_windows_matrix_shapes():
-    """`experiments/loop_costs.py` times products of the fused W0 and W2o: their widths must be
+    """`experiments/bench/loop_costs.py` times products of the fused W0 and W2o: their widths must be
     those `fast_window.fuse_params` builds for the bench's GPN+M."""
     import jax
 
-    from experiments import loop_costs
-    from gpn_jax.configs import bench_common
+    from experiments.bench import loop_costs
+    from gpn_jax.benchmarks import bench_config
     from gpn_jax.core import fast_window
 
-    block = bench_common.models().gpn_m
+    block = bench_config.models().gpn_m
     params = common.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
     fw = fast_window.fuse_params(params)
     assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])
 
 
 def test_window_ab_loads_each_revisions_window():
-    """`experiments/window_ab.py` compiles the bench step with the fused window of each git
+    """`experiments/bench/window_ab.py` compiles the bench step with the fused window of each git
     revision it is given: the checked-out file as a module of its own, and a clear exit for a
     revision that does not exist."""
     import tempfile
 
-    from experiments import window_ab
+    from experiments.bench import window_ab
     from gpn_jax.core import fast_window
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,7 +282,7 @@ def test_window_ab_builds_each_revisions_kernel(monkeypatch):
     import jax.numpy as jnp
     import numpy as np
 
-    from experiments import window_ab
+    from experiments.bench import window_ab
 
     if not small_matmul.available():
         pytest.skip("no C++ compiler for the kernel")
@@ -306,7 +306,7 @@ def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
     it reductions); malformed lists and options XLA refuses end in one line."""
     import re
 
-    from experiments import window_ab
+    from experiments.bench import window_ab
     from gpn_jax.benchmarks import train
 
     assert window_ab.xla_options("", 2) == [{}, {}]
@@ -337,8 +337,8 @@ def test_accel_bench_times_every_pass_with_both_backends_and_storages(tmp_path):
     out = tmp_path / "accel"
     p = subprocess.run(
         [
-            sys.executable, "experiments/accel_bench.py", f"--out={out}", "--parts=passes",
-            "--config=experiments/configs/bench_accel.py:tiny",
+            sys.executable, "experiments/bench/accel_bench.py", f"--out={out}", "--parts=passes",
+            "--config=experiments/bench/bench_accel.py:tiny",
         ],
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         capture_output=True, text=True, timeout=300,
@@ -356,7 +356,8 @@ def test_accel_bench_times_every_pass_with_both_backends_and_storages(tmp_path):
 
 
 def test_accel_bench_config_is_the_papers_130m_model_at_2048():
-    from experiments.configs import bench_accel, gpn_m_1l_130m
+    from experiments.bench import bench_accel
+    from experiments.configs import gpn_m_1l_130m
 
     c = bench_accel.get_config()
     assert c.models.gpn_m_130m == gpn_m_1l_130m.get_config().model

@@ -1,5 +1,5 @@
 """Benchmarks: what `python -m gpn_jax.bench`, `gpn_jax.bench_prepare`, `gpn_jax.aot` and
-`experiments/accel_bench.py` run (the entry points only parse flags).
+`experiments/bench/accel_bench.py` run (the entry points only parse flags).
 
 * `runner`: the bench suites' orchestration: specs, one worker process per record, report, JSON.
 * `common`: platform, compute dtype, the matmul peak measured on this machine, memory, timing.

@@ -1,4 +1,4 @@
-"""The prepared accelerator run (`experiments/accel_bench.py`): the memory's passes XLA
+"""The prepared accelerator run (`experiments/bench/accel_bench.py`): the memory's passes XLA
 against Pallas, the 130M training step with each kernel choice, JSON and HLO in one folder.
 
 Every part runs under the time left of one budget and writes `accel.json` when it ends, so a

@@ -76,7 +76,7 @@ def wgrad(x_SxBxI: Array, dz_SxBxO: Array, w: Array) -> Array:
     (b, s), for which XLA transposes both operands (a copy of each). The small x^T is
     materialised on CPU (an optimisation barrier keeps XLA from folding the transpose back into
     the dot): XLA:CPU ran the dot contracting both operands' first axis markedly slower for the
-    loss's (256 x 512) @ (512 x 8192) embedding gradient (`python experiments/loop_costs.py`)."""
+    loss's (256 x 512) @ (512 x 8192) embedding gradient (`python experiments/bench/loop_costs.py`)."""
     n = x_SxBxI.shape[0] * x_SxBxI.shape[1]
     x_t = x_SxBxI.reshape(n, -1).astype(w.dtype).T
     if jax.default_backend() == "cpu":  # accelerators' dots take transposed operands as they are

@@ -33,7 +33,7 @@ not all: the runtime can still free a step's buffers a moment after the call ret
 last task ended on a pool thread), and the next step then maps its own; with a busy process
 beside it, 4 of 64 calls of a test step did (`tests/training/test_host_memory.py`).
 
-Measured with `python experiments/step_memory.py --model=M` (the `bench_small` step, B 16 x
+Measured with `python experiments/bench/step_memory.py --model=M` (the `bench_small` step, B 16 x
 T 512, in two processes stepped in turn; 2-core AVX-512, 2026-12-03), default -> both:
 
     GPN+M          minor faults 112,772 -> 0 a step (medians), step time ratio 0.949 (12 rounds) and

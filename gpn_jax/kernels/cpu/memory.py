@@ -13,7 +13,7 @@ formulas are in the sources' comments and `gpn_jax.core.kernel_ops`.
 
 They are built, cached and loaded as `small_matmul`'s kernel is (`load`), and used by the fused
 window with `model.kernels=native` for a memory stored in float32 on one CPU device; the
-backward's passes only for one predict layer without remat. `python experiments/window_ab.py`
+backward's passes only for one predict layer without remat. `python experiments/bench/window_ab.py`
 measures what they gain. Not differentiable (no JVPs): they run inside the fused window's
 custom VJP only.
 """

@@ -5,7 +5,7 @@ weight matrices (W0, W2o, the ground gate and their transposes). XLA:CPU runs ea
 through a general matrix multiply that re-packs the weight matrix on every call; here the
 matrix is packed once per window (`pack`: column tiles, each contiguous) and a small kernel
 streams it (`matmul`), its tiles shared out between the calling thread and XLA's intra-op pool.
-`python experiments/window_ab.py` measures what it gains (README, Speed).
+`python experiments/bench/window_ab.py` measures what it gains (README, Speed).
 
 The kernel is compiled on first use with the system's C++ compiler (`c++`, or $CXX) against the
 FFI headers jaxlib ships, into a private cache keyed by the source, the flags, those headers,

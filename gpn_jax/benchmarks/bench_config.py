@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark configs (`python -m gpn_jax.bench --config=experiments/configs/bench_*.py`).
+"""Shared pieces of the benchmark configs (`python -m gpn_jax.bench --config=experiments/bench/bench_*.py`).
 
 The models are matched at ~6.1M parameters (same vocabulary 8192, same tokens per step):
 

@@ -1,16 +1,16 @@
 """Every benchmark suite at toy sizes (tests and a quick smoke run, a few seconds per record).
 
-python -m gpn_jax.bench --config=experiments/configs/bench_tiny.py --workdir=runs/bench_tiny
+python -m gpn_jax.bench --config=experiments/bench/bench_tiny.py --workdir=runs/bench_tiny
 """
 
 import ml_collections
 
-from gpn_jax.configs import bench_common
+from gpn_jax.benchmarks import bench_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
-    c = bench_common.base_config("bench_tiny", "train,scaling,generate")
+    c = bench_config.base_config("bench_tiny", "train,scaling,generate")
     small = dict(vocab_size=256, loss_chunk=16)
     m = c.models
     m.gpn_m.update(small | dict(d_model=32, d_emb=16, d_ffn=48, n_heads=2, d_key=8, d_value=8))

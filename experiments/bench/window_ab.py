@@ -1,7 +1,7 @@
 """Versions of the fused window compared in one process: their training steps taken in turn.
 
-    python experiments/window_ab.py --revs=HEAD~1,HEAD [--rounds=40] [--model=gpn_m]
-    python experiments/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
+    python experiments/bench/window_ab.py --revs=HEAD~1,HEAD [--rounds=40] [--model=gpn_m]
+    python experiments/bench/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
 `gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
@@ -10,7 +10,7 @@ kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is 
 `gpn_jax.kernels.cpu.memory`, and every other module a window imports are the checked-out ones, so
 a revision whose window imports a module the checkout no longer has cannot be loaded); the
 `bench_small` training step of
-`--model` (`gpn_jax/configs/bench_common.py`) is compiled once with each, as the trainer runs it
+`--model` (`gpn_jax/benchmarks/bench_config.py`) is compiled once with each, as the trainer runs it
 (`gpn_jax.benchmarks.train.compiled_step`, steps inline). After two warm-up steps each, every
 round takes one step of each version, the order rotated and reversed from round to round, so
 that a shared machine's drift slows all of them alike (separate runs minutes apart can differ
@@ -38,14 +38,14 @@ _REVS = flags.DEFINE_list(
     "revs", ["HEAD~1", "HEAD"], "Git revisions; `worktree`: the files as they are."
 )
 _ROUNDS = flags.DEFINE_integer("rounds", 40, "Steps of each version, taken in turn.")
-_MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/configs/bench_small.py.")
+_MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/bench/bench_small.py.")
 _XLA_OPTIONS = flags.DEFINE_string(
     "xla_options", "", "JSON list of XLA compile options, one object per revision; '': none."
 )
 
 PATH = "gpn_jax/core/fast_window.py"
 KERNEL = "gpn_jax/kernels/cpu/small_matmul.cc"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _KERNELS = itertools.count()  # kernels registered by this process
 
 
@@ -113,12 +113,11 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     options (`xla_options`)."""
     import jax
 
-    from gpn_jax.benchmarks import train
-    from gpn_jax.configs import bench_common
+    from gpn_jax.benchmarks import bench_config, train
     from gpn_jax.models import gpn as gpn_model
 
-    t = bench_common.base_config("bench_small", "train").train
-    cfg = bench_common.models()[model].to_dict()
+    t = bench_config.base_config("bench_small", "train").train
+    cfg = bench_config.models()[model].to_dict()
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
     from gpn_jax.kernels.cpu import small_matmul
 

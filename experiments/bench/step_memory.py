@@ -1,6 +1,6 @@
 """What keeping a training step's buffers between steps saves: the same step in two processes.
 
-    python experiments/step_memory.py [--rounds=12] [--model=gpn_m]
+    python experiments/bench/step_memory.py [--rounds=12] [--model=gpn_m]
 
 One process runs the `bench_small` training step of `--model` as JAX runs it by default (the
 compiler's freed heap released after compiling, nothing else); the other as the trainer does
@@ -23,23 +23,23 @@ import time
 from absl import app, flags
 
 _ROUNDS = flags.DEFINE_integer("rounds", 12, "Steps of each process, taken in turn.")
-_MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/configs/bench_small.py.")
+_MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/bench/bench_small.py.")
 _WORKER = flags.DEFINE_enum("worker", None, ["default", "reuse"], "Internal: run one process.")
 
 SETTINGS = ("default", "reuse")
 
 
 def _spec(model: str, reuse: bool) -> dict:
-    from gpn_jax.configs import bench_common
+    from gpn_jax.benchmarks import bench_config
 
-    t = bench_common.base_config("bench_small", "train").train
+    t = bench_config.base_config("bench_small", "train").train
     return dict(
         suite="train",
         compute_dtype="auto",
         batch_size=t.batch_size,
         seq_len=t.seq_len,
         reuse_step_memory=reuse,
-        model=bench_common.models()[model].to_dict(),
+        model=bench_config.models()[model].to_dict(),
     )
 
 

@@ -1,11 +1,11 @@
 """What one time step of the fused GPN+M window costs on this machine, part by part.
 
-    python experiments/loop_costs.py [--batch=16] [--steps=256]
+    python experiments/bench/loop_costs.py [--batch=16] [--steps=256]
 
 The fused window (`gpn_jax/core/fast_window.py`) leaves inside its per-token loops only what is
 truly recurrent: products of the B-row state with the fused weight matrices, and passes over
 the (B, H, K, U) memory matrix. This script times each kind alone in a `lax.scan` of `--steps`
-steps at the `bench_small` GPN+M sizes (`gpn_jax/configs/bench_common.py`), next to the
+steps at the `bench_small` GPN+M sizes (`gpn_jax/benchmarks/bench_config.py`), next to the
 machine's square-matmul peak and one large out-of-loop product, so a profile of the real step
 can be read against them:
 
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from gpn_jax.configs import bench_common
+from gpn_jax.benchmarks import bench_config
 from gpn_jax.core import fused_products
 from gpn_jax.kernels.cpu import small_matmul
 
@@ -120,7 +120,7 @@ def fused_widths(m) -> tuple[int, int]:
 
 def main(argv):
     del argv
-    m = bench_common.models().gpn_m
+    m = bench_config.models().gpn_m
     B, S = flags.FLAGS.batch, flags.FLAGS.steps
     D = m.d_model
     n0, r = fused_widths(m)
