@@ -6,8 +6,6 @@ import glob
 import os
 import re
 
-import pytest
-
 from tests.helpers import dated_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,13 +96,6 @@ def test_the_scan_finds_dates_and_cited_hashes():
     assert dated_text.dated("at 14:19 UTC") == ["14:19 UTC"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "dated measurements remain in docstrings/comments owned by other helpers (issue 43 "
-        "item 5); the coordinator removes this mark once their cleanups have merged"
-    ),
-)
 def test_no_dated_measurements_in_docstrings_or_comments():
     files = glob.glob(os.path.join(ROOT, "gpn_jax", "**", "*.py"), recursive=True)
     files += glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)

@@ -79,6 +79,12 @@ COLUMNS = {
         ("GPN MFU", "{gpn_mfu_pct:.1f} %", "r"),
         ("GPN+M peak RSS", "{rss_gib:.2f} GiB", "r"),
     ],
+    "step_memory": [
+        ("model", "{model}", "l"),
+        ("minor faults a step: default → reuse", "{faults_default:,} → {faults_reuse:,}", "r"),
+        ("step time, reuse / default", "×{step_time_ratio:.3f}", "r"),
+        ("peak RSS: default → reuse", "{rss_default_gib:.2f} → {rss_reuse_gib:.2f} GiB", "r"),
+    ],
     "memory_kernels_ab": [
         ("change", "{change}", "l"),
         ("GPN+M step time", "×{ratio:.3f}", "r"),
@@ -142,6 +148,38 @@ COLUMNS = {
 }
 
 
+# Tables whose rows come from several result files, each one command's record (e.g. one
+# `gpn_jax.aot --out` compile, or its batch search whose `trials` are the rows).
+COLLECTIONS = {
+    "aot_130m": (
+        "aot_130m_v5e_2x2_b16",
+        "aot_130m_v5e_2x2_b24",
+        "aot_130m_v5e_2x2",
+        "aot_130m_v6e_1x1",
+        "aot_130m_v5p_2x2x1",
+        "aot_130m_v5p_2x2x1_b256",
+    ),
+}
+_AOT = [
+    ("topology", "{topology}", "l"),
+    ("per-chip batch", "{batch_per_device}", "r"),
+    ("fits", "{fits_word}", "l"),
+    ("peak / HBM per chip", "{peak_gib:.1f} / {hbm_gib:.1f} GiB", "r"),
+    ("M traffic, HLO / minimum", "{traffic_ratio:.2f}×", "r"),
+    ("M in VMEM in the per-token loops", "{vmem_word}", "l"),
+]
+COLUMNS["aot_130m"] = _AOT
+# the same compiles, one row per topology: the per-chip batch limits they found
+COLLECTIONS["aot_130m_limits"] = COLLECTIONS["aot_130m"]
+COLUMNS["aot_130m_limits"] = [
+    ("topology", "{topology}", "l"),
+    ("chip", "{device_kind}", "l"),
+    ("HBM per chip", "{hbm_gib:.0f} GiB", "r"),
+    ("largest per-chip batch that fits", "{largest_fitting}", "r"),
+    ("smallest that does not", "{smallest_failing}", "r"),
+]
+
+
 class ResultError(Exception):
     """A result file or page that cannot be rendered; the message is the one line to print."""
 
@@ -155,8 +193,8 @@ class _Fields(string.Formatter):
         return kwargs[field_name], field_name
 
 
-def load(root: str, name: str) -> dict:
-    """The checked contents of experiments/results/NAME.json."""
+def load(root: str, name: str, required: tuple[str, ...] = REQUIRED) -> dict:
+    """The checked contents of experiments/results/NAME.json, with the `required` keys."""
     rel = os.path.join(RESULTS, f"{name}.json")
     if not _NAME.match(name):
         raise ResultError(f"marker names result {name!r}: use [a-z0-9_]+ (a file in {RESULTS}/)")
@@ -174,13 +212,63 @@ def load(root: str, name: str) -> dict:
         ) from e
     if not isinstance(data, dict):
         raise ResultError(f"{rel}: top level must be an object with keys {', '.join(REQUIRED)}")
-    missing = [k for k in REQUIRED if k not in data]
+    missing = [k for k in required if k not in data]
     if missing:
         raise ResultError(f"{rel}: missing {', '.join(missing)}; every result records them")
+    if "rows" not in required:
+        return data
     rows = data["rows"]
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise ResultError(f"{rel}: 'rows' must be a non-empty list of objects")
     return data
+
+
+def _aot_row(record: dict, topology: str) -> dict:
+    """One compile of `gpn_jax.aot` as a table row (sizes in GiB, the traffic as a ratio)."""
+    vmem = record.get("m_in_vmem_per_token_loops")
+    hbm = record.get("hbm_bytes_per_device")
+    return record | {
+        "topology": topology,
+        "fits_word": "yes" if record["fits"] else "no",
+        "peak_gib": record["peak_bytes_per_device"] / 2**30,
+        "hbm_gib": float("nan") if hbm is None else hbm / 2**30,
+        "traffic_ratio": record["memory_bytes_per_token_hlo"]
+        / record["memory_bytes_per_token_min"],
+        "vmem_word": "—" if vmem is None else ("yes" if vmem else "no"),
+    }
+
+
+def load_collection(root: str, name: str) -> dict:
+    """The rows of a collection (COLLECTIONS): each member's `trials`, or the member itself."""
+    rows, members = [], []
+    for member in COLLECTIONS[name]:
+        rel = os.path.join(RESULTS, f"{member}.json")
+        data = load(root, member, required=REQUIRED[:3])
+        members.append(rel)
+        trials = data.get("trials") or [data]
+        if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+            raise ResultError(f"{rel}: 'trials' must be a list of objects")
+        try:
+            rows += [_aot_row(t, data["topology"]) for t in trials]
+        except (KeyError, TypeError, ZeroDivisionError) as e:
+            raise ResultError(f"{rel}: not a gpn_jax.aot record ({type(e).__name__}: {e})") from e
+    rows.sort(key=lambda r: (r["topology"], r["batch_per_device"]))
+    if name.endswith("_limits"):
+        rows = _limits(rows)
+    return {"rows": rows, "members": members}
+
+
+def _limits(rows: list[dict]) -> list[dict]:
+    """One row per topology: the largest per-chip batch that fit, the smallest that did not."""
+    out = {}
+    for r in rows:
+        t = out.setdefault(r["topology"], r | {"largest_fitting": None, "smallest_failing": None})
+        b = r["batch_per_device"]
+        if r["fits"] and (t["largest_fitting"] is None or b > t["largest_fitting"]):
+            t["largest_fitting"] = b
+        if not r["fits"] and (t["smallest_failing"] is None or b < t["smallest_failing"]):
+            t["smallest_failing"] = b
+    return list(out.values())
 
 
 def table(name: str, data: dict, page_dir: str, root: str) -> str:
@@ -200,10 +288,20 @@ def table(name: str, data: dict, page_dir: str, root: str) -> str:
     lines = ["| " + " | ".join(h for h, _, _ in cols) + " |"]
     lines.append("|" + "|".join("---:" if a == "r" else "---" for _, _, a in cols) + "|")
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells]
-    link = os.path.relpath(os.path.join(root, RESULTS, f"{name}.json"), page_dir)
     lines.append("")
-    lines.append(f"<sub>Data: [{RESULTS}/{name}.json]({link}).</sub>")
+    lines.append(f"<sub>Data: {_data_link(name, data, page_dir, root)}.</sub>")
     return "\n".join(lines) + "\n"
+
+
+def _data_link(name: str, data: dict, page_dir: str, root: str) -> str:
+    """A link to the table's result file, or to the folder of a collection's files."""
+    members = data.get("members")
+    if not members:
+        rel = os.path.join(RESULTS, f"{name}.json")
+        return f"[{rel}]({os.path.relpath(os.path.join(root, rel), page_dir)})"
+    stem = os.path.commonprefix([os.path.basename(m) for m in members])
+    folder = os.path.relpath(os.path.join(root, RESULTS), page_dir)
+    return f"`{stem}*.json` in [{RESULTS}/]({folder}/)"
 
 
 def render_page(text: str, page_dir: str, root: str) -> str:
@@ -211,9 +309,9 @@ def render_page(text: str, page_dir: str, root: str) -> str:
 
     def block(m):
         name = m.group("name")
+        data = load_collection(root, name) if name in COLLECTIONS else load(root, name)
         return (
-            f"<!-- results:{name} -->\n{table(name, load(root, name), page_dir, root)}"
-            f"<!-- /results:{name} -->"
+            f"<!-- results:{name} -->\n{table(name, data, page_dir, root)}<!-- /results:{name} -->"
         )
 
     return _MARKER.sub(block, text)

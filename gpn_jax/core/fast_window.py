@@ -136,16 +136,26 @@ def dims_of(
 
 
 def _usable_kernels(kernels, tp, memory, param_dtype, memory_dtype) -> dict:
-    """Dims' `kernels` and `products`: what of `kernels` this window uses. The kernels run on
-    one device (a mesh of more than one device keeps the XLA formulas)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if kernels is None or tp > 1 or (not mesh.empty and mesh.size > 1):
+    """Dims' `kernels` and `products`: what of `kernels` this window uses. The kernels run per
+    device: on one device, or per shard inside a `shard_map` manual over every mesh axis of
+    more than one device (`parallel.spmd` maps the batch axes so; the passes are per batch
+    row). A window split over an automatic axis (tensor parallelism) keeps the XLA formulas."""
+    if kernels is None or tp > 1 or not _per_device():
         return {}
     covered = memory and jnp.dtype(memory_dtype).name in kernels.memory_dtypes
     return {
         "kernels": kernels if covered else None,
         "products": kernels.matmul if param_dtype == jnp.float32 else None,
     }
+
+
+def _per_device() -> bool:
+    """Whether the window runs on one device's data: no mesh, or every axis of more than one
+    device is manual here (inside a `shard_map` over it)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return True
+    return all(size == 1 or name in mesh.manual_axes for name, size in mesh.shape.items())
 
 
 def scan_window_fused(

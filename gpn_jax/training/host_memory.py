@@ -3,21 +3,16 @@
 
 Why: compiling a step (XLA's passes, LLVM) grows the heap by a few hundred MB that is freed
 afterwards but kept by glibc, while the step's buffers are large allocations mapped afresh,
-so the process's resident memory counts both. Measured on the CPU bench's GPN+M step
-(`bench_small`, B 16 x T 512): resident memory after compiling 620 -> 389 MB after the trim,
-and the peak while running the step 1.12 -> 0.90 GiB. Nothing else in the stack does this
-(jax and XLA leave the allocator alone), so the trainer and the bench call
-`release_free_heap` once, after the step's first call compiled it (`steady_step_memory`).
+so the process's resident memory counts both. Nothing else in the stack does this (jax and
+XLA leave the allocator alone), so the trainer and the bench call `release_free_heap` once,
+after the step's first call compiled it (`steady_step_memory`).
 A no-op returning False where the C library has no `malloc_trim` (macOS, musl).
 
 Between steps the opposite holds: by default glibc maps every block above its mmap threshold
 (128 KiB, rising to at most 32 MiB as mapped blocks are freed) afresh and unmaps it when
 freed, so each step's large buffers page-fault in anew. `reuse_freed_heap` raises the mmap
-and trim thresholds so freed buffers stay in the heap for the next step. Measured on the MQAR
-sweep's Gated DeltaNet step (~236K parameters, 32 x 32 tokens, 2-core AVX-512, 2026-12-02):
-minor page faults 4.25M -> 0.25M over 310 steps, 42 -> 27 ms a step on both cores and 64 ->
-42 ms on one; GPN+M 22 -> 19 ms on one core, Transformer++ unchanged. The MQAR sweep's
-single-core workers call it before training.
+and trim thresholds so freed buffers stay in the heap for the next step (fewer page faults and
+faster small steps; the MQAR sweep's single-core workers call it before training).
 
 A large step's buffers need one more thing: by default JAX runs a CPU computation on a runtime
 thread, which allocates the step's temporaries in its own arena (whose heaps cannot hold a
@@ -31,23 +26,12 @@ temporaries, above what glibc's thresholds can express). The trainer
 (`train.reuse_step_memory`, default on) and the bench's training records do both. Most steps,
 not all: the runtime can still free a step's buffers a moment after the call returns (when its
 last task ended on a pool thread), and the next step then maps its own; with a busy process
-beside it, 4 of 64 calls of a test step did (`tests/training/test_host_memory.py`).
+beside it, a few calls of a test step do (`tests/training/test_host_memory.py`).
 
-Measured with `python experiments/bench/step_memory.py --model=M` (the `bench_small` step, B 16 x
-T 512, in two processes stepped in turn; 2-core AVX-512, 2026-12-03), default -> both:
-
-    GPN+M          minor faults 112,772 -> 0 a step (medians), step time ratio 0.949 (12 rounds) and
-                   1.004 (8 rounds) in two runs, peak RSS 0.93 / 0.89 -> 0.89 GiB
-    Transformer++  683,142 -> 98,310 faults, system time 3.23 -> 0.18 s a step, ratio 0.619
-                   (8 of 8 rounds faster), peak RSS 2.72 -> 2.69 GiB
-    Gated DeltaNet 827,318 -> 0 faults, system time 4.70 -> 0.02 s, ratio 0.555 (8 of 8),
-                   peak RSS 3.65 -> 3.64 GiB
-
-How much a fault costs varies with the machine's state (the default runs' system time per step
-ranged over 0.25-4.7 s that day). Either part alone changed nothing for GPN+M (reuse alone: the
-same faults; inline alone: ratio 0.99), and reuse with the runtime thread allocating from the
-main heap instead (`MALLOC_ARENA_MAX=1`) doubled its peak RSS (1.73 GiB): the next step
-allocated before the last one had freed.
+What each part saves, per model, is measured by `experiments/bench/step_memory.py`; the numbers
+are in docs/performance.md ("Steps' memory on CPU"). Either part alone changed nothing for GPN+M,
+and reuse with the runtime thread allocating from the main heap instead (`MALLOC_ARENA_MAX=1`)
+doubled its peak memory: the next step allocated before the last one had freed.
 """
 
 import ctypes

@@ -50,6 +50,14 @@ MODELS = {
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
         d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused",
     ),
+    "gpn_m_fused_pallas": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused", kernels="pallas",
+    ),
+    "gpn_m_fused_xla": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused", kernels="xla",
+    ),
     "gpn_m_2l_fused": dict(
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
         d_value=8, n_layers=2, loss_chunk=4, scan_impl="fused", remat_segment=4,
@@ -197,6 +205,33 @@ def test_fused_window_loss_and_grads_match_one_device(shape):
     _assert_matches("gpn_m_fused", shape)
     for lp in hlo.while_loops(_sharded("gpn_m_fused", shape)[1]):
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
+
+
+@pytest.mark.parametrize("kernels", ["xla", "pallas"])
+@pytest.mark.parametrize("shape", MESHES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_memory_kernels_run_per_shard_under_data_and_fsdp(shape, kernels, monkeypatch):
+    """With explicit `model.kernels`, the window's memory passes run per shard inside the
+    batch axes' shard_map (the Pallas kernels interpreted here): the same loss and gradients as
+    one device, and the Pallas passes were traced inside the sharded computation."""
+    from gpn_jax import kernels as kernels_lib
+
+    traced = []
+    real = kernels_lib._pallas
+
+    def counting(*args, **kw):
+        got = real(*args, **kw)
+        return got._replace(step=lambda *a: traced.append("step") or got.step(*a))
+
+    kernels_lib._resolve.cache_clear()
+    monkeypatch.setattr(kernels_lib, "_pallas", counting)
+    try:
+        _problem(f"gpn_m_fused_{kernels}")  # the one-device reference, traced first
+        traced.clear()
+        _sharded.cache_clear()
+        _assert_matches(f"gpn_m_fused_{kernels}", shape)
+    finally:
+        kernels_lib._resolve.cache_clear()
+    assert bool(traced) == (kernels == "pallas")
 
 
 # The fused window under tensor parallelism (`core.fast_window`: tp-major column blocks): GPN+M
