@@ -55,15 +55,38 @@ def test_the_committed_tables_equal_their_result_files():
 
 
 def test_every_result_file_records_its_provenance_and_is_shown_somewhere():
+    """Each file has its own table, or is a member of a collection (one table over several
+    files, e.g. `gpn_jax.aot`'s compiles) whose table is shown."""
     results = os.path.join(ROOT, render.RESULTS)
     names = sorted(f[:-5] for f in os.listdir(results) if f.endswith(".json"))
     assert names
     shown = "".join(open(p, encoding="utf-8").read() for p in render.pages(ROOT))
+    in_collection = {m: c for c, members in render.COLLECTIONS.items() for m in members}
     for name in names:
+        if name in in_collection:
+            data = render.load(ROOT, name, required=("command", "date", "machine"))
+            version = data.get("version") or data.get("gpn_jax_version")
+            assert isinstance(version, str) and version.strip(), (name, "version")
+            markers = [c for c, ms in render.COLLECTIONS.items() if name in ms]
+            assert any(f"<!-- results:{c} -->" in shown for c in markers), name
+            continue
         data = render.load(ROOT, name)
         for key in ("command", "date", "machine", "version"):
             assert isinstance(data[key], str) and data[key].strip(), (name, key)
         assert f"<!-- results:{name} -->" in shown, f"{name}.json is rendered on no page"
+
+
+def test_the_aot_limits_are_the_largest_fitting_and_smallest_failing_batches():
+    rows = render.load_collection(ROOT, "aot_130m_limits")["rows"]
+    for row in rows:
+        trials = [
+            r
+            for r in render.load_collection(ROOT, "aot_130m")["rows"]
+            if r["topology"] == row["topology"]
+        ]
+        fit = [r["batch_per_device"] for r in trials if r["fits"]]
+        fail = [r["batch_per_device"] for r in trials if not r["fits"]]
+        assert row["largest_fitting"] == max(fit) < min(fail) == row["smallest_failing"]
 
 
 def test_render_writes_the_table_and_check_then_passes(tmp_path):

@@ -154,6 +154,7 @@ COLLECTIONS = {
     "aot_130m": (
         "aot_130m_v5e_2x2_b16",
         "aot_130m_v5e_2x2_b24",
+        "aot_130m_v5e_2x2_b32",
         "aot_130m_v5e_2x2",
         "aot_130m_v6e_1x1",
         "aot_130m_v5p_2x2x1",
@@ -169,6 +170,15 @@ _AOT = [
     ("M in VMEM in the per-token loops", "{vmem_word}", "l"),
 ]
 COLUMNS["aot_130m"] = _AOT
+# XLA:CPU's compile of the same schedule at a tiny size: its traffic over M against the minimum
+COLLECTIONS["aot_cpu"] = ("aot_tiny_cpu",)
+COLUMNS["aot_cpu"] = [
+    ("compiled for", "{device_kind}", "l"),
+    ("config", "{config_name}", "l"),
+    ("per-device batch × T", "{batch_per_device} × {seq_len}", "r"),
+    ("kernels", "{kernels}", "l"),
+    ("M traffic, HLO / minimum", "{traffic_ratio:.2f}×", "r"),
+]
 # the same compiles, one row per topology: the per-chip batch limits they found
 COLLECTIONS["aot_130m_limits"] = COLLECTIONS["aot_130m"]
 COLUMNS["aot_130m_limits"] = [
@@ -228,7 +238,7 @@ def _aot_row(record: dict, topology: str) -> dict:
     vmem = record.get("m_in_vmem_per_token_loops")
     hbm = record.get("hbm_bytes_per_device")
     return record | {
-        "topology": topology,
+        "topology": topology or record.get("device_kind", "?"),
         "fits_word": "yes" if record["fits"] else "no",
         "peak_gib": record["peak_bytes_per_device"] / 2**30,
         "hbm_gib": float("nan") if hbm is None else hbm / 2**30,
@@ -239,7 +249,8 @@ def _aot_row(record: dict, topology: str) -> dict:
 
 
 def load_collection(root: str, name: str) -> dict:
-    """The rows of a collection (COLLECTIONS): each member's `trials`, or the member itself."""
+    """The rows of a collection (COLLECTIONS): each member's `trials`, or the member itself;
+    a compile listed twice (same topology and batch) keeps its first record."""
     rows, members = [], []
     for member in COLLECTIONS[name]:
         rel = os.path.join(RESULTS, f"{member}.json")
@@ -249,10 +260,16 @@ def load_collection(root: str, name: str) -> dict:
         if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
             raise ResultError(f"{rel}: 'trials' must be a list of objects")
         try:
-            rows += [_aot_row(t, data["topology"]) for t in trials]
+            config = re.search(r"--config=(?:\S*/)?([\w.]+?)(?:\.py)?(?:\s|:|$)", data["command"])
+            extra = {"config_name": config.group(1) if config else "?"}
+            rows += [_aot_row(t | extra, data.get("topology")) for t in trials]
         except (KeyError, TypeError, ZeroDivisionError) as e:
             raise ResultError(f"{rel}: not a gpn_jax.aot record ({type(e).__name__}: {e})") from e
-    rows.sort(key=lambda r: (r["topology"], r["batch_per_device"]))
+    # one row per compile: a batch search's trial repeats a compile listed before it
+    unique = {}
+    for r in rows:
+        unique.setdefault((r["topology"], r["batch_per_device"]), r)
+    rows = sorted(unique.values(), key=lambda r: (r["topology"], r["batch_per_device"]))
     if name.endswith("_limits"):
         rows = _limits(rows)
     return {"rows": rows, "members": members}
@@ -295,9 +312,9 @@ def table(name: str, data: dict, page_dir: str, root: str) -> str:
 
 def _data_link(name: str, data: dict, page_dir: str, root: str) -> str:
     """A link to the table's result file, or to the folder of a collection's files."""
-    members = data.get("members")
-    if not members:
-        rel = os.path.join(RESULTS, f"{name}.json")
+    members = data.get("members") or [os.path.join(RESULTS, f"{name}.json")]
+    if len(members) == 1:
+        rel = members[0]
         return f"[{rel}]({os.path.relpath(os.path.join(root, rel), page_dir)})"
     stem = os.path.commonprefix([os.path.basename(m) for m in members])
     folder = os.path.relpath(os.path.join(root, RESULTS), page_dir)
