@@ -37,7 +37,7 @@ flags.mark_flags_as_required(["workdir"])
 def analyze(workdir: str) -> dict:
     from gpn_jax.analysis import AnalysisConfig
     from gpn_jax.analysis.runner import analyze as run_analysis
-    from gpn_jax.analysis.runner import check_model
+    from gpn_jax.analysis.runner import check_analysis_out, check_model
     from gpn_jax.checkpoints.restore import load_run
 
     config = AnalysisConfig(
@@ -61,6 +61,7 @@ def analyze(workdir: str) -> dict:
             raise ValueError(f"--{name} must be >= 0")
     run = load_run(workdir, _STEP.value)
     check_model(run)
+    check_analysis_out(_OUT.value, run.workdir)
     return run_analysis(run, _OUT.value, config)
 
 

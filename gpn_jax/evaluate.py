@@ -57,6 +57,7 @@ def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
             raise ValueError("--eval=lambada needs --lambada_path")
         lambada.read_lambada(_LAMBADA.value)
     run = load_either(workdir, model_dir, _STEP.value)
+    runner.check_results_file(_OUT.value, run.workdir, int(run.step))  # before the evaluation
     results = _run_evals(run, evals)
     print(runner.format_table(results))
     if _OUT.value:

@@ -150,6 +150,28 @@ def test_bad_out_fails_before_loading_anything(tmp_path):
     assert blocker.read_text() == "keep me"
 
 
+def test_out_never_replaces_what_the_user_has(workdir, tmp_path):
+    """An existing `--out` is refused before the evaluation unless it holds this run's results
+    at this step (then evals run one at a time accumulate in it); `--out` inside the run's
+    workdir is refused too."""
+    notes = tmp_path / "notes.json"
+    notes.write_text("keep me")
+    proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=ppl", f"--out={notes}")
+    one_line_error(proc, f"--out={notes} exists and is not this run's results at step 2")
+    assert notes.read_text() == "keep me"
+    inside = os.path.join(workdir, "r.json")
+    proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=ppl", f"--out={inside}")
+    one_line_error(proc, f"--out={inside} is inside the run's workdir")
+    assert not os.path.exists(inside)
+    out = tmp_path / "r.json"
+    for evals in ("ppl", "recall"):
+        flags = ("--batch_size=4", "--recall_examples=8", "--ppl_max_batches=1")
+        proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", f"--eval={evals}", f"--out={out}",
+                   *flags)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert {"run", "ppl", "recall"} <= set(json.loads(out.read_text()))
+
+
 @pytest.mark.parametrize(
     "content, match",
     [('{"text": "a b"}\n{"text": "c d\n', "line 2: not valid JSON"), ("", "is empty")],

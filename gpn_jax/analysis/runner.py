@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from gpn_jax.analysis import ablations, collect, figures, horizons, report, summarize
+from gpn_jax.io import paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +183,39 @@ def _model_line(run) -> str:
     c = run.model.config
     mem = f", H={c.n_heads} x {c.d_key} x {c.d_value}" if c.memory else " (no memory)"
     return f"GPN{'+M' if c.memory else ''} L={c.n_layers}, d={c.d_model}, d_emb={c.d_emb}{mem}, V={c.vocab_size}"
+
+
+def check_analysis_out(out: str, workdir: str) -> None:
+    """Before the analysis: `out` may not lie inside the run's workdir, and a non-empty `out`
+    must hold an earlier analysis of this run (whose files a rerun replaces); any other
+    directory's files are never replaced. Raises a one-line ValueError."""
+    if paths.is_remote(out):
+        return
+    full = os.path.realpath(os.path.expanduser(out))
+    if not paths.is_remote(workdir):
+        root = os.path.realpath(workdir)
+        if full == root or full.startswith(root + os.sep):
+            raise ValueError(f"--out={out} is inside the run's workdir {workdir}; write elsewhere")
+    if not os.path.isdir(full) or not os.listdir(full):
+        return
+    if _analysed_workdir(os.path.join(full, "metrics.json")) != workdir:
+        raise ValueError(
+            f"--out={out} is a non-empty directory that holds no analysis of this run; "
+            "choose a new or empty --out"
+        )
+
+
+def _analysed_workdir(metrics_path: str) -> str | None:
+    """The workdir an earlier analysis's metrics.json names (None: not one of ours)."""
+    try:
+        if os.path.getsize(metrics_path) > 64 << 20:
+            return None
+        with open(metrics_path, encoding="utf-8") as f:  # json: data only
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    run = data.get("run") if isinstance(data, dict) else None
+    return run.get("workdir") if isinstance(run, dict) else None
 
 
 def analyze_workdir(

@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from gpn_jax.checkpoints import checksums, failures
+from gpn_jax.checkpoints import checksums, failures, step_files
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
 
@@ -311,8 +311,8 @@ class Checkpointer:
             out = self._mngr.restore(step, args=args)
             state = out["state"]
         where = f"step {step}"
-        items = {k: _json_item(out[k], f"{where} {k}") for k in names}
-        items["data"] = _json_item(self._data_state(step, out), f"{where} data state")
+        items = {k: step_files.json_item(out[k], f"{where} {k}") for k in names}
+        items["data"] = step_files.json_item(self._data_state(step, out), f"{where} data state")
         if record is None:
             log.info("checkpoint step %d has no checksums (an older save): not verified", step)
         else:
@@ -321,15 +321,24 @@ class Checkpointer:
         return step, state, items["data"], items["config"], items["meta"]
 
     def _read_checksums(self, step: int) -> dict | None:
-        """The step's checksum record (None for a step saved before checksums)."""
-        path = self._step_path(step) / "checksums" / _JSON_FILE
-        if not (self._step_path(step) / "checksums").exists():
+        """The step's checksum record (None for a step saved before checksums). A step whose
+        orbax metadata lists a `checksums` item it no longer has is damaged: deleting the
+        record must not switch its verification off."""
+        step_dir = self._step_path(step)
+        if not (step_dir / "checksums").exists():
+            if "checksums" in step_files.saved_items(step_dir):
+                raise failures.Damaged(
+                    "its checksums item is missing (the step was saved with one)"
+                )
             return None
-        return checksums.validate(_read_json(path), f"step {step} checksums")
+        return checksums.validate(
+            step_files.read_json(step_dir / "checksums" / step_files.JSON_FILE),
+            f"step {step} checksums",
+        )
 
     def _data_args(self, step: int) -> dict:
         """Restore args of the `data` item if Grain's handler wrote this host's file."""
-        if (self._step_path(step) / "data" / _grain_file(jax.process_index())).exists():
+        if (self._step_path(step) / "data" / step_files.grain_file(jax.process_index())).exists():
             return {"data": grain.checkpoint.CheckpointRestore(_DataState())}
         return {}
 
@@ -340,7 +349,7 @@ class Checkpointer:
         if "data" in out:
             return out["data"].get_state()
         folder = self._step_path(step) / "data"
-        files = sorted(folder.glob("process_0-of-*.json")) or [folder / _JSON_FILE]
+        files = sorted(folder.glob("process_0-of-*.json")) or [folder / step_files.JSON_FILE]
         return json.loads(files[0].read_text())
 
     def _restore_params(self, step: int, abstract_params: Any) -> Any:
@@ -441,8 +450,8 @@ class Checkpointer:
         Raises:
             failures.Damaged: unparsable, or not a JSON object.
         """
-        path = self._step_path(step) / "config" / _JSON_FILE
-        return _json_item(_read_json(path), f"step {step} config")
+        path = self._step_path(step) / "config" / step_files.JSON_FILE
+        return step_files.json_item(step_files.read_json(path), f"step {step} config")
 
     def _quarantine(self, steps: list[int]) -> None:
         """Moves step dirs aside under names orbax does not parse as steps."""
@@ -516,7 +525,7 @@ class Checkpointer:
 
     def _check_files(self, step: int) -> None:
         """failures.Damaged if `step` lacks a part or a metadata file differs from its record."""
-        missing = [p for p in _REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
+        missing = [p for p in step_files.REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
         if missing:
             raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
         checksums.verify_files(self._step_path(step), f"step {step}")
@@ -567,34 +576,3 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# What a finalized orbax step of this layout always holds; any missing means an incomplete
-# step (orbax itself only checks the commit marker on object stores).
-_JSON_FILE = "metadata"  # where JsonCheckpointHandler keeps an item's JSON
-_REQUIRED_PARTS = (
-    "_CHECKPOINT_METADATA",
-    "commit_success.txt",
-    "state/_METADATA",
-    "state/manifest.ocdbt",
-    "data",
-    # `checksums` too, but a step saved before checksums has none (it is restored unverified)
-    *(f"{item}/{_JSON_FILE}" for item in ("config", "meta")),
-)
-
-
-def _read_json(path: epath.Path) -> Any:
-    """The JSON in `path` (UnicodeDecodeError / JSONDecodeError for a garbled one: damage)."""
-    return json.loads(path.read_text())
-
-
-def _json_item(value: Any, where: str) -> dict:
-    """`value` if a JSON object; else Damaged (a config, meta or data state of `[]`)."""
-    if not isinstance(value, dict):
-        raise failures.Damaged(f"{where} is a JSON {type(value).__name__}, not an object")
-    return value
-
-
-def _grain_file(process_index: int) -> str:
-    """The file Grain's handler keeps a host's iterator state in."""
-    return f"process_{process_index}-of-{jax.process_count()}.json"

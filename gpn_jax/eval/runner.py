@@ -8,11 +8,15 @@ Shared by `python -m gpn_jax.evaluate` and Python / Colab callers::
 """
 
 import json
+import os
 
 from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
+from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_out_file
+
+MAX_RESULTS_BYTES = 16 << 20  # a results file is a few KB; a larger one is not ours
 
 
 def parse_evals(evals) -> list[str]:
@@ -146,19 +150,47 @@ def run_evals(
     return results
 
 
-def write_results(results: dict, out: str) -> str:
-    """Writes `results` to `out`, merged with an earlier file there of the same run and step
-    (so evals run one at a time accumulate). Never writes into the run's workdir."""
-    check_out_file(out, "--out")
-    merged = dict(results)
+def check_results_file(out: str | None, workdir: str, step: int) -> None:
+    """Before any evaluation: `out` may not lie inside the run's workdir, and an existing file
+    there must be this run's results at this step (evals run one at a time accumulate in it);
+    anything else the user has is never replaced. Raises a one-line ValueError."""
+    if not out or paths.is_remote(out):
+        return
+    full = os.path.realpath(os.path.expanduser(out))
+    if not paths.is_remote(workdir):
+        root = os.path.realpath(workdir)
+        if full == root or full.startswith(root + os.sep):
+            raise ValueError(f"--out={out} is inside the run's workdir {workdir}; write elsewhere")
+    if not os.path.exists(full):
+        return
+    old = _read_results(full)
+    run = old.get("run") if isinstance(old, dict) else None
+    if not isinstance(run, dict) or (run.get("workdir"), run.get("step")) != (workdir, step):
+        raise ValueError(
+            f"--out={out} exists and is not this run's results at step {step}; "
+            "choose another --out or move that file away"
+        )
+
+
+def _read_results(path: str):
+    if os.path.getsize(path) > MAX_RESULTS_BYTES:
+        return None
     try:
-        with open(out) as f:  # json: data only
-            old = json.load(f)
-        same = ("workdir", "step")
-        if all(old.get("run", {}).get(k) == results["run"][k] for k in same):
-            merged = old | results
+        with open(path, encoding="utf-8") as f:  # json: data only
+            return json.load(f)
     except (OSError, ValueError):
-        pass
+        return None
+
+
+def write_results(results: dict, out: str) -> str:
+    """Writes `results` to `out`, merged with the earlier results of the same run and step there
+    (`check_results_file` refused anything else before the evaluation). Never writes into the
+    run's workdir."""
+    run = results["run"]
+    check_out_file(out, "--out")
+    check_results_file(out, run["workdir"], run["step"])
+    old = _read_results(out) if os.path.exists(out) else None
+    merged = (old | results) if isinstance(old, dict) else dict(results)
     atomic_write(out, json.dumps(merged, indent=2).encode())
     return out
 

@@ -419,3 +419,36 @@ def test_cli_end_to_end(trained, tmp_path):
     assert "(e) whole memory read zeroed" in proc.stdout
     for f in ("metrics.json", "report.md", "geometry.png", "horizons.png", "mean_direction.png"):
         assert (out / f).exists(), f
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "report.md").write_text("keep me")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpn_jax.analyze", f"--workdir={workdir}", f"--out={other}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=one_device_env(),
+    )  # fmt: skip
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert "holds no analysis of this run" in lines[0]
+    assert (other / "report.md").read_text() == "keep me"
+
+
+def test_analysis_out_never_replaces_another_directorys_files(tmp_path):
+    """A new or empty --out, or one holding an earlier analysis of the same run, is accepted;
+    a directory with anything else, or one inside the run's workdir, is refused."""
+    from gpn_jax.analysis.runner import check_analysis_out
+
+    wd = tmp_path / "run"
+    wd.mkdir()
+    check_analysis_out(str(tmp_path / "new"), str(wd))
+    (tmp_path / "empty").mkdir()
+    check_analysis_out(str(tmp_path / "empty"), str(wd))
+    for name, run in (("same", str(wd)), ("another", str(tmp_path / "x")), ("junk", None)):
+        (tmp_path / name).mkdir()
+        body = {"run": {"workdir": run, "step": 3}} if run else ["not", "ours"]
+        (tmp_path / name / "metrics.json").write_text(json.dumps(body))
+    check_analysis_out(str(tmp_path / "same"), str(wd))
+    for name in ("another", "junk"):
+        with pytest.raises(ValueError, match="non-empty directory that holds no analysis of this"):
+            check_analysis_out(str(tmp_path / name), str(wd))
+    with pytest.raises(ValueError, match="is inside the run's workdir"):
+        check_analysis_out(str(wd / "analysis"), str(wd))

@@ -9,6 +9,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,15 @@ def test_a_flipped_data_byte_is_caught_without_the_file_record(two_steps, caplog
     os.remove(os.path.join(step_dir, "checksums", "files.json"))
     _flip(max(_data_files(step_dir), key=os.path.getsize))
     assert "array ['params']['w']" in _resumes_from_step_1(workdir, states, step_dir, caplog)
+
+
+def test_a_deleted_checksums_item_is_damage_not_an_older_save(two_steps, caplog):
+    """Removing a step's checksums must not switch its verification off: its orbax metadata
+    still lists the item, so the step is damaged (a step saved before checksums lists none)."""
+    workdir, states, step_dir = two_steps
+    shutil.rmtree(os.path.join(step_dir, "checksums"))
+    _flip(max(_data_files(step_dir), key=os.path.getsize))
+    assert "checksums item is missing" in _resumes_from_step_1(workdir, states, step_dir, caplog)
 
 
 TEXT_FILES = [
