@@ -105,7 +105,7 @@ def dims_of(
     kernels: MemoryKernels | None = None,
     memory_dtype=jnp.float32,
 ) -> Dims:
-    """The window's static sizes. `kernels` are kept where they cover the window (one device;
+    """The window's static sizes. `kernels` are kept where they cover the window (per device;
     the memory stored in one of their `memory_dtypes`; the products in float32)."""
     names = gpn.layer_names(params)
     lp = params[names[0]]

@@ -4,8 +4,9 @@
 and hands the resulting `MemoryKernels` (or None: the XLA formulas) to the fused window, which
 calls `step`, `stack`, `grad_reduce` and `grad_update` where it would otherwise run the same
 passes as XLA operations. Where the kernels do not cover a case (a memory dtype outside
-`memory_dtypes`, no `grad_reduce` / `grad_update`, more than one predict layer or remat for the
-backward's per-token passes, a mesh of more than one device) the window uses its XLA formulas.
+`memory_dtypes`, no `grad_reduce` / `grad_update`, more than one predict layer for the
+backward's per-token passes, a window split over an automatic mesh axis such as tensor
+parallelism) the window uses its XLA formulas; under `shard_map` they run per shard.
 
 Shapes (B batch rows, H heads, K key width, U value width, S steps of a segment):
   step(M, k, q, v, beta, eg) -> (M_new, o)

@@ -27,7 +27,7 @@ namespace {
 // Register tile: kRows rows x kVecs vectors of accumulators, plus kVecs loaded W vectors and
 // a broadcast, within the 32 (AVX-512) or 16 (AVX, SSE) vector registers. With AVX2, 6 x 2
 // (16-column tiles, which for K = 512 fit a 32 KiB L1) ran the bench's products fastest of
-// the shapes 4 x 3, 3 x 4, 4 x 2, 5 x 2 and 8 x 1 (`experiments/loop_costs.py` compares them).
+// the shapes 4 x 3, 3 x 4, 4 x 2, 5 x 2 and 8 x 1 (`experiments/bench/loop_costs.py` compares them).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16, kRows = 8, kVecs = 3;
 #elif defined(__AVX__)
