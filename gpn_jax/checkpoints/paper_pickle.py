@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import pickle
+import re
 import struct
 
 import jax
@@ -148,6 +149,7 @@ def _numpy_internal(module: str, name: str):
 
 
 _NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex: never objects or records
+_DTYPE_SPEC = re.compile(r"[<>|=]?[A-Za-z][A-Za-z0-9]{0,15}")
 
 
 class _Budget:
@@ -164,7 +166,16 @@ class _Budget:
 
 
 def _checked_dtype(*args, **kwargs) -> np.dtype:
-    dtype = np.dtype(*args, **kwargs)
+    """A numeric dtype from a pickle's arguments. Strings are limited to a type code or name
+    ('f4', '<f4', 'float32'): numpy parses anything longer (comma lists, subarrays) with
+    `ast.literal_eval`, whose errors would escape as SyntaxError."""
+    spec = args[0] if args else kwargs.get("dtype")
+    if isinstance(spec, str) and not _DTYPE_SPEC.fullmatch(spec):
+        raise _Refused(f"numpy.dtype {spec[:40]!r} (only a numeric type code or name is data)")
+    try:
+        dtype = np.dtype(*args, **kwargs)
+    except (TypeError, ValueError, SyntaxError) as e:
+        raise _Refused(f"numpy.dtype {spec!r:.60} ({type(e).__name__})") from None
     if dtype.kind not in _NUMERIC_KINDS:
         raise _Refused(f"numpy.dtype {dtype.str!r} (only numeric dtypes are data)")
     return dtype

@@ -257,6 +257,16 @@ class _Alloc:
         return self.fn, self.args
 
 
+def test_a_dtype_string_numpy_would_parse_as_code_is_one_line(tmp_path):
+    """numpy parses long dtype strings with `ast.literal_eval` ('04' raised SyntaxError
+    through the loader, a fuzz find): only a type code or name is accepted."""
+    data = pickle.dumps(np.zeros(2, np.float32), protocol=2).replace(b"f4", b"04")
+    path = tmp_path / "dtype.pkl"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"numpy.dtype '04' \(only a numeric type code or name"):
+        paper_pickle.read_pickle(str(path))
+
+
 @pytest.mark.parametrize(
     "payload, what",
     [
@@ -268,22 +278,26 @@ class _Alloc:
 )
 def test_allocations_are_capped_by_the_file_size(tmp_path, payload, what):
     """A few dozen bytes asking for gigabytes are refused before anything is allocated: a fresh
-    process that reads the file peaks below the 2 GiB asked for (its own peak, not the test
-    worker's, which earlier tests have grown)."""
+    process that reads the file peaks below the 2 GiB asked for. Its peak is the kernel's
+    VmHWM, which starts afresh at exec (getrusage's ru_maxrss would carry the forking test
+    worker's peak into the child)."""
     import subprocess
     import sys
 
     path = tmp_path / "alloc.pkl"
     path.write_bytes(pickle.dumps(payload, protocol=4))
     assert path.stat().st_size < 200
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs Linux's /proc/self/status for the process's own peak")
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from gpn_jax.checkpoints import paper_pickle\n"
         "try:\n"
         "    paper_pickle.read_pickle(sys.argv[1])\n"
         "except ValueError as e:\n"
         "    print(e)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+        "print(int(hwm[0].split()[1]) * 1024)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
