@@ -136,7 +136,12 @@ def test_a_checkpoint_from_before_grain_still_resumes(tmp_path):
     old = {"epoch": 1, "index": 1, "seed": 2, "layout": "shuffled", "num_windows": NUM_WINDOWS,
            "batch_size": B, "seq_len": T}  # fmt: skip
     (data / "metadata").write_text(json.dumps(old))
-    shutil.rmtree(tmp_path / "run/checkpoints/6/checksums")  # a checkpoint that old had none
+    # a checkpoint that old had no checksums item, and its orbax metadata lists none
+    shutil.rmtree(tmp_path / "run/checkpoints/6/checksums")
+    meta_path = tmp_path / "run/checkpoints/6/_CHECKPOINT_METADATA"
+    meta = json.loads(meta_path.read_text())
+    del meta["item_handlers"]["checksums"]
+    meta_path.write_text(json.dumps(meta))
     with Checkpointer(tmp_path / "run") as ckpt:
         _, _, data_state, _, _ = ckpt.restore(state)
     assert data_state == old
