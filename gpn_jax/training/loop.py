@@ -170,8 +170,8 @@ class _Run:
 
     def __init__(self, config, workdir: str):
         # Before anything is built: a bad field is one line, not a traceback after the work.
-        data, fsdp, _ = meshlib.mesh_shape(config.mesh, jax.device_count())
-        validate.check_config(config, data_parallel=data * fsdp, process_count=jax.process_count())
+        data, fsdp, tensor = meshlib.mesh_shape(config.mesh, jax.device_count())
+        validate.check_config(config, data * fsdp, jax.process_count(), tensor)
         self.config, self.workdir = config, prepare_workdir(workdir)
         model = factory.build_model(config.model)
         self.is_lead = jax.process_index() == 0

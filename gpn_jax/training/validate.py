@@ -244,15 +244,31 @@ def check_static(config) -> None:
     check_logging(config)
 
 
-def check_mesh(config, data_parallel: int, process_count: int = 1) -> None:
+def check_mesh(config, data_parallel: int, process_count: int = 1, tensor: int = 1) -> None:
     """The mesh-dependent checks: the batch (and a stateful run's streams) split evenly over
-    grad_accum x `data_parallel` devices and over `process_count` hosts."""
+    grad_accum x `data_parallel` devices and over `process_count` hosts; explicit kernels only
+    where they run (per data / fsdp shard, not split over `tensor`)."""
     check_stateful(config, data_parallel)
     check_batch_split(config.train, data_parallel, process_count)
+    check_kernels_mesh(config.model, tensor)
 
 
-def check_config(config, data_parallel: int | None = None, process_count: int = 1) -> None:
+def check_kernels_mesh(model, tensor: int) -> None:
+    """The memory kernels run per device or per data / fsdp shard; a window split over
+    `tensor` keeps the XLA formulas, so an explicit `native` / `pallas` there is refused
+    (`auto` falls back by itself)."""
+    choice = model.get("kernels", "auto")
+    if tensor > 1 and choice in ("native", "pallas"):
+        raise ValueError(
+            f"config.model.kernels={choice} runs per data/fsdp shard, not over a tensor-parallel "
+            f"mesh (mesh.tensor={tensor}); use --config.model.kernels=auto or xla"
+        )
+
+
+def check_config(
+    config, data_parallel: int | None = None, process_count: int = 1, tensor: int = 1
+) -> None:
     """`check_static`, then `check_mesh` when the mesh's data-parallel size is given."""
     check_static(config)
     if data_parallel is not None:
-        check_mesh(config, data_parallel, process_count)
+        check_mesh(config, data_parallel, process_count, tensor)

@@ -56,6 +56,17 @@ def test_batch_must_split_over_accumulation_and_data_parallel_devices():
         validate.check_config(c)
 
 
+def test_explicit_kernels_are_refused_over_a_tensor_parallel_mesh():
+    """The memory kernels run per data / fsdp shard; under tensor parallelism the window keeps
+    XLA's formulas, so asking for kernels there is a one-line error naming the alternatives."""
+    c = gpn_m_tiny.get_config()
+    validate.check_config(c, data_parallel=2, tensor=2)  # auto: falls back by itself
+    c.model.kernels = "pallas"
+    validate.check_config(c, data_parallel=2, tensor=1)
+    with pytest.raises(ValueError, match=r"^config.model.kernels=pallas runs per data/fsdp shard"):
+        validate.check_config(c, data_parallel=2, tensor=2)
+
+
 @pytest.mark.parametrize(
     "eval_every, checkpoint_every, steps, ok",
     [
