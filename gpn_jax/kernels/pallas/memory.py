@@ -383,19 +383,14 @@ def memory_kernels(
     platform = {"gpu": "cuda"}.get(platform, platform)
     if interpret is None:
         interpret = platform == "cpu"
-    if not interpret and platform == "tpu":
+    if not interpret and platform not in ("cuda", "rocm", "tpu"):
         raise ValueError(
-            f"pallas memory kernels: no TPU (Mosaic) variant, XLA keeps M in VMEM there; {_XLA_HINT}"
-        )
-    if not interpret and platform not in ("cuda", "rocm"):
-        raise ValueError(
-            f"pallas memory kernels compile for GPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
+            f"pallas memory kernels compile for GPU or TPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
         )
     cfg = Config(bool(interpret), platform, block_u, num_warps)
-    return PallasMemory(
-        functools.partial(step, cfg),
-        functools.partial(stack, cfg),
-        functools.partial(grad_reduce, cfg),
-        functools.partial(grad_update, cfg),
-        cfg,
-    )
+    passes = (step, stack, grad_reduce, grad_update)
+    if platform == "tpu":  # the Mosaic variant (interpreted: Pallas's TPU interpreter)
+        from gpn_jax.kernels.pallas import tpu
+
+        passes = (tpu.step, tpu.stack, tpu.grad_reduce, tpu.grad_update)
+    return PallasMemory(*(functools.partial(f, cfg) for f in passes), cfg)
