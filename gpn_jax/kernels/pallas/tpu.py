@@ -132,7 +132,10 @@ def step(cfg: Config, M_BxHxKxU, k_BxHxK, q_BxHxK, v_BxHxU, beta_BxH, eg_BxH):
         cfg,
         _step_kernel,
         spec,
-        [jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype), jax.ShapeDtypeStruct((B, H, U), F32)],
+        [
+            jax.ShapeDtypeStruct(M_BxHxKxU.shape, M_BxHxKxU.dtype),
+            jax.ShapeDtypeStruct((B, H, U), F32),
+        ],
         ("parallel", "parallel"),
         aliases={0: 0},
     )
@@ -233,9 +236,7 @@ def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxH
         ],
         ("parallel", "parallel"),
     )
-    dMk, dMw, inner = call(
-        t1, keep, Ms_SxBxHxKxU, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32)
-    )
+    dMk, dMw, inner = call(t1, keep, Ms_SxBxHxKxU, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
     return dMk, dMw.sum(axis=1), inner.sum(axis=1)[..., 0]
 
 
