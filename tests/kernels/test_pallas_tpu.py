@@ -187,3 +187,28 @@ def test_compiles_for_a_v5e_chip_at_130m(dtype):
         fn = jax.jit(getattr(mk, name), in_shardings=sharding, out_shardings=sharding)
         compiled = fn.trace(*args).lower().compile()
         assert "tpu_custom_call" in compiled.as_text(), name
+
+
+def test_compiles_inside_a_shard_map_manual_over_the_batch_axes():
+    """As `gpn_jax.parallel.spmd` runs the window: manual over the batch axes, the tensor
+    axis (one device) left to the partitioner. Mosaic refuses a kernel with any axis left
+    automatic, so the kernels map the rest themselves (replicated over one device)."""
+    from jax.sharding import PartitionSpec as P
+
+    missing = aot.libtpu_missing()
+    if missing:
+        pytest.skip(f"no libtpu to compile for a TPU: {missing}")
+    dev = aot.topology_devices("v5e:2x2")[0]
+    mesh = jax.sharding.Mesh(np.array([dev]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    batch = P(("data", "fsdp"))
+    step = jax.shard_map(
+        memory_kernels(platform="tpu").step,
+        mesh=mesh,
+        in_specs=batch,
+        out_specs=batch,
+        axis_names={"data", "fsdp"},
+        check_vma=False,
+    )
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step).trace(*_shapes_130m(jnp.float32)["step"]).lower().compile()
+    assert compiled.as_text().count("tpu_custom_call") == 1

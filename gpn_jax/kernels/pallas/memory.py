@@ -26,10 +26,10 @@ is per program: it copies each program's operands) and any K and any bu dividing
 `platform='cuda'` with `interpret=True` runs the GPU's grid in the interpreter instead. Under
 `shard_map` the kernels need `check_vma=False` (as `gpn_jax.parallel.spmd` maps).
 
-There is no TPU (Mosaic) variant: issue 46 asks for one only where XLA:TPU's step moves M
-through HBM (it kept M in VMEM at the batches compiled so far), and these blocks do not meet
-Mosaic's rules (the last two block dims divisible by (8, 128) or whole: the (K,) vectors and
-(b, h) scalars are not; 1-D blocks also need the TPU's device kind, which a CPU host lacks).
+On a TPU, `memory_kernels(platform='tpu')` returns the Mosaic variant (`pallas.tpu`): the
+same passes with blocks that meet Mosaic's tiling (all H heads of one batch row per program,
+(B, H, 1) per-head scalars, the resets and the grads' step t in SMEM); these blocks do not
+(the (K,) vectors and (b, h) scalars are not (8, 128)-tiled).
 """
 
 from __future__ import annotations
@@ -376,9 +376,11 @@ def memory_kernels(
     block_u: int | None = None,
     num_warps: int = 8,
 ) -> PallasMemory:
-    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda').
-    `interpret` None: Pallas's interpreter exactly when that platform is the CPU. `block_u`
-    and `num_warps` (Triton) are tuning knobs for a GPU run to sweep (module docstring)."""
+    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda'):
+    Triton kernels for 'cuda' / 'rocm', Mosaic kernels (`pallas.tpu`) for 'tpu'. `interpret`
+    None: Pallas's interpreter exactly when that platform is the CPU; with 'tpu' and
+    interpret=True, the TPU variant runs in Pallas's TPU interpreter. `block_u` (the U tile)
+    and `num_warps` (Triton) are tuning knobs for a GPU or TPU run to sweep."""
     platform = platform or jax.default_backend()
     platform = {"gpu": "cuda"}.get(platform, platform)
     if interpret is None:

@@ -69,7 +69,7 @@ def _check(M: Array, what: str = "M", ndim: int = 4) -> None:
 
 def _call(cfg: Config, kernel, grid_spec, out_shape, semantics, aliases=None):
     interpret = pltpu.InterpretParams() if cfg.interpret else False
-    return pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=out_shape,
@@ -77,6 +77,29 @@ def _call(cfg: Config, kernel, grid_spec, out_shape, semantics, aliases=None):
         interpret=interpret,
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
     )
+    return _fully_manual(call)
+
+
+def _fully_manual(call):
+    """`call` made manual over every mesh axis. Mosaic lowers a kernel only where no mesh axis
+    is left to the partitioner; inside a `shard_map` manual over some axes (the batch axes of
+    `gpn_jax.parallel.spmd`) the others are mapped here with replicated operands, which is
+    the same computation where they have one device (the fused window hands its kernels only
+    a one-device mesh, `core.kernel_ops`)."""
+
+    def wrapped(*args):
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty or not mesh.manual_axes:
+            return call(*args)
+        rest = frozenset(mesh.axis_names) - frozenset(mesh.manual_axes)
+        if not rest:
+            return call(*args)
+        P = jax.sharding.PartitionSpec
+        return jax.shard_map(
+            call, in_specs=P(), out_specs=P(), axis_names=rest, check_vma=False
+        )(*args)
+
+    return wrapped
 
 
 def _col(x: Array) -> Array:
