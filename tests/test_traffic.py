@@ -204,7 +204,7 @@ def test_a_kernel_reads_one_memory_of_a_stack_and_writes_its_results_in_full():
         "  %st = bf16[6,2,3,4,5]{4,3,2,1,0} parameter(2)\n"
         "  %i = s32[1]{0} parameter(3)\n"
         "  ROOT %k = (f32[2,3,4,5]{3,2,1,0:T(8,128)}, f32[2,3,4,5]{3,2,1,0:T(8,128)S(1)}) "
-        "custom-call(%i, %st, %a, %a), custom_call_target=\"tpu_custom_call\", "
+        'custom-call(%i, %st, %a, %a), custom_call_target="tpu_custom_call", '
         "output_to_operand_aliasing={{0}: (2, {})}"
     )
     # reads: one bf16 M of the stack + M once; writes: the HBM result (the VMEM one is free)
@@ -212,6 +212,6 @@ def test_a_kernel_reads_one_memory_of_a_stack_and_writes_its_results_in_full():
     stack = module(
         "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
         "  ROOT %k = f32[6,2,3,4,5]{4,3,2,1,0} custom-call(%a), "
-        "custom_call_target=\"tpu_custom_call\""
+        'custom_call_target="tpu_custom_call"'
     )
     assert traffic.hlo_bytes(stack, N).bytes == MB + 6 * MB  # read M0, write the stack

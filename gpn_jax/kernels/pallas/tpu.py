@@ -95,9 +95,9 @@ def _fully_manual(call):
         if not rest:
             return call(*args)
         P = jax.sharding.PartitionSpec
-        return jax.shard_map(
-            call, in_specs=P(), out_specs=P(), axis_names=rest, check_vma=False
-        )(*args)
+        return jax.shard_map(call, in_specs=P(), out_specs=P(), axis_names=rest, check_vma=False)(
+            *args
+        )
 
     return wrapped
 
