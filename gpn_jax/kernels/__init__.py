@@ -39,11 +39,16 @@ def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> Memory
     platform a step is compiled for) with the memory stored in `memory_dtype`; None: the XLA
     formulas. Cached: each choice is resolved (and built, and warned about) once per process.
 
-    On a TPU `auto` keeps XLA: the choice is per platform, not per batch, and XLA:TPU keeps
-    the memory in VMEM at small per-chip batches (on v5e it moves less than the kernels'
-    minimum up to a per-chip batch of about 24 at the 130M shapes), so `model.kernels=pallas`
-    is for larger per-chip batches, where XLA's traffic over M exceeds the kernels'. The fused
-    window uses kernels only on a single-device mesh (`core.kernel_ops`).
+    On a TPU `auto` keeps XLA. The choice is per platform, not per batch, and which moves
+    less of the memory through HBM depends on the per-chip batch: XLA:TPU keeps M in VMEM at
+    small batches and moves it ever more often at large ones, while the Pallas TPU kernels
+    move a fixed amount per token and cell (the train step's two forward steps, the
+    recomputation's writes, and the backward's two passes each reading Ms[t] and dM: 7m + 12
+    bytes in m-byte storage, `benchmarks.traffic` for the minimum 5m + 8). So
+    `model.kernels=pallas` is for per-chip batches where XLA's traffic over M exceeds that
+    (compare both with `python -m gpn_jax.aot ... --json`). The fused window hands kernels
+    only a one-device mesh (`core.kernel_ops`): on a larger mesh the choice is recorded but
+    the XLA formulas run.
 
     Raises:
       ValueError: an unknown choice.
