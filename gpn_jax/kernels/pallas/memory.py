@@ -42,21 +42,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from gpn_jax.kernels.pallas.common import F32, MEMORY_DTYPES, Config
+from gpn_jax.kernels.pallas.common import XLA_HINT as _XLA_HINT
+from gpn_jax.kernels.pallas.common import col_sum as _col_sum
+from gpn_jax.kernels.pallas.common import outer as _outer
+from gpn_jax.kernels.pallas.common import row_sum as _row_sum
+
 Array = jax.Array
-F32 = jnp.float32
-MEMORY_DTYPES = ("float32", "bfloat16")
-_XLA_HINT = "use model.kernels='xla'"
-
-
-class Config(NamedTuple):
-    """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
-    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: U interpreted for the
-    CPU, else min(U, 64)) and the Triton warps per program."""
-
-    interpret: bool
-    platform: str
-    block_u: int | None = None
-    num_warps: int = 8
 
 
 def _is_pow2(n: int) -> bool:
@@ -64,7 +56,8 @@ def _is_pow2(n: int) -> bool:
 
 
 def _tile_u(cfg: Config, K: int, U: int) -> int:
-    """The U tile for a (K, U) memory, or a ValueError naming the XLA alternative."""
+    """The U tile for a (K, U) memory (`cfg.block_u`; else U interpreted for the CPU, else
+    min(U, 64)), or a ValueError naming the XLA alternative."""
     if cfg.block_u is not None:
         bu = cfg.block_u
     elif cfg.interpret and cfg.platform == "cpu":
@@ -175,20 +168,6 @@ def _bc(x, ndim: int):
     """x (per (b, h) or per b, or a scalar) with trailing unit dims to broadcast against an
     array of `ndim` dims whose leading dims are x's."""
     return x if x.ndim == 0 else x.reshape(x.shape + (1,) * (ndim - x.ndim))
-
-
-def _col_sum(x, M):
-    """x^T M over the tile's rows: (..., K), (..., K, bu) -> (..., bu)."""
-    return jnp.sum(x[..., :, None] * M, axis=-2)
-
-
-def _row_sum(M, y):
-    """M y over the tile's columns, this tile's part: (..., K, bu), (..., bu) -> (..., K)."""
-    return jnp.sum(M * y[..., None, :], axis=-1)
-
-
-def _outer(x, y):
-    return x[..., :, None] * y[..., None, :]
 
 
 def _step_kernel(m_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, mn_ref, o_ref):

@@ -32,15 +32,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from gpn_jax.kernels.pallas.memory import (
-    _XLA_HINT,
-    F32,
-    MEMORY_DTYPES,
-    Config,
-    _col_sum,
-    _outer,
-    _row_sum,
-)
+from gpn_jax.kernels.pallas.common import F32, MEMORY_DTYPES, XLA_HINT, Config
+from gpn_jax.kernels.pallas.common import col_sum as _col_sum
+from gpn_jax.kernels.pallas.common import outer as _outer
+from gpn_jax.kernels.pallas.common import row_sum as _row_sum
 
 Array = jax.Array
 LANES = 128
@@ -52,7 +47,7 @@ def tile_u(cfg: Config, U: int) -> int:
     if U % bu or (bu % LANES and bu != U):
         raise ValueError(
             f"pallas TPU memory kernels: the U tile {bu} must divide U = {U} and be a multiple "
-            f"of {LANES} (or U itself); {_XLA_HINT}"
+            f"of {LANES} (or U itself); {XLA_HINT}"
         )
     return bu
 
@@ -63,7 +58,7 @@ def _check(M: Array, what: str = "M", ndim: int = 4) -> None:
     if jnp.dtype(M.dtype).name not in MEMORY_DTYPES:
         raise ValueError(
             f"pallas TPU memory kernels store M in {MEMORY_DTYPES}, not "
-            f"{jnp.dtype(M.dtype).name}; {_XLA_HINT}"
+            f"{jnp.dtype(M.dtype).name}; {XLA_HINT}"
         )
 
 
