@@ -137,9 +137,13 @@ def dims_of(
 
 def _usable_kernels(kernels, tp, memory, param_dtype, memory_dtype) -> dict:
     """Dims' `kernels` and `products`: what of `kernels` this window uses. The kernels run on
-    one device (a mesh of more than one device keeps the XLA formulas)."""
+    one device's shard: every mesh axis of more than one device must be manual (a `shard_map`
+    over it, as `parallel.spmd` maps the batch axes), else the XLA formulas run."""
     mesh = jax.sharding.get_abstract_mesh()
-    if kernels is None or tp > 1 or (not mesh.empty and mesh.size > 1):
+    spread = not mesh.empty and any(
+        mesh.shape[a] > 1 and a not in mesh.manual_axes for a in mesh.axis_names
+    )
+    if kernels is None or tp > 1 or spread:
         return {}
     covered = memory and jnp.dtype(memory_dtype).name in kernels.memory_dtypes
     return {

@@ -5,7 +5,9 @@ and hands the resulting `MemoryKernels` (or None: the XLA formulas) to the fused
 calls `step`, `stack`, `grad_reduce` and `grad_update` where it would otherwise run the same
 passes as XLA operations. Where the kernels do not cover a case (a memory dtype outside
 `memory_dtypes`, no `grad_reduce` / `grad_update`, more than one predict layer or remat for the
-backward's per-token passes, a mesh of more than one device) the window uses its XLA formulas.
+backward's per-token passes, a mesh axis of more than one device that is not manual: the
+kernels run per shard inside a `shard_map` over the batch axes, never partitioned by XLA) the
+window uses its XLA formulas.
 
 Shapes (B batch rows, H heads, K key width, U value width, S steps of a segment):
   step(M, k, q, v, beta, eg) -> (M_new, o)
