@@ -46,9 +46,9 @@ def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> Memory
     recomputation's writes, and the backward's two passes each reading Ms[t] and dM: 7m + 12
     bytes in m-byte storage, `benchmarks.traffic` for the minimum 5m + 8). So
     `model.kernels=pallas` is for per-chip batches where XLA's traffic over M exceeds that
-    (compare both with `python -m gpn_jax.aot ... --json`). The fused window hands kernels
-    only a one-device mesh (`core.kernel_ops`): on a larger mesh the choice is recorded but
-    the XLA formulas run.
+    (compare both with `python -m gpn_jax.aot ... --json`). The fused window runs kernels
+    per shard, inside the batch axes' `shard_map`; with tensor parallelism it keeps the XLA
+    formulas (`core.kernel_ops`).
 
     Raises:
       ValueError: an unknown choice.

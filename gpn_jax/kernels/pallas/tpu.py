@@ -80,7 +80,7 @@ def _fully_manual(call):
     is left to the partitioner; inside a `shard_map` manual over some axes (the batch axes of
     `gpn_jax.parallel.spmd`) the others are mapped here with replicated operands, which is
     the same computation where they have one device (the fused window hands its kernels only
-    a one-device mesh, `core.kernel_ops`)."""
+    one device's shard, `core.kernel_ops`)."""
 
     def wrapped(*args):
         mesh = jax.sharding.get_abstract_mesh()
