@@ -193,3 +193,25 @@ def test_in_place_fusion_without_operands_counts_its_write():
 """
     text = module("  ROOT %f = f32[6,2,3,4,5]{4,3,2,1,0} fusion(), kind=kLoop, calls=%fill", extra)
     assert traffic.hlo_bytes(text, N).bytes == MB  # one M-sized slice written
+
+
+def test_a_kernel_reads_one_memory_of_a_stack_and_writes_its_results_in_full():
+    """A custom call (the memory kernels: tpu_custom_call, Triton, the C++ ones) counts each
+    distinct operand once; a stack operand counts one M (the grads read the step t they
+    index); its results count in full, a stack it returns too, one in VMEM not at all."""
+    grad = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  %st = bf16[6,2,3,4,5]{4,3,2,1,0} parameter(2)\n"
+        "  %i = s32[1]{0} parameter(3)\n"
+        "  ROOT %k = (f32[2,3,4,5]{3,2,1,0:T(8,128)}, f32[2,3,4,5]{3,2,1,0:T(8,128)S(1)}) "
+        'custom-call(%i, %st, %a, %a), custom_call_target="tpu_custom_call", '
+        "output_to_operand_aliasing={{0}: (2, {})}"
+    )
+    # reads: one bf16 M of the stack + M once; writes: the HBM result (the VMEM one is free)
+    assert traffic.hlo_bytes(grad, N).bytes == MB // 2 + MB + MB
+    stack = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  ROOT %k = f32[6,2,3,4,5]{4,3,2,1,0} custom-call(%a), "
+        'custom_call_target="tpu_custom_call"'
+    )
+    assert traffic.hlo_bytes(stack, N).bytes == MB + 6 * MB  # read M0, write the stack

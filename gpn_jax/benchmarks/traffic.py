@@ -6,6 +6,9 @@ array of the same size, in any dtype) that an instruction reads or writes in dev
 
 - a fusion, custom call or other data-moving instruction counts each distinct operand once and
   each result once (the inside of a fusion stays on chip: it is not walked);
+- a custom call (a kernel) handed a stack of such arrays as an operand counts one of them: the
+  memory kernels' backward passes (C++, Triton, Mosaic) take the recomputed stack Ms and read
+  the one step t they index; a stack a kernel returns (the recomputation's Ms) counts in full;
 - an in-place update (a `dynamic-update-slice`, or a fusion whose root is one) does not count
   the buffer it updates, only what it writes into it and its other operands;
 - `copy-start` counts what it reads, `copy-done` what it writes (asynchronous copies between
@@ -261,6 +264,9 @@ def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> i
         return sum(array_bytes(o, elements) for o in operands) if ins.opcode == "copy-start" else 0
     if ins.opcode == "dynamic-slice":
         return 2 * array_bytes(ins.result, elements)  # reads the slice, writes the result
+    if ins.opcode == "custom-call":
+        reads = [sum(b // k for k, b in arrays(o, elements)) for o in operands]
+        return sum(reads) + _result_bytes(ins, [], elements)
     body = _fused_body(ins, comps)
     reads = [_param_bytes(body, j, o, elements) for j, o in enumerate(operands)]
     root = next((i for i in body if i.root), None)

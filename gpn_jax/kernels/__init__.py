@@ -1,13 +1,15 @@
 """The kernel backends behind one seam: `resolve` turns `model.kernels` into the operations the
 fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`), or None for the XLA formulas.
 
-  auto    Pallas on a GPU; XLA on a TPU (XLA:TPU keeps the loop-carried memory on chip); the
-          C++ kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where
-          they build; XLA otherwise. A backend that cannot be used falls back to XLA with one
+  auto    Pallas on a GPU; XLA on a TPU (the Pallas TPU kernels are an explicit choice, for
+          per-chip batches whose memory XLA moves through HBM; see `resolve`); the C++
+          kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where they
+          build; XLA otherwise. A backend that cannot be used falls back to XLA with one
           warning.
   xla     the XLA formulas everywhere.
   native  the C++ CPU kernels (`gpn_jax.kernels.cpu`), on any CPU where they build.
-  pallas  the Pallas kernels (`gpn_jax.kernels.pallas`, imported only here and only then).
+  pallas  the Pallas kernels (`gpn_jax.kernels.pallas`, imported only here and only then):
+          Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU.
 An explicit choice that cannot be honoured is a one-line error naming `model.kernels=xla`.
 
 Importing this package loads no JAX (the model configs import it).
@@ -36,6 +38,17 @@ def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> Memory
     """The kernels `model.kernels=choice` means on `platform` (`jax.default_backend()`, or the
     platform a step is compiled for) with the memory stored in `memory_dtype`; None: the XLA
     formulas. Cached: each choice is resolved (and built, and warned about) once per process.
+
+    On a TPU `auto` keeps XLA. The choice is per platform, not per batch, and which moves
+    less of the memory through HBM depends on the per-chip batch: XLA:TPU keeps M in VMEM at
+    small batches and moves it ever more often at large ones, while the Pallas TPU kernels
+    move a fixed amount per token and cell (the train step's two forward steps, the
+    recomputation's writes, and the backward's two passes each reading Ms[t] and dM: 7m + 12
+    bytes in m-byte storage, `benchmarks.traffic` for the minimum 5m + 8). So
+    `model.kernels=pallas` is for per-chip batches where XLA's traffic over M exceeds that
+    (compare both with `python -m gpn_jax.aot ... --json`). The fused window runs kernels
+    per shard, inside the batch axes' `shard_map`; with tensor parallelism it keeps the XLA
+    formulas (`core.kernel_ops`).
 
     Raises:
       ValueError: an unknown choice.
@@ -98,8 +111,8 @@ def _native(platform: str, explicit: bool) -> MemoryKernels | None:
 
 def _pallas(platform: str, memory_dtype: str, explicit: bool) -> MemoryKernels | None:
     """`gpn_jax.kernels.pallas.memory_kernels` built for `platform` (the interpreter on a CPU);
-    an ImportError there (a jax too old for its Pallas API) or its refusal of a platform (no
-    TPU variant) is the reason it is unavailable.`memory_dtype` is the storage the window
+    an ImportError there (a jax too old for its Pallas API) or its refusal of a platform is
+    the reason it is unavailable. `memory_dtype` is the storage the window
     asks for; one outside `MEMORY_DTYPES` keeps the window on its XLA formulas (`core.kernel_ops`)."""
     try:
         from gpn_jax.kernels import pallas

@@ -2,8 +2,8 @@
 GPU's grid of (b, h, U tile) programs) against plain-jnp formulas and autodiff
 (`tests/helpers/memory_reference.py`), for float32 and bfloat16 storage with document resets,
 per shard under `shard_map`, and their Triton lowering for CUDA at the 130M shapes (jaxlib
-carries the Triton dialect, so this needs no GPU and no CUDA plugin). There is no TPU variant to
-lower (`memory_kernels` refuses 'tpu', naming the XLA alternative).
+carries the Triton dialect, so this needs no GPU and no CUDA plugin). The TPU variant has its
+own tests (`test_pallas_tpu.py`).
 
 Tolerances are norm-relative (`tests/tolerance.py`):
 - float32 arithmetic: a sum of n products in another order differs by at most ~n eps32 relative
@@ -161,8 +161,8 @@ def test_refusals_name_the_xla_alternative():
         memory_kernels(interpret=True).step(_memory(0, jnp.float16), *_inputs(1))
     with pytest.raises(ValueError, match="kernels='xla'"):
         memory_kernels(interpret=True, block_u=5).step(_memory(0, jnp.float32), *_inputs(1))
-    with pytest.raises(ValueError, match="no TPU"):
-        memory_kernels(interpret=False, platform="tpu")
+    with pytest.raises(ValueError, match="compile for GPU or TPU, not 'cpu'.*kernels='xla'"):
+        memory_kernels(interpret=False, platform="cpu")
     with pytest.raises(ValueError, match="power-of-two"):
         gpu = memory_kernels(interpret=False, platform="cuda", block_u=16)
         jax.jit(gpu.step).trace(_memory(0, jnp.float32, (B, H, 6, U)), *_inputs(1)).lower(

@@ -43,3 +43,33 @@ def test_which_passes_the_window_calls(kw, used, monkeypatch):
     params = model.init(jax.random.PRNGKey(0))
     fused_grad_hlo(model, params, tokens(9), random_carry(model))
     assert set(calls) == used
+
+
+def test_the_window_takes_kernels_per_shard_only():
+    """Inside a shard_map manual over every axis of more than one device (the batch axes, as
+    `parallel.spmd` maps) the kernels run per shard; with such an axis left to XLA's
+    partitioner (jit over a sharded mesh) the window keeps its XLA formulas."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from gpn_jax.core import fast_window
+
+    real = kernels.resolve("pallas", "cpu")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("data", "tensor"))
+    seen = {}
+
+    def probe(where):
+        def body(x):
+            seen[where] = fast_window._usable_kernels(real, 1, True, jnp.float32, "float32")
+            return x
+
+        return body
+
+    shard = jax.shard_map(
+        probe("manual"), in_specs=P("data"), out_specs=P("data"), axis_names={"data"}
+    )
+    with jax.set_mesh(mesh):
+        jax.jit(shard)(jnp.zeros(4))
+        jax.jit(probe("auto"))(jnp.zeros(4))
+    assert seen["manual"]["kernels"] is real and seen["auto"] == {}

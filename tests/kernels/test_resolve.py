@@ -119,14 +119,20 @@ def test_pallas_is_built_for_the_platform_and_handed_over_as_memory_kernels(monk
     assert calls == ["gpu", "cpu"]
 
 
-def test_the_real_pallas_kernels_resolve_on_cpu_and_refuse_tpu():
-    """On a CPU they run in Pallas's interpreter; there is no TPU variant (XLA:TPU keeps the
-    memory on chip), so `auto` keeps XLA on TPU and an explicit choice names xla."""
+def test_the_real_pallas_kernels_resolve_on_cpu_and_on_tpu():
+    """On a CPU they run in Pallas's interpreter; on a TPU an explicit choice gets the Mosaic
+    variant (`kernels.pallas.tpu`), while `auto` keeps XLA there (the resolve docstring)."""
+    from gpn_jax.kernels.pallas import tpu
+
     got = kernels.resolve("pallas", "cpu", "bfloat16")
     assert got.name == "pallas" and got.memory_dtypes == ("float32", "bfloat16")
     assert got.grad_reduce is not None and got.grad_update is not None
-    with pytest.raises(kernels.KernelsUnavailable, match=r"no TPU .*kernels=xla$"):
-        kernels.resolve("pallas", "tpu")
+    on_tpu = kernels.resolve("pallas", "tpu", "bfloat16")
+    assert on_tpu.name == "pallas" and on_tpu.memory_dtypes == ("float32", "bfloat16")
+    for name in ("step", "stack", "grad_reduce", "grad_update"):
+        fn = getattr(on_tpu, name)
+        assert fn.func is getattr(tpu, name) and not fn.args[0].interpret, name
+    assert kernels.resolve("auto", "tpu") is None
 
 
 def test_gpn_jax_native_is_ignored_with_one_warning(monkeypatch, caplog):

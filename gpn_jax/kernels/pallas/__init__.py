@@ -1,5 +1,6 @@
-"""Pallas kernels for the memory's passes (`memory`): GPU (Triton), TPU (Mosaic), and the CPU
-through Pallas's interpreter."""
+"""Pallas kernels for the memory's passes: `memory` (GPU via Triton, and the CPU through
+Pallas's interpreter) and `tpu` (TPU via Mosaic, or Pallas's TPU interpreter), both built by
+`memory_kernels(platform=...)`."""
 
 from gpn_jax.kernels.pallas.memory import MEMORY_DTYPES, PallasMemory, memory_kernels
 

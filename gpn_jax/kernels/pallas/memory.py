@@ -26,10 +26,10 @@ is per program: it copies each program's operands) and any K and any bu dividing
 `platform='cuda'` with `interpret=True` runs the GPU's grid in the interpreter instead. Under
 `shard_map` the kernels need `check_vma=False` (as `gpn_jax.parallel.spmd` maps).
 
-There is no TPU (Mosaic) variant: issue 46 asks for one only where XLA:TPU's step moves M
-through HBM (it kept M in VMEM at the batches compiled so far), and these blocks do not meet
-Mosaic's rules (the last two block dims divisible by (8, 128) or whole: the (K,) vectors and
-(b, h) scalars are not; 1-D blocks also need the TPU's device kind, which a CPU host lacks).
+On a TPU, `memory_kernels(platform='tpu')` returns the Mosaic variant (`pallas.tpu`): the
+same passes with blocks that meet Mosaic's tiling (all H heads of one batch row per program,
+(B, H, 1) per-head scalars, the resets and the grads' step t in SMEM); these blocks do not
+(the (K,) vectors and (b, h) scalars are not (8, 128)-tiled).
 """
 
 from __future__ import annotations
@@ -42,21 +42,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from gpn_jax.kernels.pallas.common import F32, MEMORY_DTYPES, Config
+from gpn_jax.kernels.pallas.common import XLA_HINT as _XLA_HINT
+from gpn_jax.kernels.pallas.common import col_sum as _col_sum
+from gpn_jax.kernels.pallas.common import outer as _outer
+from gpn_jax.kernels.pallas.common import row_sum as _row_sum
+
 Array = jax.Array
-F32 = jnp.float32
-MEMORY_DTYPES = ("float32", "bfloat16")
-_XLA_HINT = "use model.kernels='xla'"
-
-
-class Config(NamedTuple):
-    """How the kernels are built: `interpret` (Pallas's interpreter, any platform), the target
-    `platform` ('cpu', 'cuda' or 'rocm'), the U tile `block_u` (None: U interpreted for the
-    CPU, else min(U, 64)) and the Triton warps per program."""
-
-    interpret: bool
-    platform: str
-    block_u: int | None = None
-    num_warps: int = 8
 
 
 def _is_pow2(n: int) -> bool:
@@ -64,7 +56,8 @@ def _is_pow2(n: int) -> bool:
 
 
 def _tile_u(cfg: Config, K: int, U: int) -> int:
-    """The U tile for a (K, U) memory, or a ValueError naming the XLA alternative."""
+    """The U tile for a (K, U) memory (`cfg.block_u`; else U interpreted for the CPU, else
+    min(U, 64)), or a ValueError naming the XLA alternative."""
     if cfg.block_u is not None:
         bu = cfg.block_u
     elif cfg.interpret and cfg.platform == "cpu":
@@ -175,20 +168,6 @@ def _bc(x, ndim: int):
     """x (per (b, h) or per b, or a scalar) with trailing unit dims to broadcast against an
     array of `ndim` dims whose leading dims are x's."""
     return x if x.ndim == 0 else x.reshape(x.shape + (1,) * (ndim - x.ndim))
-
-
-def _col_sum(x, M):
-    """x^T M over the tile's rows: (..., K), (..., K, bu) -> (..., bu)."""
-    return jnp.sum(x[..., :, None] * M, axis=-2)
-
-
-def _row_sum(M, y):
-    """M y over the tile's columns, this tile's part: (..., K, bu), (..., bu) -> (..., K)."""
-    return jnp.sum(M * y[..., None, :], axis=-1)
-
-
-def _outer(x, y):
-    return x[..., :, None] * y[..., None, :]
 
 
 def _step_kernel(m_ref, k_ref, q_ref, v_ref, beta_ref, eg_ref, mn_ref, o_ref):
@@ -376,26 +355,23 @@ def memory_kernels(
     block_u: int | None = None,
     num_warps: int = 8,
 ) -> PallasMemory:
-    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda').
-    `interpret` None: Pallas's interpreter exactly when that platform is the CPU. `block_u`
-    and `num_warps` (Triton) are tuning knobs for a GPU run to sweep (module docstring)."""
+    """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda'):
+    Triton kernels for 'cuda' / 'rocm', Mosaic kernels (`pallas.tpu`) for 'tpu'. `interpret`
+    None: Pallas's interpreter exactly when that platform is the CPU; with 'tpu' and
+    interpret=True, the TPU variant runs in Pallas's TPU interpreter. `block_u` (the U tile)
+    and `num_warps` (Triton) are tuning knobs for a GPU or TPU run to sweep."""
     platform = platform or jax.default_backend()
     platform = {"gpu": "cuda"}.get(platform, platform)
     if interpret is None:
         interpret = platform == "cpu"
-    if not interpret and platform == "tpu":
+    if not interpret and platform not in ("cuda", "rocm", "tpu"):
         raise ValueError(
-            f"pallas memory kernels: no TPU (Mosaic) variant, XLA keeps M in VMEM there; {_XLA_HINT}"
-        )
-    if not interpret and platform not in ("cuda", "rocm"):
-        raise ValueError(
-            f"pallas memory kernels compile for GPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
+            f"pallas memory kernels compile for GPU or TPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
         )
     cfg = Config(bool(interpret), platform, block_u, num_warps)
-    return PallasMemory(
-        functools.partial(step, cfg),
-        functools.partial(stack, cfg),
-        functools.partial(grad_reduce, cfg),
-        functools.partial(grad_update, cfg),
-        cfg,
-    )
+    passes = (step, stack, grad_reduce, grad_update)
+    if platform == "tpu":  # the Mosaic variant (interpreted: Pallas's TPU interpreter)
+        from gpn_jax.kernels.pallas import tpu
+
+        passes = (tpu.step, tpu.stack, tpu.grad_reduce, tpu.grad_update)
+    return PallasMemory(*(functools.partial(f, cfg) for f in passes), cfg)
