@@ -19,6 +19,7 @@ import numpy as np
 
 from gpn_jax.analysis import ablations, collect, figures, horizons, report, summarize
 from gpn_jax.io import paths
+from gpn_jax.io.outputs import check_outside
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,11 +192,8 @@ def check_analysis_out(out: str, workdir: str) -> None:
     directory's files are never replaced. Raises a one-line ValueError."""
     if paths.is_remote(out):
         return
+    check_outside(out, workdir)
     full = os.path.realpath(os.path.expanduser(out))
-    if not paths.is_remote(workdir):
-        root = os.path.realpath(workdir)
-        if full == root or full.startswith(root + os.sep):
-            raise ValueError(f"--out={out} is inside the run's workdir {workdir}; write elsewhere")
     if not os.path.isdir(full) or not os.listdir(full):
         return
     if _analysed_workdir(os.path.join(full, "metrics.json")) != workdir:

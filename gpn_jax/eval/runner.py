@@ -14,7 +14,7 @@ from gpn_jax.data.tokenizer import check_vocab, load_tokenizer
 from gpn_jax.eval import lambada, ppl, recall, stream
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
-from gpn_jax.io.outputs import check_out_file
+from gpn_jax.io.outputs import check_out_file, check_outside
 
 MAX_RESULTS_BYTES = 16 << 20  # a results file is a few KB; a larger one is not ours
 
@@ -156,11 +156,8 @@ def check_results_file(out: str | None, workdir: str, step: int) -> None:
     anything else the user has is never replaced. Raises a one-line ValueError."""
     if not out or paths.is_remote(out):
         return
+    check_outside(out, workdir)
     full = os.path.realpath(os.path.expanduser(out))
-    if not paths.is_remote(workdir):
-        root = os.path.realpath(workdir)
-        if full == root or full.startswith(root + os.sep):
-            raise ValueError(f"--out={out} is inside the run's workdir {workdir}; write elsewhere")
     if not os.path.exists(full):
         return
     old = _read_results(full)

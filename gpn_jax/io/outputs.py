@@ -55,3 +55,14 @@ def check_out_dir(path: str | None, flag: str = "--out") -> None:
         )
     if os.path.isdir(full) and not os.access(full, os.W_OK | os.X_OK):
         raise ValueError(f"{flag}={path}: the directory is not writable; choose another {flag}")
+
+
+def check_outside(path: str | None, workdir: str, flag: str = "--out") -> None:
+    """Raises a one-line ValueError if `path` is the run's `workdir` or lies inside it (a reader
+    of a run never writes into it)."""
+    if not path or paths.is_remote(path) or paths.is_remote(workdir):
+        return
+    full = os.path.realpath(os.path.expanduser(path))
+    root = os.path.realpath(workdir)
+    if full == root or full.startswith(root + os.sep):
+        raise ValueError(f"{flag}={path} is inside the run's workdir {workdir}; write elsewhere")

@@ -14,20 +14,21 @@ import pytest
 from gpn_jax import kernels
 from gpn_jax.core.gpn import GPNCarry
 from gpn_jax.models.gpn import GPN, GPNConfig
+from tests import tolerance
 
 V, B = 37, 2
 NO_MEM = dict(memory=False, n_heads=0, d_key=0, d_value=0)
 BASE = dict(vocab_size=V, d_model=16, d_emb=8, d_ffn=20, n_heads=3, d_key=4, d_value=5)
 
-EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
+EPS32 = tolerance.F32_EPS  # 1.19e-7
 
 
 def f32_bound(length: int, margin: float = 4.0) -> float:
-    """A norm-relative bound for two float32 computations of one value that round differently
-    along `length` sequential roundings (summation order, fused vs separate steps): each
-    rounding moves the result by at most eps relative, so eps x length, times `margin` for the
-    conditioning of what follows. A wrong formula, row, step or reset errs by O(1e-2) or more."""
-    return EPS32 * length * margin
+    """`tests.tolerance.f32_bound` with the window tests' default margin of 4: two float32
+    computations of one value that round differently along `length` sequential roundings
+    (summation order, fused vs separate steps). A wrong formula, row, step or reset errs by
+    O(1e-2) or more."""
+    return tolerance.f32_bound(length, margin)
 
 
 def window_bound(T: int, width: int = max(BASE["d_ffn"], BASE["vocab_size"])) -> float:
