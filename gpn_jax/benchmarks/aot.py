@@ -72,6 +72,12 @@ def libtpu_missing() -> str | None:
     return None
 
 
+def accelerator_type(generation: str, chips: int) -> str:
+    """Cloud TPU's name for a slice (`v5litepod-4`); v4 and v5p count two cores per chip."""
+    prefix = {"v5e": "v5litepod"}.get(generation, generation)
+    return f"{prefix}-{chips * 2 if generation in ('v4', 'v5p') else chips}"
+
+
 def topology_devices(name: str) -> list:
     """The compile-only devices of TPU topology `name` (e.g. 'v5e:2x2', 'v5p:2x2x1')."""
     m = _TOPOLOGY.match(name.strip())
@@ -86,6 +92,11 @@ def topology_devices(name: str) -> list:
     from jax.experimental import topologies
 
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask
+    # libtpu probes the host it loads on for an accelerator type and worker names, and prints
+    # its failure to find them on a CPU host: name the topology's own type and this host.
+    chips = math.prod(int(d) for d in m.group(2).split("x"))
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(m.group(1), chips))
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     # compile-only: no chip is opened, so other processes may load libtpu at the same time
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     jax.config.update("jax_platforms", "cpu")

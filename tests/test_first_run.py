@@ -1,0 +1,146 @@
+"""A fresh install's first output is the project's own: libtpu (installed by `[dev]`) never
+probes for a TPU on a host without one, so no CLI prints its failure, alone or several at once,
+and a config error stays one line."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpn_jax.io import platforms
+from tests.environment import one_device_env
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "experiments" / "configs" / "demo.py")
+# What libtpu and JAX print when a TPU backend is tried on a host without one.
+TPU_NOISE = re.compile(r"tpu|InitGoogle|E0000|Source Location Trace|jellyfish", re.IGNORECASE)
+
+
+def user_env() -> dict:
+    """A user's shell: JAX chooses its platforms (the tests' own JAX_PLATFORMS=cpu removed)."""
+    env = one_device_env()
+    env.pop("JAX_PLATFORMS")
+    return env | {"PYTHONPATH": str(ROOT)}
+
+
+def noise(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if TPU_NOISE.search(line)]
+
+
+@pytest.fixture
+def libtpu_installed(monkeypatch):
+    real = platforms.importlib.util.find_spec
+    monkeypatch.setattr(
+        platforms.importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "libtpu" else real(name, *a),
+    )
+    monkeypatch.setattr(platforms, "gpu_platforms", lambda: [])
+
+
+def fake_pci(tmp_path, *vendors: str) -> str:
+    for i, vendor in enumerate(vendors):
+        (tmp_path / f"0000:00:0{i}.0").mkdir()
+        (tmp_path / f"0000:00:0{i}.0" / "vendor").write_text(vendor + "\n")
+    return str(tmp_path)
+
+
+def test_cpu_host_with_libtpu_starts_only_its_own_platforms(tmp_path, libtpu_installed):
+    environ = {}
+    pci = fake_pci(tmp_path, "0x8086", "0x1af4")
+    assert platforms.keep_libtpu_quiet(environ, pci) == "cpu"
+    assert environ == {"JAX_PLATFORMS": "cpu"}
+
+
+def test_gpu_host_keeps_its_gpu(tmp_path, libtpu_installed, monkeypatch):
+    monkeypatch.setattr(platforms, "gpu_platforms", lambda: ["cuda"])
+    environ = {}
+    assert platforms.keep_libtpu_quiet(environ, fake_pci(tmp_path, "0x10de")) == "cuda,cpu"
+    assert environ["JAX_PLATFORMS"] == "cuda,cpu"
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"JAX_PLATFORMS": "tpu"}, {"JAX_PLATFORMS": ""}, {"TPU_ACCELERATOR_TYPE": "v5litepod-4"}],
+)
+def test_a_users_choice_is_left_alone(tmp_path, libtpu_installed, environ):
+    before = dict(environ)
+    assert platforms.keep_libtpu_quiet(environ, fake_pci(tmp_path, "0x8086")) is None
+    assert environ == before
+
+
+def test_a_tpu_vm_is_left_alone(tmp_path, libtpu_installed):
+    environ = {}
+    assert platforms.keep_libtpu_quiet(environ, fake_pci(tmp_path, "0x8086", "0x1ae0")) is None
+    assert environ == {}
+
+
+def test_no_libtpu_changes_nothing(tmp_path, monkeypatch):
+    real = platforms.importlib.util.find_spec
+    monkeypatch.setattr(
+        platforms.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "libtpu" else real(name, *a),
+    )
+    environ = {}
+    assert platforms.keep_libtpu_quiet(environ, fake_pci(tmp_path, "0x8086")) is None
+    assert environ == {}
+
+
+def test_accelerator_type_names_the_topologys_slice():
+    from gpn_jax.benchmarks.aot import accelerator_type
+
+    assert accelerator_type("v5e", 4) == "v5litepod-4"
+    assert accelerator_type("v5p", 4) == "v5p-8"
+    assert accelerator_type("v6e", 1) == "v6e-1"
+    assert accelerator_type("v4", 8) == "v4-16"
+
+
+def test_several_clis_at_once_print_no_tpu_lines():
+    command = [sys.executable, "-m", "gpn_jax.summary", f"--config={DEMO}"]
+    procs = [
+        subprocess.Popen(
+            command, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "total" in out
+        assert noise(err) == [], err
+
+
+def test_a_config_error_is_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpn_jax.train", f"--config={DEMO}", "--workdir=unused"]
+        + ["--config.train.steps=-1"],
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "gpn-train: error: config.train.steps must be a positive integer, got -1"
+    ]
+
+
+@pytest.mark.slow
+def test_the_demos_first_steps_print_only_the_projects_lines(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpn_jax.train", f"--config={DEMO}", f"--workdir={tmp_path}/run"]
+        + ["--config.train.steps=2", "--config.train.log_every=1"],
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "held-out PPL" in proc.stdout
+    assert noise(proc.stderr) == [], proc.stderr
+    assert os.path.exists(tmp_path / "run" / "final_metrics.json")
