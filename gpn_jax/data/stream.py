@@ -8,6 +8,7 @@ import numpy as np
 from gpn_jax.data.tokenizer import Tokenizer
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_save_npy, load_cache_npy
+from gpn_jax.io.untrusted import bad_file
 
 _ENCODE_BATCH = 512
 
@@ -39,7 +40,14 @@ def cached_token_stream(
         return tokenize_documents(docs, tokenizer)
     path = paths.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
     if paths.exists(path):
-        return load_cache_npy(path, "uint32")
+        tokens = load_cache_npy(path, "uint32")
+        top = int(tokens.max()) if len(tokens) else -1
+        if top >= tokenizer.vocab_size:  # every load: a cache is trusted for nothing
+            raise bad_file(
+                path, f"token id {top} >= the tokenizer's vocabulary {tokenizer.vocab_size}",
+                "delete this cache file (it is rebuilt on the next run)",
+            )  # fmt: skip
+        return tokens
     tokens = tokenize_documents(docs, tokenizer)
     atomic_save_npy(path, tokens)
     return tokens
