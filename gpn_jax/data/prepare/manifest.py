@@ -21,6 +21,9 @@ PROGRESS = "progress.json"
 TOKENIZER = "tokenizer.model"
 SPLITS = ("train", "heldout")
 FORMAT = "gpn_jax.prepare/1"
+# Marks an output directory as gpn-prepare's own; only a marked (or new, or empty) directory
+# is written into. Files in it that gpn-prepare does not write are never touched.
+MARKER = ".gpn_prepare"
 
 
 def sha256_file(path: str) -> str:
@@ -46,6 +49,26 @@ def read_json(path: str) -> dict | None:
     if not isinstance(value, dict):
         raise untrusted.bad_file(path, "not a JSON object", fix)
     return value
+
+
+def claim_output(output: str) -> None:
+    """Makes `output` gpn-prepare's own directory: created and marked if missing or empty,
+    used as is if marked. An existing unmarked folder that holds anything is refused (one
+    line), unless it holds a finished manifest (a corpus prepared before the marker existed),
+    which `check_output` then only reads."""
+    os.makedirs(output, exist_ok=True)
+    marker = os.path.join(output, MARKER)
+    if os.path.isfile(marker) and not os.path.islink(marker):
+        return
+    entries = os.listdir(output)
+    if not entries:
+        atomic_write(marker, b'{"tool": "gpn-prepare"}\n')
+        return
+    if MANIFEST not in entries:
+        raise ValueError(
+            f"{output} holds files that gpn-prepare did not write (no {MARKER} marker; e.g. "
+            f"{sorted(entries)[0]!r:.80}); use a new or empty --output"
+        )
 
 
 def differences(saved: dict, settings: dict) -> list[str]:
