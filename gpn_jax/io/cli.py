@@ -44,6 +44,26 @@ def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
         return fn(*args, **kwargs)
     except USER_ERRORS as e:
         _exit(prog, error_line(e))
+    except Exception as e:
+        os_error = native_os_error(e)
+        if os_error is None:
+            raise
+        _exit(prog, error_line(os_error))
+
+
+_NATIVE_OS_ERROR = re.compile(r"(.*?):?\s*(?:I/O error: )?([^:()]*) \(os error (\d+)\)")
+
+
+def native_os_error(e: BaseException) -> OSError | None:
+    """The OSError inside a native library's error (safetensors, tensorstore: Rust and C++
+    report one as `... <reason> (os error N)`), or None if `e` is not one."""
+    m = _NATIVE_OS_ERROR.search(" ".join(str(e).split()))
+    if not m:
+        return None
+    code = int(m.group(3))
+    reason = m.group(2).strip() or os.strerror(code)
+    where = m.group(1).strip()
+    return OSError(code, f"{where}: {reason}" if where else reason)
 
 
 def error_line(e: BaseException) -> str:
