@@ -33,10 +33,10 @@ def jsonl(tmp_path):
     return str(path)
 
 
-def prepare(inp, out, tokenizer_path):
+def prepare(inp, out, tokenizer_path, **kw):
     return prepare_corpus(
         Options(input=inp, output=str(out), tokenizer_path=tokenizer_path, workers=1,
-                heldout_fraction=0.1, shard_tokens=4000, progress=False)
+                heldout_fraction=0.1, shard_tokens=4000, progress=False, **kw)
     )  # fmt: skip
 
 
@@ -71,6 +71,26 @@ def test_prepare_marks_its_output_and_leaves_the_users_additions(tmp_path, jsonl
     before = snapshot(empty)
     prepare(jsonl, empty, tokenizer_path)
     assert snapshot(empty) == before
+
+
+def test_overwrite_replaces_only_what_prepare_wrote(tmp_path, jsonl, tokenizer_path):
+    out = tmp_path / "out"
+    prepare(jsonl, out, tokenizer_path)
+    (out / "NOTES.md").write_text("mine")
+    (out / "train" / "README").write_text("mine too")
+    with pytest.raises(ValueError, match="holds another corpus's shards .*--overwrite"):
+        prepare(jsonl, out, tokenizer_path, seed=1)
+    second = prepare(jsonl, out, tokenizer_path, seed=1, overwrite=True)
+    assert second["settings"]["seed"] == 1
+    assert (out / "NOTES.md").read_text() == "mine" and (
+        out / "train/README"
+    ).read_text() == "mine too"
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(b"the user's")
+    with pytest.raises(ValueError, match="did not write"):  # not even with --overwrite
+        prepare(jsonl, folder, tokenizer_path, overwrite=True)
+    assert (folder / "tokenizer.model").read_bytes() == b"the user's"
 
 
 @pytest.fixture
