@@ -25,7 +25,7 @@ from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, atomic_write, load_cache_npy
+from gpn_jax.io.files import atomic_write, load_cache, save_cache
 from gpn_jax.io.untrusted import bad_file
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -368,14 +368,16 @@ def _bin_counts(scans, tokens, vocab_size, cache_dir, span) -> np.ndarray:
         return unigram_counts(tokens, vocab_size)
     key = digest_key(scans, span, vocab_size, str(tokens.dtype))
     file = paths.join(cache_dir, f"counts-{key}.npy")
-    if paths.exists(file):
-        counts = load_cache_npy(file, "int64")
+
+    def of_vocabulary(counts) -> None:
         if counts.shape != (vocab_size,):
             raise bad_file(file, f"{counts.shape[0]} counts for vocab_size {vocab_size}",
                            "delete this cache file (it is rebuilt on the next run)")  # fmt: skip
-        return counts
-    counts = unigram_counts(tokens, vocab_size)
-    atomic_save_npy(file, counts)
+
+    counts = load_cache(file, "int64", check=of_vocabulary)
+    if counts is None:
+        counts = unigram_counts(tokens, vocab_size)
+        save_cache(file, counts)
     return counts
 
 

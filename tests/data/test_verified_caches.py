@@ -106,3 +106,29 @@ def test_a_heldout_shard_among_the_train_shards_is_one_line(tmp_path, tokenizer_
     what = "the same bytes as" if how == "copy" else "the same file as"
     with pytest.raises(BadFileError, match=f"manifest.json: held-out shard .* is {what} train"):
         build_data(f"bin:{d}", **GEOMETRY)
+
+
+def test_a_cache_swapped_for_another_is_caught_by_its_recorded_digest(tmp_path, tokenizer_path):
+    """Ids in range but other tokens (one cache copied over another's name): the sha256 recorded
+    when the cache was written no longer matches."""
+    tok = load_tokenizer(tokenizer_path)
+    docs, others = ["one document", "another document"], ["something else entirely"]
+    cached_token_stream(docs, tok, str(tmp_path), "train")
+    cached_token_stream(others, tok, str(tmp_path), "heldout")
+    train = tmp_path / f"train-{stream_key(docs, tok)}.npy"
+    shutil.copyfile(tmp_path / f"heldout-{stream_key(others, tok)}.npy", train)
+    with pytest.raises(BadFileError, match=f"^{train}: its content is not what was written"):
+        cached_token_stream(docs, tok, str(tmp_path), "train")
+
+
+def test_a_cache_without_a_digest_is_rebuilt(tmp_path, tokenizer_path):
+    """A cache written before digests (or a write killed between the two files) is rebuilt,
+    not trusted, and gets its digest."""
+    tok, docs = load_tokenizer(tokenizer_path), ["one document", "another document"]
+    good = cached_token_stream(docs, tok, str(tmp_path), "train")
+    cache = tmp_path / f"train-{stream_key(docs, tok)}.npy"
+    os.remove(f"{cache}.sha256")
+    np.save(cache, np.zeros(3, np.uint32))  # in range, but not these documents' tokens
+    np.testing.assert_array_equal(cached_token_stream(docs, tok, str(tmp_path), "train"), good)
+    assert os.path.exists(f"{cache}.sha256")
+    np.testing.assert_array_equal(cached_token_stream(docs, tok, str(tmp_path), "train"), good)
