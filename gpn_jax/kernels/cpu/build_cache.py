@@ -70,8 +70,9 @@ def _claim(path: Path) -> Path | None:
             "to a private directory"
         )
     marker = path / MARKER
-    if not _private_file(marker):
-        if any(path.iterdir()):
+    entries = any(path.iterdir())  # listed before the marker is looked for: a process racing
+    if not _private_file(marker):  # to create the cache has marked it before it added files
+        if entries:
             return None
         _write_marker(marker)
     if st.st_mode & 0o077:
