@@ -48,12 +48,23 @@ def _prompt_ids(run, tokenizer) -> list[int]:
     return tokenizer.encode(_PROMPT.value)
 
 
+def _sampling_flags(sampling):
+    """The sampling config of the flags, every flag in range (one line naming the flag)."""
+    try:
+        sampling.check_generation(_MAX_NEW.value, _SEED.value, _NUM.value)
+        return sampling.SamplingConfig(
+            _TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _GREEDY.value
+        )
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
+
+
 def generate(workdir: str | None, model_dir: str | None = None) -> list:
     from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import sampling
     from gpn_jax.eval.runner import run_tokenizer
 
-    cfg = sampling.SamplingConfig(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _GREEDY.value)
+    cfg = _sampling_flags(sampling)  # before the run is loaded: a bad flag costs nothing
     run = load_either(workdir, model_dir, _STEP.value)
     tokenizer = None
     if _TOKENIZER.value or run.tokenizer is not None:

@@ -13,6 +13,9 @@ chosen by a hash of their number, or stratified by difficulty (`--heldout_strati
 `gpn_jax.data.prepare.heldout`), or are the first `--heldout_docs`. The shards are the
 same bytes whatever --workers is; rerunning the same command after a kill finishes the job
 without redoing finished shards. Bad input prints one line and exits with status 1.
+--output must be new, empty, or an earlier output of gpn-prepare (marked by its `.gpn_prepare`
+file); files there that gpn-prepare did not write are never touched, and `--overwrite`
+replaces only what it wrote.
 """
 
 import shlex
@@ -51,6 +54,11 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the held-out choice.")
 _SHARD_TOKENS = flags.DEFINE_integer("shard_tokens", 1 << 27, "Tokens per shard file.")
 _CHUNK = flags.DEFINE_integer("chunk_records", 256, "Records per tokenizing task.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar (on a terminal).")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Replace what gpn-prepare wrote in --output (e.g. another corpus); other files are kept.",
+)
 flags.mark_flags_as_required(["input", "output"])
 PROG = "gpn-prepare"
 
@@ -75,6 +83,7 @@ def _body():
         chunk_records=_CHUNK.value,
         command=_command(),
         progress=_PROGRESS.value,
+        overwrite=_OVERWRITE.value,
     )
     prepare_corpus(options)
 

@@ -300,14 +300,13 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     config = ml_collections.ConfigDict(record["config"])
     try:
         model = factory.build_model(config.model)
+        shapes = abstract_params(model)  # inside: a NaN or float size fails here, one line
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         detail = " ".join(str(e).split())[:160] or type(e).__name__
         raise _refuse(
             os.path.join(model_dir, CONFIG), f"its model block is invalid ({detail})"
         ) from None
-    expected = {
-        k: (tuple(v.shape), str(v.dtype)) for k, v in flatten(abstract_params(model)).items()
-    }
+    expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in flatten(shapes).items()}
     path = os.path.join(model_dir, WEIGHTS)
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from gpn_jax.data.bin_source import ShardedTokens, list_shards, memmap_shard, open_bin
-from gpn_jax.data.prepare.manifest import PreparedCorpus, read_prepared
+from gpn_jax.data.prepare.manifest import MANIFEST, PreparedCorpus, read_prepared
+from gpn_jax.data.shard_check import check_disjoint, check_ids, digest_key, scan_shards
 from gpn_jax.data.sources import load_documents
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.data.split import split_documents, split_tokens
@@ -24,7 +25,7 @@ from gpn_jax.data.stream import cached_token_stream, unigram_counts
 from gpn_jax.data.tokenizer import Tokenizer, check_vocab, load_tokenizer, train_tokenizer
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, atomic_write, load_cache_npy
+from gpn_jax.io.files import atomic_write, load_cache, save_cache
 from gpn_jax.io.untrusted import bad_file
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -309,8 +310,9 @@ def _bin_parts(path, bin_dtype, tokenizer_path, vocab_size, heldout_fraction, ca
     if tokenizer:
         check_vocab(tokenizer, vocab_size)
     shards = list_shards(path)
-    counts = _bin_counts(shards, train, vocab_size, cache_dir, (0, cut))
-    _bin_counts(shards, heldout, vocab_size, cache_dir, (cut, len(tokens)))  # checks the ids
+    scans = scan_shards(shards, [memmap_shard(p, np.dtype(bin_dtype)) for p in shards])
+    check_ids(scans, vocab_size)  # every load: the counts below may come from the cache
+    counts = _bin_counts(scans, train, vocab_size, cache_dir, (0, cut))
     what = f"{path}: {len(shards)} {bin_dtype} shard(s), {len(tokens):,} tokens"
     return tokenizer, train, heldout, counts, f"{what}; tokenizer {tokenizer_path or 'none'}"
 
@@ -327,16 +329,19 @@ def _prepared_parts(prepared: PreparedCorpus, tokenizer_path, vocab_size, fracti
     if workdir and not tokenizer_path:
         _adopt_tokenizer(tokenizer, workdir, prepared.directory)
     dtype = np.dtype(prepared.dtype)
-    train = ShardedTokens([memmap_shard(p, dtype) for p in prepared.train])
-    heldout = ShardedTokens([memmap_shard(p, dtype) for p in prepared.heldout])
+    train_maps = [memmap_shard(p, dtype) for p in prepared.train]
+    heldout_maps = [memmap_shard(p, dtype) for p in prepared.heldout]
+    scans = scan_shards(prepared.train + prepared.heldout, train_maps + heldout_maps)
+    check_ids(scans, vocab_size)  # every load: the counts below may come from the cache
+    manifest = os.path.join(prepared.directory, MANIFEST)
+    check_disjoint(manifest, scans[: len(train_maps)], scans[len(train_maps) :])
+    train, heldout = ShardedTokens(train_maps), ShardedTokens(heldout_maps)
     if not len(train):
         raise ValueError(f"empty corpus: {prepared.directory} holds no training tokens")
     if not len(heldout):  # prepared without held-out documents: split by position
         cut = split_tokens(len(train), fraction)
         train, heldout = train.view(0, cut), train.view(cut, len(train))
-    shards = prepared.train + prepared.heldout
-    counts = _bin_counts(shards, train, vocab_size, cache, ("train", len(train)))
-    _bin_counts(shards, heldout, vocab_size, cache, ("heldout", len(heldout)))  # checks the ids
+    counts = _bin_counts(scans, train, vocab_size, cache, ("train", len(train)))
     what = (
         f"{prepared.directory}: prepared, {len(prepared.train)} train + "
         f"{len(prepared.heldout)} held-out {prepared.dtype} shard(s), "
@@ -357,22 +362,22 @@ def _adopt_tokenizer(tokenizer: Tokenizer, workdir: str, corpus: str) -> None:
         )
 
 
-def _bin_counts(shards, tokens, vocab_size, cache_dir, span) -> np.ndarray:
+def _bin_counts(scans, tokens, vocab_size, cache_dir, span) -> np.ndarray:
+    """Unigram counts of `tokens`, cached under a key of the shards' content digests."""
     if not cache_dir:
         return unigram_counts(tokens, vocab_size)
-    stats = [(p, os.path.getsize(p), os.path.getmtime(p)) for p in shards]
-    key = hashlib.sha256(repr((stats, span, vocab_size, str(tokens.dtype))).encode()).hexdigest()[
-        :20
-    ]
+    key = digest_key(scans, span, vocab_size, str(tokens.dtype))
     file = paths.join(cache_dir, f"counts-{key}.npy")
-    if paths.exists(file):
-        counts = load_cache_npy(file, "int64")
+
+    def of_vocabulary(counts) -> None:
         if counts.shape != (vocab_size,):
             raise bad_file(file, f"{counts.shape[0]} counts for vocab_size {vocab_size}",
                            "delete this cache file (it is rebuilt on the next run)")  # fmt: skip
-        return counts
-    counts = unigram_counts(tokens, vocab_size)
-    atomic_save_npy(file, counts)
+
+    counts = load_cache(file, "int64", check=of_vocabulary)
+    if counts is None:
+        counts = unigram_counts(tokens, vocab_size)
+        save_cache(file, counts)
     return counts
 
 

@@ -7,7 +7,8 @@ import numpy as np
 
 from gpn_jax.data.tokenizer import Tokenizer
 from gpn_jax.io import paths
-from gpn_jax.io.files import atomic_save_npy, load_cache_npy
+from gpn_jax.io.files import load_cache, save_cache
+from gpn_jax.io.untrusted import bad_file
 
 _ENCODE_BATCH = 512
 
@@ -38,10 +39,19 @@ def cached_token_stream(
     if not cache_dir:
         return tokenize_documents(docs, tokenizer)
     path = paths.join(cache_dir, f"{name}-{stream_key(docs, tokenizer)}.npy")
-    if paths.exists(path):
-        return load_cache_npy(path, "uint32")
-    tokens = tokenize_documents(docs, tokenizer)
-    atomic_save_npy(path, tokens)
+
+    def in_vocabulary(tokens) -> None:  # every load: a cache is trusted for nothing
+        top = int(tokens.max()) if len(tokens) else -1
+        if top >= tokenizer.vocab_size:
+            raise bad_file(
+                path, f"token id {top} >= the tokenizer's vocabulary {tokenizer.vocab_size}",
+                "delete this cache file (it is rebuilt on the next run)",
+            )  # fmt: skip
+
+    tokens = load_cache(path, "uint32", check=in_vocabulary)
+    if tokens is None:
+        tokens = tokenize_documents(docs, tokenizer)
+        save_cache(path, tokens)
     return tokens
 
 

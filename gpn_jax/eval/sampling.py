@@ -15,6 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
+# Above this the distribution is uniform to float32 precision: a larger value is a mistake.
+MAX_TEMPERATURE = 1e4
+
+
+def _real(x) -> bool:
+    """A finite real number (bools are not)."""
+    return isinstance(x, (int, float, np.number)) and not isinstance(x, bool) and np.isfinite(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +38,14 @@ class SamplingConfig:
     greedy: bool = False
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # Written so that NaN fails every check (a NaN temperature samples garbage).
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not (_real(t) and 0.0 <= t <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {t}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < 2**31:
+            raise ValueError(f"top_k must be an integer in [0, 2^31), got {k}")
+        if not (_real(p) and 0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {p}")
 
     @property
     def is_greedy(self) -> bool:
@@ -106,6 +115,24 @@ def _jitted_start(model):
     return jax.jit(model.start_decode, static_argnames="batch_size")
 
 
+MAX_NEW_TOKENS = 1 << 24  # tokens one call may generate (each is one jitted step)
+MAX_SAMPLES = 1 << 16  # sequences sampled at once (the batch of one step)
+
+
+def check_generation(max_new_tokens: int, seed: int, num_samples: int) -> None:
+    """One ValueError line for a generation length, seed or sample count out of range."""
+    checks = (
+        ("max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS),
+        ("seed", seed, 0, 2**32 - 1),  # jax.random.PRNGKey keeps 32 bits
+        ("num_samples", num_samples, 1, MAX_SAMPLES),
+    )
+    for name, value, low, high in checks:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
 def generate(
     model,
     params,
@@ -123,10 +150,7 @@ def generate(
     logits predicting each prompt token (row t from prompt[:t]), 'truncated': bool (the
     model's context limit shortened the generation)}.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    check_generation(max_new_tokens, seed, num_samples)
     limit = context_limit(model)
     P = len(prompt)
     truncated = False

@@ -5,21 +5,37 @@ work; `absl_entry(body, prog)` gives it `main(argv)` (for `app.run`) and `run()`
 script and `python -m`), so argument checks, log level and error handling live here once.
 """
 
+import errno
+import os
 import re
 import sys
 
 from gpn_jax.io.errors import CheckpointError, TrainingError
 
-# Errors a user can cause (bad input, config, workdir); anything else is a bug and keeps its traceback.
+# Errors a user can cause (bad input, config, workdir, the machine: every OSError, e.g. disk
+# full, permission, a directory where a file belongs, a name too long); anything else is a bug
+# and keeps its traceback.
 USER_ERRORS = (
     ValueError,
-    FileNotFoundError,
-    NotADirectoryError,
-    PermissionError,
+    OSError,
     CheckpointError,
     TrainingError,
     KeyError,
 )
+
+# The fix named after an OS error of this errno (the rest: the error alone says enough).
+_OS_FIXES = {
+    errno.ENOSPC: "free some space or write elsewhere",
+    errno.EFBIG: "the file exceeds the size this process or file system allows; raise the "
+    "limit (ulimit -f) or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up; free some space or write elsewhere",
+    errno.EACCES: "check the permissions or choose another path",
+    errno.EPERM: "check the permissions or choose another path",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EISDIR: "give a file path, not a directory",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+}
 
 
 def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
@@ -27,7 +43,38 @@ def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
     try:
         return fn(*args, **kwargs)
     except USER_ERRORS as e:
-        _exit(prog, str(e) if str(e).strip() else type(e).__name__)
+        _exit(prog, error_line(e))
+    except Exception as e:
+        os_error = native_os_error(e)
+        if os_error is None:
+            raise
+        _exit(prog, error_line(os_error))
+
+
+_NATIVE_OS_ERROR = re.compile(r"(.*?):?\s*(?:I/O error: )?([^:()]*) \(os error (\d+)\)")
+
+
+def native_os_error(e: BaseException) -> OSError | None:
+    """The OSError inside a native library's error (safetensors, tensorstore: Rust and C++
+    report one as `... <reason> (os error N)`), or None if `e` is not one."""
+    m = _NATIVE_OS_ERROR.search(" ".join(str(e).split()))
+    if not m:
+        return None
+    code = int(m.group(3))
+    reason = m.group(2).strip() or os.strerror(code)
+    where = m.group(1).strip()
+    return OSError(code, f"{where}: {reason}" if where else reason)
+
+
+def error_line(e: BaseException) -> str:
+    """The one line a user error prints: an OSError as `<file>: <reason> (errno); <fix>`."""
+    if isinstance(e, OSError) and e.errno is not None and (e.strerror or e.filename):
+        names = [os.fsdecode(f) for f in (e.filename, e.filename2) if f is not None]
+        where = f"{' -> '.join(names)}: " if names else ""
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        fix = _OS_FIXES.get(e.errno)
+        return f"{where}{e.strerror or name} ({name}){'; ' + fix if fix else ''}"
+    return str(e) if str(e).strip() else type(e).__name__
 
 
 def flags_parser(prog: str):

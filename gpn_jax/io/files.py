@@ -4,10 +4,16 @@ Temporary names are unique per host, process and call (`paths.write_bytes`); on 
 store (`gs://`) one object upload is atomic by itself.
 """
 
+import hashlib
+import os
+
 import numpy as np
 
 from gpn_jax.io import paths
-from gpn_jax.io.untrusted import read_npy
+from gpn_jax.io.untrusted import bad_file, read_npy
+
+DIGEST_SUFFIX = ".sha256"  # `<cache>.npy.sha256`: the sha256 of the cached array's bytes
+_CACHE_FIX = "delete this cache file (it is rebuilt on the next run)"
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -30,3 +36,46 @@ def load_cache_npy(path: str, dtype: str) -> np.ndarray:
     return read_npy(
         path, dtypes=(dtype,), ndim=1, fix="delete this cache file (it is rebuilt on the next run)"
     )
+
+
+def save_cache(path: str, array: np.ndarray) -> None:
+    """`atomic_save_npy`, then the array's sha256 in `<path>.sha256` (written second, so a
+    digest always describes a whole file)."""
+    atomic_save_npy(path, array)
+    paths.write_bytes(path + DIGEST_SUFFIX, (_sha256(array) + "\n").encode())
+
+
+def load_cache(path: str, dtype: str, check=None) -> np.ndarray | None:
+    """The array cached at `path` by `save_cache`, verified by content; None if there is none
+    to use (no file, or no digest: a cache from before digests or a write killed between the
+    two files; the caller rebuilds it). `check(array)` (e.g. an id range) runs before the
+    digest is compared, so its error names the problem; a mismatch is one BadFileError line."""
+    if not paths.exists(path):
+        return None
+    array = load_cache_npy(path, dtype)
+    if check is not None:
+        check(array)
+    side = path + DIGEST_SUFFIX
+    if not paths.exists(side):
+        return None
+    if _read_digest(side) != _sha256(array):
+        raise bad_file(
+            path, f"its content is not what was written (sha256 recorded in {side})", _CACHE_FIX
+        )
+    return array
+
+
+def _sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
+
+
+def _read_digest(side: str) -> str:
+    """The hex digest in a sidecar (untrusted: at most 128 bytes of ASCII hex)."""
+    if not paths.is_remote(side) and not os.path.isfile(side):
+        raise bad_file(side, "not a regular file", _CACHE_FIX)
+    if not paths.is_remote(side) and os.path.getsize(side) > 128:
+        raise bad_file(side, "not a sha256 digest", _CACHE_FIX)
+    text = paths.read_bytes(side)[:129].decode("ascii", "replace").strip()
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise bad_file(side, "not a sha256 digest", _CACHE_FIX)
+    return text

@@ -242,6 +242,7 @@ def check_static(config) -> None:
     check_remat_segment(config)
     check_data(config.data)
     check_logging(config)
+    check_bounds(config)
 
 
 def check_mesh(config, data_parallel: int, process_count: int = 1, tensor: int = 1) -> None:
@@ -272,3 +273,99 @@ def check_config(
     check_static(config)
     if data_parallel is not None:
         check_mesh(config, data_parallel, process_count, tensor)
+
+
+# ---- Upper bounds (issue 51): every numeric field bounded above, finite, int32 where it lands
+# in int32 (the step counter, schedules, window and position indices), and the model's size
+# bounded before anything is allocated. Kept apart from the minimums above.
+
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps 32 bits of the seed; larger seeds would collide
+# float fields of config.train: (lowest, highest, whether the highest is allowed)
+TRAIN_FLOAT_RANGE = {
+    "learning_rate": (0.0, 10.0, True),
+    "weight_decay": (0.0, 10.0, True),
+    "b1": (0.0, 1.0, False),  # Adam's moment decay: 1 never forgets the first gradient
+    "b2": (0.0, 1.0, False),  # 1 divides by zero in the bias correction
+    "grad_clip": (0.0, 1e9, True),
+    "min_lr_ratio": (0.0, 1.0, True),
+}
+MESH_MAXIMUM = 1 << 20  # devices along one mesh axis
+# The model may hold at most this many parameters (a lower estimate, `estimated_parameters`):
+# 2^40 float32 parameters are 4 TiB, past any mesh this trainer targets.
+MAX_PARAMETERS = 2**40
+
+
+def check_bounds(config) -> None:
+    """Upper bounds of every numeric field: train counts in int32, finite train floats in their
+    ranges, tokens per step in int32, the seed in [0, 2^32), mesh axes, and the model's size
+    (`check_model_size`). One ValueError line naming the field."""
+    t = config.train
+    for field in TRAIN_MINIMUM:
+        _at_most("train", field, t.get(field, 0), INT32_MAX)
+    for field, (low, high, closed) in TRAIN_FLOAT_RANGE.items():
+        value = t.get(field, low)
+        if field == "grad_clip" and value is None:
+            continue
+        ok = _number(value) and math.isfinite(value) and low <= value
+        if not ok or value > high or (value == high and not closed):
+            bracket = "]" if closed else ")"
+            raise ValueError(
+                f"config.train.{field} must be a finite number in [{low:g}, {high:g}{bracket}, "
+                f"got {value!r}"
+            )
+    tokens = t.get("batch_size", 1) * t.get("seq_len", 1)
+    if tokens > INT32_MAX:
+        raise ValueError(
+            f"config.train.batch_size x config.train.seq_len = {tokens} tokens per step, over "
+            f"the int32 limit {INT32_MAX}; lower config.train.batch_size or seq_len"
+        )
+    seed = config.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"config.seed must be an integer in [0, 2^32 - 1], got {seed!r:.60}")
+    for axis, value in dict(config.get("mesh") or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > MESH_MAXIMUM:
+            raise ValueError(f"config.mesh.{axis} must be at most {MESH_MAXIMUM}, got {value}")
+    check_model_size(config.model)
+
+
+def _at_most(block: str, field: str, value, maximum: int) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > maximum:
+        raise ValueError(
+            f"config.{block}.{field} must be at most {maximum} (int32), got {value!r:.60}"
+        )
+
+
+_SIZE_FIELDS = ("vocab_size", "d_model", "d_emb", "d_ffn", "n_layers", "n_heads", "d_key",
+                "d_value", "max_seq_len", "loss_chunk", "conv_size", "chunk_size",
+                "remat_segment")  # fmt: skip
+
+
+def estimated_parameters(model_cfg) -> int:
+    """A lower estimate of the parameter count of any family (the vocabulary projection, the
+    SwiGLU matrices of every layer, a d x d matrix in GPN and attention): never more than the
+    model holds, so a config refused for it is truly too large."""
+    m = dict(model_cfg)
+    size = lambda name: m.get(name, 0) if isinstance(m.get(name, 0), int) else 0  # noqa: E731
+    d, width = size("d_model"), min(size("d_emb") or size("d_model"), size("d_model"))
+    params = size("vocab_size") * width + 3 * max(size("n_layers"), 1) * d * size("d_ffn")
+    if m.get("family", "gpn") in ("gpn", "transformer"):
+        params += d * d
+    return params
+
+
+def check_model_size(model_cfg) -> None:
+    """Each model size field in int32, and `estimated_parameters` at most MAX_PARAMETERS:
+    refused before any weight is allocated, naming the largest size field."""
+    m = dict(model_cfg)
+    for field in _SIZE_FIELDS:
+        _at_most("model", field, m.get(field, 0), INT32_MAX)
+    params = estimated_parameters(model_cfg)
+    if params > MAX_PARAMETERS:
+        sizes = {f: m[f] for f in _SIZE_FIELDS if isinstance(m.get(f), int) and f != "n_layers"}
+        largest = max(sizes, key=sizes.get)
+        raise ValueError(
+            f"config.model.{largest}={sizes[largest]} makes the model at least {params:.2e} "
+            f"parameters ({4 * params / 2**40:,.0f} TiB in float32), over the limit of "
+            f"{MAX_PARAMETERS:.2e}; lower config.model.{largest}"
+        )

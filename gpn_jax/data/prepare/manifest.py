@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 
 from gpn_jax.io import untrusted
 from gpn_jax.io.files import atomic_write
@@ -21,6 +22,9 @@ PROGRESS = "progress.json"
 TOKENIZER = "tokenizer.model"
 SPLITS = ("train", "heldout")
 FORMAT = "gpn_jax.prepare/1"
+# Marks an output directory as gpn-prepare's own; only a marked (or new, or empty) directory
+# is written into. Files in it that gpn-prepare does not write are never touched.
+MARKER = ".gpn_prepare"
 
 
 def sha256_file(path: str) -> str:
@@ -48,6 +52,50 @@ def read_json(path: str) -> dict | None:
     return value
 
 
+def claim_output(output: str, overwrite: bool = False) -> None:
+    """Makes `output` gpn-prepare's own directory: created and marked if missing or empty,
+    used as is if marked (with `overwrite`, emptied of what gpn-prepare wrote there first:
+    `clear_output`). An existing unmarked folder that holds anything is refused (one line),
+    unless it holds a finished manifest (a corpus prepared before the marker existed), which
+    `check_output` then only reads."""
+    os.makedirs(output, exist_ok=True)
+    marker = os.path.join(output, MARKER)
+    if os.path.isfile(marker) and not os.path.islink(marker):
+        if overwrite:
+            clear_output(output)
+        return
+    entries = os.listdir(output)
+    if not entries:
+        atomic_write(marker, b'{"tool": "gpn-prepare"}\n')
+        return
+    if MANIFEST not in entries or overwrite:
+        raise ValueError(
+            f"{output} holds files that gpn-prepare did not write (no {MARKER} marker; e.g. "
+            f"{sorted(entries)[0]!r:.80}); use a new or empty --output"
+        )
+
+
+_WRITTEN = re.compile(r"^data_\d{4,}\.bin(\.partial)?$|\.tmp-[0-9]+-[0-9]+-[0-9a-f]+$")
+
+
+def clear_output(output: str) -> list[str]:
+    """Removes what gpn-prepare writes in its marked `output` (the manifest, the progress file,
+    the tokenizer, the split directories' shards and temporaries); anything else stays."""
+    removed = []
+    for d in (output, *(os.path.join(output, s) for s in SPLITS)):
+        if not os.path.isdir(d) or os.path.islink(d):
+            continue
+        for name in os.listdir(d):
+            ours = _WRITTEN.search(name) or (
+                d == output and name in (MANIFEST, PROGRESS, TOKENIZER)
+            )
+            path = os.path.join(d, name)
+            if ours and (os.path.isfile(path) or os.path.islink(path)):
+                os.remove(path)
+                removed.append(path)
+    return removed
+
+
 def differences(saved: dict, settings: dict) -> list[str]:
     """The settings keys whose values differ."""
     return sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
@@ -67,7 +115,8 @@ def check_output(output: str, settings: dict) -> tuple[dict | None, dict | None]
             return None, None  # an earlier attempt finished no shard: start afresh
         raise ValueError(
             f"{output} holds another corpus's shards (different "
-            f"{', '.join(differences(saved, settings))}); use a new --output or delete it"
+            f"{', '.join(differences(saved, settings))}); use a new --output, or --overwrite to "
+            "replace what gpn-prepare wrote there"
         )
     if manifest is None and progress is None and _has_shards(output):
         raise ValueError(

@@ -20,6 +20,7 @@ from gpn_jax.data.prepare.manifest import (
     SPLITS,
     TOKENIZER,
     check_output,
+    claim_output,
     sha256_file,
     write_json,
 )
@@ -53,6 +54,7 @@ class Options:
     chunk_records: int = 256
     command: str = ""
     progress: bool = True
+    overwrite: bool = False  # replace what gpn-prepare wrote in --output (another corpus)
 
 
 DEFAULT_HELDOUT_FRACTION = 0.001
@@ -101,7 +103,7 @@ def prepare_corpus(o: Options) -> dict:
     check_options(o)
     source = open_source(o.input, o.data_dir, o.text_field)
     settings = settings_of(o, source)
-    os.makedirs(o.output, exist_ok=True)
+    claim_output(o.output, o.overwrite)  # nothing of the user's is touched (see there)
     manifest, progress = check_output(o.output, settings)
     if manifest is not None:
         print(f"{o.output} is already prepared ({MANIFEST}); nothing to do")

@@ -4,8 +4,10 @@
 process will execute. The cache therefore trusts nothing it finds:
 
 * It lives under the user's own cache directory (`$GPN_JAX_NATIVE_CACHE`, else
-  `$XDG_CACHE_HOME/gpn_jax/native`, else `~/.cache/gpn_jax/native`), created with mode 0700;
-  a cache directory someone else owns, or that others can write, is refused.
+  `$XDG_CACHE_HOME/gpn_jax/native`, else `~/.cache/gpn_jax/native`), created with mode 0700
+  and marked as the cache's own (MARKER); a cache directory someone else owns is refused.
+  An existing folder that holds anything but is not marked (the user's) is never changed,
+  pruned or chmodded: the cache is its marked subfolder SUBFOLDER.
 * Each library `<name>.so` has a sidecar `<name>.json` holding its sha256, written
   (atomically, after the library is in place) by the build that produced it. A library is
   loaded only if it is a regular file (not a link) owned by the current user, writable by no
@@ -32,16 +34,34 @@ from pathlib import Path
 COMPILE_TIMEOUT_S = 600.0
 PRUNE_AFTER_S = 30 * 24 * 3600.0
 _STALE_TMP_S = 3600.0
+# The file that marks a directory as this cache's own: only a marked directory is pruned or
+# made private. An existing folder without it that holds anything is left untouched and the
+# cache lives in its subfolder SUBFOLDER instead.
+MARKER = ".gpn_jax_kernel_cache"
+SUBFOLDER = "gpn_jax_native"
 
 
 def cache_dir() -> Path:
-    """The cache directory (module doc), created 0700 if missing; RuntimeError if it is not
-    private to this user."""
+    """The cache directory (module doc), created 0700 and marked if missing; RuntimeError if
+    it is not private to this user."""
     root = os.environ.get("GPN_JAX_NATIVE_CACHE")
     if not root:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(base, "gpn_jax", "native")
-    path = Path(root)
+    path = _claim(Path(root))
+    if path is None:  # a folder of the user's: ours is a marked subfolder of it
+        path = _claim(Path(root) / SUBFOLDER)
+    if path is None:
+        raise RuntimeError(
+            f"kernel cache {Path(root) / SUBFOLDER} holds files this cache did not write (no "
+            f"{MARKER}); set GPN_JAX_NATIVE_CACHE to a new or empty directory"
+        )
+    return path
+
+
+def _claim(path: Path) -> Path | None:
+    """`path` if it is (or is now made) this cache's own directory: created here, or empty,
+    or already marked; None for a folder that holds anything else (it is left untouched)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
@@ -49,9 +69,21 @@ def cache_dir() -> Path:
             f"kernel cache {path} is not a directory of this user; set GPN_JAX_NATIVE_CACHE "
             "to a private directory"
         )
+    marker = path / MARKER
+    entries = any(path.iterdir())  # listed before the marker is looked for: a process racing
+    if not _private_file(marker):  # to create the cache has marked it before it added files
+        if entries:
+            return None
+        _write_marker(marker)
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)  # ours: make it private (no one else may plant a library)
     return path
+
+
+def _write_marker(marker: Path) -> None:
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("gpn_jax compiled-kernel cache: its .so, .json and .tmp files are pruned.\n")
 
 
 def compiler() -> list[str]:
