@@ -76,12 +76,14 @@ class Throughput:
             self._restart(step)
 
     def measure(self, step: int) -> dict:
-        """{'tokens_per_s': ...} over the steps since the last window ({} when it holds none
-        but the compiling step); starts the next window."""
+        """{'tokens_per_s': ...} over the steps since the last window; starts the next one.
+        A window of the compiling step alone reports that step, compile included, and
+        'compiling': True (there is nothing else to measure it by)."""
         steps, seconds = step - self.mark_step, self._active()
         self._restart(step)
         if steps <= 0:
-            return {}
+            compiled = self.totals["compile"]
+            return {"tokens_per_s": self.tokens_per_step / max(compiled, 1e-9), "compiling": True}
         self.totals["steps"] += seconds
         self.last_rate = seconds / steps
         return {"tokens_per_s": steps * self.tokens_per_step / max(seconds, 1e-9)}
@@ -117,7 +119,7 @@ class TrainingLog:
         self.stream = stream or sys.stderr
         self.timer = Throughput(tokens_per_step, initial, clock)
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        self.bar = None
+        self.bar, self.compiling = None, False
         if enabled and wants_bar(bar, self.stream):
             from tqdm.auto import tqdm
 
@@ -148,7 +150,8 @@ class TrainingLog:
     def measure(self, step: int) -> dict:
         """The row's speed fields: tokens_per_s and, with a known peak, mfu."""
         speed = self.timer.measure(step)
-        if speed and self.peak_flops and self.flops_per_token:
+        self.compiling = speed.pop("compiling", False)
+        if not self.compiling and self.peak_flops and self.flops_per_token:
             speed["mfu"] = speed["tokens_per_s"] * self.flops_per_token / self.peak_flops
         return speed
 
@@ -162,7 +165,8 @@ class TrainingLog:
                 fields["tok_s"] = f"{row['tokens_per_s']:,.0f}"
             self.bar.set_postfix(fields)
             return
-        self._line(step_line(step, self.total, row, self.timer.last_rate))
+        line = step_line(step, self.total, row, self.timer.last_rate)
+        self._line(line + ("  (compiling)" if self.compiling else ""))
 
     def heldout(self, step: int, loss: float, ppl: float) -> None:
         """A held-out evaluation, just done inside `paused('eval')`."""

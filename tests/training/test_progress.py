@@ -42,7 +42,7 @@ def test_tokens_per_s_around_checkpoints_is_the_steps_own():
     clock = Clock()
     log = progress.TrainingLog(12, 0, 1000, bar=False, stream=io.StringIO(), clock=clock)
     rows = _run_steps(log, clock, 12, checkpoint_every=4, step_s=0.5, save_s=25.0)
-    assert rows[1] == {}  # only the compiling step: no rate
+    assert rows[1] == {"tokens_per_s": pytest.approx(1000 / 10.5, rel=1e-12)}  # compile included
     assert {s: r["tokens_per_s"] for s, r in rows.items() if s > 1} == {
         s: pytest.approx(2000.0, rel=1e-12) for s in range(2, 13)
     }
@@ -60,6 +60,8 @@ def test_a_window_of_several_steps_excludes_evaluations_and_gives_mfu():
     )  # fmt: skip
     clock.now += 3.0  # the first step, compiling
     log.settled(1)
+    assert log.measure(1) == {"tokens_per_s": pytest.approx(100 / 3.0, rel=1e-12)}  # no MFU
+    assert log.compiling
     for step in range(2, 6):
         clock.now += 0.25
         log.settled(step)
@@ -67,6 +69,7 @@ def test_a_window_of_several_steps_excludes_evaluations_and_gives_mfu():
             with log.paused("evaluations"):
                 clock.now += 7.0
     speed = log.measure(5)
+    assert not log.compiling
     assert speed["tokens_per_s"] == pytest.approx(4 * 100 / 1.0, rel=1e-12)
     assert speed["mfu"] == pytest.approx(400 * 6.0 / 1200.0, rel=1e-12)
     assert log.timer.totals["evaluations"] == pytest.approx(7.0, rel=1e-12)
