@@ -185,7 +185,7 @@ class TrainingLog:
 
 
 def step_line(step: int, total: int, row: dict, seconds_per_step: float | None) -> str:
-    """'step 40/400  loss 5.1234  9,012 tokens/s  MFU 31.2 %  ETA 0:01:05'."""
+    """'step S/N  loss L  R tokens/s  MFU M %  ETA H:MM:SS' (MFU and ETA where known)."""
     parts = [f"step {step}/{total}", f"loss {row['loss']:.4f}"]
     if "tokens_per_s" in row:
         parts.append(f"{row['tokens_per_s']:,.0f} tokens/s")
