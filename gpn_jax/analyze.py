@@ -1,6 +1,6 @@
 """Analyses a trained GPN / GPN+M run on its own held-out data.
 
-    python -m gpn_jax.analyze --workdir=/tmp/run --out=/tmp/run/analysis
+    python -m gpn_jax.analyze --workdir=/tmp/run --out=/tmp/run_analysis
 
 State geometry, the mean direction s̄, state and memory horizons (SPEC "Analyses the paper
 reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figures into

@@ -21,16 +21,32 @@ def test_notebook_is_valid_and_guards_its_install():
     install = next(s for s in code if '"pip", "install"' in s)
     assert 'find_spec("gpn_jax") is None' in install  # skipped when already installed
     assert "_find_checkout()" in install and "_accelerator_extra()" in install
-    # one marked setting, empty as committed (auto-detection), no placeholder to edit anywhere
+    # one marked setting, a Colab form field empty as committed, or the environment variable
     (setting,) = [s for s in code if "THE ONE SETTING" in s]
-    assert 'GPN_JAX_SOURCE = os.environ.get("GPN_JAX_SOURCE", "")' in setting
+    assert 'GPN_JAX_SOURCE = ""  # @param {type:"string"}' in setting
+    assert 'os.environ.get("GPN_JAX_SOURCE", "")' in setting
     assert not any(p in s for s in code for p in ("YOUR_", "<owner>", "REPO_URL"))
+    assert not any("older checkout" in s or "except ImportError" in s for s in code)
     assert "config.mesh.data = N_DEVICES" in "".join(code)  # jax.devices() decides the mesh
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stored clean
 
 
-def _run_install_cell(monkeypatch, cwd, source=""):
-    """Executes the install cells in `cwd` as if gpn_jax were not installed; returns pip's args."""
+class _Pip:
+    """subprocess.run as the install cell calls it: records pip's arguments, exits with `rc`."""
+
+    def __init__(self, rc=0, stderr=""):
+        self.calls, self.rc, self.stderr = [], rc, stderr
+
+    def __call__(self, args, capture_output, text):
+        import subprocess
+
+        self.calls.append(args)
+        return subprocess.CompletedProcess(args, self.rc, "", self.stderr)
+
+
+def _run_install_cell(monkeypatch, capsys, cwd, source="", pip=None):
+    """Executes the install cells in `cwd` as if gpn_jax were not installed; returns pip's
+    target, the runtime's extra and the line the cell printed."""
     import importlib.util
     import subprocess
 
@@ -40,31 +56,50 @@ def _run_install_cell(monkeypatch, cwd, source=""):
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     setting = next(s for s in code if "THE ONE SETTING" in s)
     install = next(s for s in code if '"pip", "install"' in s)
-    calls = []
+    pip = pip or _Pip()
     monkeypatch.setenv("GPN_JAX_SOURCE", source)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(subprocess, "run", lambda args, check: calls.append(args))
+    monkeypatch.setattr(subprocess, "run", pip)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(cwd)
     namespace = {}
     exec(setting + "\n" + install, namespace)
-    (args,) = calls
-    return args[args.index("install") + 2 :], namespace["_accelerator_extra"]()
+    (args,) = pip.calls
+    (line,) = capsys.readouterr().out.splitlines()
+    return args[args.index("install") + 2 :], namespace["_accelerator_extra"](), line
 
 
-def test_install_cell_picks_the_checkout_an_upload_or_the_setting(monkeypatch, tmp_path):
-    target, extra = _run_install_cell(monkeypatch, os.path.join(ROOT, "experiments"))
+def test_install_cell_picks_the_setting_the_checkout_an_upload_or_the_index(
+    monkeypatch, capsys, tmp_path
+):
+    target, extra, line = _run_install_cell(monkeypatch, capsys, os.path.join(ROOT, "experiments"))
     assert target == ["-e", ROOT + extra]  # opened from this checkout: no setting needed
+    assert line == f"installed gpn_jax from this checkout ({ROOT})"
     (tmp_path / "gpn_jax-0.1.0-py3-none-any.whl").write_text("")
-    target, extra = _run_install_cell(monkeypatch, tmp_path)
+    target, extra, line = _run_install_cell(monkeypatch, capsys, tmp_path)
     assert target == ["gpn_jax-0.1.0-py3-none-any.whl" + extra]  # an uploaded wheel
+    assert line == "installed gpn_jax from the uploaded gpn_jax-0.1.0-py3-none-any.whl"
     url = "git+https://example.org/gpn_jax.git"
-    target, extra = _run_install_cell(monkeypatch, tmp_path, url)
+    target, extra, line = _run_install_cell(monkeypatch, capsys, tmp_path, url)
     assert target == [f"gpn_jax{extra} @ {url}"]
+    assert line == f"installed gpn_jax from GPN_JAX_SOURCE ({url})"
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(RuntimeError, match="set GPN_JAX_SOURCE above"):
-        _run_install_cell(monkeypatch, empty)
+    target, extra, line = _run_install_cell(monkeypatch, capsys, empty)
+    assert target == [f"gpn_jax{extra}"] and line == "installed gpn_jax from the package index"
+
+
+def test_install_cell_says_in_one_line_what_is_missing(monkeypatch, capsys, tmp_path):
+    """Not on the package index yet and nothing else given: one line naming the fix."""
+    pip = _Pip(1, "ERROR: No matching distribution found for gpn_jax\n")
+    with pytest.raises(RuntimeError) as raised:
+        _run_install_cell(monkeypatch, capsys, tmp_path, pip=pip)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "could not install gpn_jax from the package index: ERROR: No matching distribution"
+    )
+    assert "set GPN_JAX_SOURCE above to a git URL or a wheel's path" in message
 
 
 @pytest.mark.slow
@@ -94,4 +129,5 @@ def test_notebook_executes(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "held-out PPL" in text and "The built-in function" in text
     for f in ("report.md", "metrics.json", "geometry.png", "horizons.png", "mean_direction.png"):
-        assert (tmp_path / "run" / "analysis" / f).exists()
+        assert (tmp_path / "run_analysis" / f).exists()
+    assert not (tmp_path / "run" / "analysis").exists()  # the run's workdir is only read

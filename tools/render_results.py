@@ -4,6 +4,9 @@ Every measured result is a JSON file `experiments/results/NAME.json`:
 
     {"command": str, "date": str, "machine": str, "version": str, "rows": [{...}, ...], ...}
 
+plus `"provenance": "transcribed"` where the numbers were copied from a log by hand rather
+than written by the command; the table's Data line then says so.
+
 A page (README.md or docs/*.md) shows it as a table between two markers:
 
     <!-- results:NAME -->
@@ -31,6 +34,8 @@ RESULTS = os.path.join("experiments", "results")
 PAGES = ("README.md", "docs")
 MAX_BYTES = 1 << 20  # a result file is a small table; anything larger is not one of ours
 REQUIRED = ("command", "date", "machine", "version", "rows")
+# how a file came to be: written by its command's --out (the default), or transcribed by hand
+PROVENANCE = ("written", "transcribed")
 _NAME = re.compile(r"^[a-z0-9_]+$")
 _MARKER = re.compile(
     r"<!-- results:(?P<name>[^ ]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.DOTALL
@@ -233,6 +238,11 @@ def load(root: str, name: str, required: tuple[str, ...] = REQUIRED) -> dict:
     missing = [k for k in required if k not in data]
     if missing:
         raise ResultError(f"{rel}: missing {', '.join(missing)}; every result records them")
+    if data.get("provenance", "written") not in PROVENANCE:
+        raise ResultError(
+            f"{rel}: 'provenance' must be one of {', '.join(PROVENANCE)}, got "
+            f"{data['provenance']!r}"
+        )
     if "rows" not in required:
         return data
     rows = data["rows"]
@@ -319,11 +329,15 @@ def table(name: str, data: dict, page_dir: str, root: str) -> str:
 
 
 def _data_link(name: str, data: dict, page_dir: str, root: str) -> str:
-    """A link to the table's result file, or to the folder of a collection's files."""
+    """A link to the table's result file, or to the folder of a collection's files; a file
+    transcribed by hand (`"provenance": "transcribed"`) says so."""
     members = data.get("members") or [os.path.join(RESULTS, f"{name}.json")]
     if len(members) == 1:
         rel = members[0]
-        return f"[{rel}]({os.path.relpath(os.path.join(root, rel), page_dir)})"
+        link = f"[{rel}]({os.path.relpath(os.path.join(root, rel), page_dir)})"
+        if data.get("provenance") == "transcribed":
+            link += ", transcribed from the measurement log, not written by its command"
+        return link
     stem = os.path.commonprefix([os.path.basename(m) for m in members])
     folder = os.path.relpath(os.path.join(root, RESULTS), page_dir)
     return f"`{stem}*.json` in [{RESULTS}/]({folder}/)"

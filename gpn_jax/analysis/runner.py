@@ -2,7 +2,7 @@
 
     from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.analysis import analyze
-    results = analyze(load_run("/tmp/run"), out="/tmp/run/analysis")
+    results = analyze(load_run("/tmp/run"), out="/tmp/run_analysis")
 
 Two passes over the run's own held-out windows (rebuilt exactly as training built them): one
 streaming pass collects the statistics (`collect`), then one pass evaluates the ablations, which

@@ -70,7 +70,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging = ml_collections.ConfigDict()
     c.logging.writers = "jsonl,tensorboard"  # comma-separated: jsonl, tensorboard, wandb
     c.logging.wandb_project = "gpn_jax"  # offline under <workdir>/wandb without WANDB_API_KEY
-    c.logging.progress_bar = True  # a tqdm bar on the lead host (False: metric rows only)
+    # the lead host's log (gpn_jax.training.progress): True a tqdm bar, False one line per event,
+    # None a bar when stderr is a terminal, else lines
+    c.logging.progress_bar = ml_collections.FieldReference(None, field_type=bool)
+    c.logging.peak_flops = 0.0  # one device's peak FLOP/s: logs MFU when set (0: not shown)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # -1: all remaining devices

@@ -12,13 +12,11 @@ import json
 import math
 import signal
 import threading
-import time
 
 import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
-from tqdm.auto import tqdm
 
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
@@ -26,7 +24,7 @@ from gpn_jax.io import paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
-from gpn_jax.training import init_from, setup, validate
+from gpn_jax.training import init_from, progress, setup, validate
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.host_memory import cpu_steps_inline, steady_step_memory
 from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
@@ -286,28 +284,27 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     """The training loop proper; returns the step it ended on."""
     t = run.config.train
     step = int(run.state.step)
-    show = run.is_lead and run.config.logging.get("progress_bar", True)
-    bar = tqdm(total=t.steps, initial=step, disable=not show, unit="step", dynamic_ncols=True)
-    window, window_start, pending = [], time.perf_counter(), None
+    log = _training_log(run, step)
+    window, pending = [], None
     first = step
+    # Metrics are read one step late (the host never stalls dispatch), unless the step ran
+    # inline: then it has finished already, and reading it now times it as its own step.
+    lag = not (cpu_steps_inline() and run.mesh.size == 1 and jax.default_backend() == "cpu")
 
     def settle(pending):
-        """Reads a step's metrics (one step late, so the host never stalls dispatch)."""
-        nonlocal window, window_start
+        """Reads a step's metrics: the step has finished (`progress.Throughput`)."""
+        nonlocal window
         s, metrics = pending
         window.append(_check_finite(s, metrics, run.ckpt))
+        log.settled(s)
         if s % t.log_every and s != t.steps:
             return
-        elapsed = time.perf_counter() - window_start
         row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-        row |= {
-            # Step s's update used schedule(s - 1): optax counts the updates done before it.
-            "lr": float(run.schedule(s - 1)),
-            "tokens_per_s": len(window) * run.tokens_per_step / elapsed,
-        }
+        # Step s's update used schedule(s - 1): optax counts the updates done before it.
+        row |= {"lr": float(run.schedule(s - 1)), **log.measure(s)}
         run.writer.write(s, row)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
-        window, window_start = [], time.perf_counter()
+        log.row(s, row)
+        window = []
 
     while step < t.steps and not stop.requested:
         _reset_carry_at_epoch_start(run, step)
@@ -316,27 +313,46 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
             steady_step_memory(t.get("reuse_step_memory", True))
         step += 1
-        bar.update(1)
+        log.dispatched()
         if pending is not None:
             settle(pending)
         pending = (step, metrics)
         boundary = step == t.steps or step % t.checkpoint_every == 0
         evaluating = run.has_heldout and t.eval_every and step % t.eval_every == 0
-        if boundary or evaluating:
+        if boundary or evaluating or not lag:
             settle(pending)
             pending = None
         ckpt_metrics = None
         if evaluating:
-            ev = run.evaluate(t.eval_batches)
+            with log.paused("evaluations"):
+                ev = run.evaluate(t.eval_batches)
             run.writer.write(step, {"heldout_loss": ev["loss"], "heldout_ppl": ev["ppl"]})
+            log.heldout(step, ev["loss"], ev["ppl"])
             ckpt_metrics = {"heldout_loss": ev["loss"]}
         if boundary:
-            run.save(step, ckpt_metrics)
+            with log.paused("checkpoints"):
+                run.save(step, ckpt_metrics)
         stop.should_stop(step)
     if pending is not None:
         settle(pending)
-    bar.close()
+    log.close()
     return step
+
+
+def _training_log(run: _Run, step: int) -> progress.TrainingLog:
+    """The lead host's log (`training.progress`); MFU where `config.logging.peak_flops` (one
+    device's peak FLOP/s) is set."""
+    cfg, t = run.config.get("logging") or {}, run.config.train
+    peak = float(cfg.get("peak_flops", 0) or 0) * run.mesh.size
+    return progress.TrainingLog(
+        t.steps,
+        step,
+        run.tokens_per_step,
+        bar=cfg.get("progress_bar", None),
+        enabled=run.is_lead,
+        flops_per_token=run.model.flops_per_token(t.seq_len)["train"] if peak else 0.0,
+        peak_flops=peak,
+    )
 
 
 def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:

@@ -1,0 +1,162 @@
+"""The package stands on its own: its metadata agrees with itself, and a wheel built with
+`python -m build` works from a fresh venv, with no checkout on the path.
+
+The slow test copies the tracked sources to a temporary directory (the build writes its
+egg-info and build/ next to the sources), builds the sdist and the wheel from it (without
+build isolation where setuptools and wheel are installed, else in build's isolated
+environment, which fetches them from the package index), installs the wheel with
+`--no-deps` into a venv that sees this interpreter's packages (JAX and the rest), and runs,
+from a directory outside the checkout with PYTHONPATH unset: every console script's --help,
+`gpn-summary` on the config shipped in the package, a two-step `gpn-train` of it,
+`gpn-export`, and `gpn_jax.load(...).generate(...)`.
+"""
+
+import configparser
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gpn_jax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _setup_cfg():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def _console_scripts() -> dict[str, str]:
+    text = _setup_cfg()["options.entry_points"]["console_scripts"]
+    pairs = [line.split("=", 1) for line in text.strip().splitlines()]
+    return {name.strip(): target.strip() for name, target in pairs}
+
+
+def test_one_version_license_and_citation():
+    cfg = _setup_cfg()
+    assert cfg["metadata"]["version"] == "attr: gpn_jax.__version__"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", gpn_jax.__version__)
+    citation = (ROOT / "CITATION.cff").read_text()
+    assert re.search(r"^version: (\S+)$", citation, re.M).group(1) == gpn_jax.__version__
+    assert 'title: "A Single-Layer Model Can Do Language Modeling"' in citation
+    assert "arXiv:2605.10643" in citation
+    assert re.search(r"^license: (\S+)$", citation, re.M).group(1) == "Apache-2.0"
+    assert cfg["metadata"]["license"] == "Apache-2.0"
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert "Copyright The gpn_jax Authors" in license_text
+
+
+def test_python_requires_is_what_the_code_needs():
+    """StrEnum and datetime.UTC are 3.11's; the dev extra names each package once."""
+    cfg = _setup_cfg()
+    assert cfg["options"]["python_requires"] == ">=3.11"
+    dev = [ln.split("#")[0].strip() for ln in cfg["options.extras_require"]["dev"].splitlines()]
+    names = [re.match(r"[A-Za-z0-9_.\-]+", ln).group().lower() for ln in dev if ln]
+    assert len(names) == len(set(names)), f"listed twice in [dev]: {names}"
+
+
+def test_importing_the_package_loads_no_jax():
+    code = "import sys, gpn_jax; print(gpn_jax.__version__, 'jax' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.split() == [gpn_jax.__version__, "False"]
+
+
+def _copy_sources(dest: pathlib.Path) -> pathlib.Path:
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout.split()  # fmt: skip
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def _build_requirements_installed() -> bool:
+    """pyproject.toml's build requirements (setuptools>=68, wheel) are installed here."""
+    from importlib import metadata
+
+    try:
+        major = int(metadata.version("setuptools").split(".")[0])
+        metadata.version("wheel")
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return major >= 68
+
+
+def _build_wheel(tmp: pathlib.Path) -> pathlib.Path:
+    src = _copy_sources(tmp / "src")
+    dist = tmp / "dist"
+    # without isolation where pyproject.toml's build requirements are installed (no network),
+    # else build's own isolated environment (which installs them from the package index)
+    isolation = ["--no-isolation"] if _build_requirements_installed() else []
+    out = subprocess.run(
+        [sys.executable, "-m", "build", *isolation, "--outdir", str(dist), str(src)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (wheel,) = dist.glob("gpn_jax-*.whl")
+    return wheel
+
+
+def _venv(tmp: pathlib.Path, wheel: pathlib.Path) -> pathlib.Path:
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, str(wheel)], check=True, capture_output=True, timeout=300)
+    return venv
+
+
+def _runner(venv: pathlib.Path, cwd: pathlib.Path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+
+    def run(*args, codes=(0,)) -> str:
+        out = subprocess.run(
+            list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert out.returncode in codes, f"{args}: {out.stderr[-2000:]}"
+        assert "Traceback" not in out.stderr, f"{args}: {out.stderr[-2000:]}"
+        return out.stdout + out.stderr
+
+    return run
+
+
+@pytest.mark.slow
+def test_the_wheel_works_from_a_fresh_venv(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    venv = _venv(tmp_path, wheel)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = _runner(venv, elsewhere)
+    python = str(venv / "bin" / "python")
+    where = run(python, "-c", "import gpn_jax; print(gpn_jax.__file__, gpn_jax.__version__)")
+    path, version = where.split()[-2:]
+    assert path.startswith(str(venv)) and version == gpn_jax.__version__  # not the checkout's
+    package = pathlib.Path(path).parent
+    for pattern in ("kernels/cpu/*.cc", "kernels/cpu/*.h", "configs/demo.py"):
+        assert list(package.glob(pattern)), f"the wheel lacks gpn_jax/{pattern}"
+    for script in _console_scripts():  # absl's --help exits with 1, argparse's with 0
+        assert "--" in run(str(venv / "bin" / script), "--help", codes=(0, 1)), script
+    demo = str(package / "configs" / "demo.py")
+    assert "parameters" in run("gpn-summary", f"--config={demo}")
+    short = ["--config.train.steps=2", "--config.train.checkpoint_every=2"]
+    short += ["--config.train.eval_every=0", "--config.train.final_eval_batches=1"]
+    run("gpn-train", f"--config={demo}", "--workdir=run", *short)
+    run("gpn-export", "--workdir=run", "--out=model")
+    code = "import gpn_jax; print(repr(gpn_jax.load('model').generate('The', max_new_tokens=4)))"
+    text = run(python, "-c", code).strip().splitlines()[-1]
+    assert text.startswith("'The"), text
