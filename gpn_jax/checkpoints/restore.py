@@ -86,9 +86,7 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
             jax.eval_shape(model.init, jax.random.PRNGKey(0)),
         )
         if step is None:
-            got, params, _, _, meta = ckpt.restore_latest_good(
-                target, params_only=True, warn=False
-            )
+            got, params, _, _, meta = ckpt.restore_latest_good(target, params_only=True, warn=False)
         else:
             got, params, _, _, meta = ckpt.restore(target, step, params_only=True)
         _say_step(ckpt, got)
@@ -126,7 +124,9 @@ def check_tokenizer(meta: dict, tokenizer: Tokenizer | None, path: str, step: in
     if want == "absent":
         if tokenizer is not None and path not in _WARNED_NO_DIGEST:
             _WARNED_NO_DIGEST.add(path)
-            log.warning("checkpoint step %d records no tokenizer digest: %s not verified", step, path)
+            log.warning(
+                "checkpoint step %d records no tokenizer digest: %s not verified", step, path
+            )
         return
     got = tokenizer_sha256(tokenizer)
     if got == want:
