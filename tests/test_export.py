@@ -26,7 +26,13 @@ from gpn_jax.training.optimizer import make_optimizer
 from tests.helpers.training import tiny_bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["README.md", "config.json", "model.safetensors", "tokenizer.model"]
+FILES = [
+    ".gpn_jax-outputs.json",
+    "README.md",
+    "config.json",
+    "model.safetensors",
+    "tokenizer.model",
+]
 FINAL = {"heldout_ppl": 123.456, "unigram_ppl": 400.5, "heldout_tokens": 6144, "step": 3}
 
 
@@ -260,14 +266,13 @@ def test_a_huge_header_length_is_refused_before_reading(exported, tmp_path):
 def test_export_refuses_a_foreign_non_empty_directory(workdir, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
-    (out / "README.md").write_text("my notes")
+    (out / "NOTES.md").write_text("my notes")
     with pytest.raises(ValueError, match="not an earlier export of this run; .*--overwrite"):
         export(workdir, str(out))
-    assert (
-        sorted(os.listdir(out)) == ["README.md"] and (out / "README.md").read_text() == "my notes"
-    )
-    export(workdir, str(out), overwrite=True)
-    assert sorted(os.listdir(out)) == FILES
+    assert sorted(os.listdir(out)) == ["NOTES.md"] and (out / "NOTES.md").read_text() == "my notes"
+    export(workdir, str(out), overwrite=True)  # adds the export's files; the user's stay
+    assert sorted(os.listdir(out)) == sorted([*FILES, "NOTES.md"])
+    assert (out / "NOTES.md").read_text() == "my notes"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".mine.")]  # no temporaries left
 
 
