@@ -215,6 +215,18 @@ def test_a_fifo_in_a_step_is_damage_not_a_hang(run, name, capsys):
     assert restored.step == 1 and "is not a regular file" in capsys.readouterr().err
 
 
+def test_a_fifo_as_checkpoint_metadata_is_one_line_not_a_hang(run):
+    """orbax itself reads every step's `_CHECKPOINT_METADATA` when a manager opens: that step
+    cannot be skipped, so the reader stops in one line naming it."""
+    wd, _, step_dir = run
+    path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+    os.remove(path)
+    os.mkfifo(path)
+    err = _load_in_thread(wd, lambda: os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK)))
+    assert isinstance(err, CheckpointError) and "\n" not in str(err)
+    assert str(err).startswith(f"{path} is a FIFO: step 2 is damaged; move {step_dir} aside")
+
+
 def test_a_link_out_of_the_step_is_damage(run, capsys):
     """A metadata file replaced by a symlink to an identical copy outside the step (a link to
     /dev/zero the same way: never followed, so never read without end)."""
