@@ -152,6 +152,32 @@ def test_a_stale_lock_of_a_killed_trainer_is_taken_over_with_a_warning(run, capl
     assert len(said) == 1 and "host elsewhere, pid 4242" in said[0]
 
 
+def test_the_lock_of_a_trainer_killed_with_sigkill_is_taken_over(tmp_path, caplog):
+    """Across processes: the holder is refused to others while alive, and its lock is taken
+    over (with a warning naming it) once `kill -9` ended it."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpn_jax.checkpoints import lock
+
+    code = (
+        "import sys, time; from gpn_jax.checkpoints import lock; "
+        f"lock.acquire({str(tmp_path)!r}); print('held', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=f"pid {holder.pid}, started "):
+            lock.acquire(str(tmp_path))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with caplog.at_level(logging.WARNING):
+        lock.acquire(str(tmp_path)).release()
+    assert f"pid {holder.pid}" in caplog.text and "taking over the workdir lock" in caplog.text
+
+
 # ----------------------------------------------------------------- case 3: user files kept
 def test_re_export_keeps_the_users_files(run, tmp_path):
     wd, _, _ = run
