@@ -163,7 +163,7 @@ class Checkpointer:
             "data": grain.checkpoint.CheckpointHandler(),
         }
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
-        failures.check_step_metadata(self.directory)
+        step_files.check_step_metadata(self.directory)
         self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
 
     def save(
