@@ -4,7 +4,7 @@ Evaluation, analysis, generation, export and lm-eval's harness all start here (`
 so they see exactly what training saved, verified as resume verifies it: every step is
 checked (complete, regular files only, its step number, every array read against its
 checksum) before use, a damaged one is skipped for the newest good one, and one line on
-stderr says which step was used and why any was skipped. They only read the workdir (local
+stderr says which step was used and why it skipped any (the log alone, if none was). They only read the workdir (local
 or `gs://`): nothing is created, probed, cleaned, moved or deleted there, and no lock is taken.
 """
 
@@ -99,13 +99,14 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
 
 
 def _say_step(ckpt: Checkpointer, step: int) -> None:
-    """One line on stderr: the step used and, if any was skipped, why."""
+    """The step used, in the log; if a damaged one was skipped, also one line on stderr
+    saying which and why (a clean load prints nothing, so its one-line errors stay one)."""
     line = f"using checkpoint step {step} of {ckpt.directory}"
-    if ckpt.skipped:
-        why = "; ".join(f"step {s}: {reason}" for s, reason in ckpt.skipped)
-        line += f" (skipped damaged {why})"
-    log.info(line)
-    print(line, file=sys.stderr)
+    if not ckpt.skipped:
+        log.info(line)
+        return
+    why = "; ".join(f"step {s}: {reason}" for s, reason in ckpt.skipped)
+    print(f"{line} (skipped damaged {why})", file=sys.stderr)
 
 
 def tokenizer_sha256(tokenizer: Tokenizer | None) -> str | None:
