@@ -4,8 +4,9 @@ Evaluation, analysis, generation, export and lm-eval's harness all start here (`
 so they see exactly what training saved, verified as resume verifies it: every step is
 checked (complete, regular files only, its step number, every array read against its
 checksum) before use, a damaged one is skipped for the newest good one, and one line on
-stderr says which step was used and why it skipped any (the log alone, if none was). They only read the workdir (local
-or `gs://`): nothing is created, probed, cleaned, moved or deleted there, and no lock is taken.
+stderr says which step was used and why it skipped any (the log alone, if none was). They
+only read the workdir (local or `gs://`): nothing is created, probed, cleaned, moved or
+deleted there, and no lock is taken.
 """
 
 import atexit
