@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from experiments.configs import gpn_m_tiny
 from gpn_jax.checkpoints import model_dir as md
 from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.checkpoints.restore import load_run
+from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
@@ -49,7 +49,8 @@ def workdir(tmp_path_factory):
     data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=wd,
                       seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
     with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        ckpt.save(3, state, data.train.get_state(), c.to_dict(), {"step": 3}, force=True)
+        meta = {"step": 3, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
+        ckpt.save(3, state, data.train.get_state(), c.to_dict(), meta, force=True)
     with open(os.path.join(wd, "final_metrics.json"), "w") as f:
         json.dump(FINAL, f)
     return wd
