@@ -350,3 +350,27 @@ def test_two_same_shape_tensors_with_swapped_offsets_do_not_load(run, tmp_path):
     with pytest.raises(ValueError, match="sha256") as e:
         load(out)
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------- case 2 on an object store
+def test_the_object_store_lock_refuses_a_live_holder_and_takes_over_a_silent_one(
+    tmp_path, monkeypatch, caplog
+):
+    """The `gs://` protocol (create if absent, read back, heartbeat age), run through epath on
+    a local folder standing in for the bucket."""
+    import time
+
+    from gpn_jax.checkpoints import lock
+
+    monkeypatch.setattr(lock.paths, "is_remote", lambda p: True)
+    path = tmp_path / lock.LOCK_FILE
+    held = lock.acquire(str(tmp_path))
+    with pytest.raises(CheckpointError, match=f"pid {os.getpid()}, started "):
+        lock.acquire(str(tmp_path))
+    held.release()
+    assert not path.exists()  # released: the object is gone
+    silent = {"host": "elsewhere", "pid": 4242, "started": 1.0}
+    path.write_text(json.dumps(silent | {"heartbeat": time.time() - lock.STALE_S - 1}))
+    with caplog.at_level(logging.WARNING):
+        lock.acquire(str(tmp_path)).release()
+    assert "taking over the workdir lock" in caplog.text and "pid 4242" in caplog.text
