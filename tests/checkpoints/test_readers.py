@@ -374,3 +374,21 @@ def test_the_object_store_lock_refuses_a_live_holder_and_takes_over_a_silent_one
     with caplog.at_level(logging.WARNING):
         lock.acquire(str(tmp_path)).release()
     assert "taking over the workdir lock" in caplog.text and "pid 4242" in caplog.text
+
+
+def test_init_from_a_fifo_is_one_line_not_a_hang(tmp_path):
+    """`train.init_from=paper:` reads the paper's pickle as a regular file only."""
+    from gpn_jax.checkpoints import paper_pickle
+
+    path = str(tmp_path / "checkpoint.pkl")
+    os.mkfifo(path)
+    box = {}
+    thread = threading.Thread(
+        target=lambda: box.update(out=_try(lambda: paper_pickle.load(path))), daemon=True
+    )
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("paper_pickle.load hung on a FIFO")
+    assert isinstance(box["out"], ValueError) and "is a FIFO" in str(box["out"])
