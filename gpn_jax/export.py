@@ -36,26 +36,27 @@ def export(
 ) -> dict:
     """Writes the (given or newest readable) checkpoint of `workdir` to `out`; returns config.json.
 
-    `out` is written whole into a temporary sibling and renamed into place, so it is never
-    seen half-written. It must be new, empty or an earlier export of the same run; any other
-    non-empty directory is replaced only with `overwrite`. Never the run's workdir, a
-    directory inside it or one holding it.
+    `out` is written whole into a temporary sibling and moved into place. It must be new,
+    empty or an earlier export of the same run; an earlier export of another run, or a
+    folder the export did not create, only with `overwrite`. Either way only the files an
+    export wrote there (its marker, `checkpoints.owned_dir`) are replaced: a user's files
+    are never deleted or overwritten. Never the run's workdir, a directory inside it or one
+    holding it.
     """
     from gpn_jax.checkpoints import model_card, model_dir
     from gpn_jax.checkpoints.restore import load_run
 
     if not out:
         raise ValueError("--out is required")
-    replace = _check_out(workdir, out, overwrite)  # before any work
+    _check_out(workdir, out, overwrite)  # before any work
     run = load_run(workdir, step)
     record = model_dir.make_record(run)
     card = model_card.model_card(run, record, command or f"gpn-export --workdir={workdir}")
-    model_dir.save_model_dir_atomic(run, out, record, card, replace)
-    return record
+    return model_dir.save_model_dir_atomic(run, out, record, card)
 
 
-def _check_out(workdir: str, out: str, overwrite: bool) -> bool:
-    """Whether `out` exists and is to be replaced; a one-line ValueError if it may not be."""
+def _check_out(workdir: str, out: str, overwrite: bool) -> None:
+    """A one-line ValueError if the export may not write into `out`."""
     import os
 
     from gpn_jax.checkpoints import model_dir
@@ -67,13 +68,11 @@ def _check_out(workdir: str, out: str, overwrite: bool) -> bool:
             "give a directory outside the run"
         )
     if not os.path.lexists(out):
-        return False
+        return
     if not os.path.isdir(out) or os.path.islink(out):
         raise ValueError(f"--out={out} exists and is not a directory; give a new directory")
-    if not os.listdir(out):
-        return True
-    if overwrite or model_dir.exported_from(out) == run:
-        return True
+    if not os.listdir(out) or overwrite or model_dir.exported_from(out) == run:
+        return
     raise ValueError(
         f"--out={out} is a non-empty directory that is not an earlier export of this run; "
         "give a new directory, or --overwrite to replace it"
@@ -89,7 +88,10 @@ def _define_flags() -> None:
     _FLAGS["out"] = flags.DEFINE_string("out", None, "Directory to write the model to.")
     _FLAGS["step"] = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest).")
     _FLAGS["overwrite"] = flags.DEFINE_bool(
-        "overwrite", False, "Replace a non-empty --out that is not an export of this run."
+        "overwrite",
+        False,
+        "Write into a non-empty --out that is not an export of this run (replacing only "
+        "files an export wrote there, never a user's).",
     )
     flags.mark_flags_as_required(["workdir", "out"])
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.checkpoints.restore import load_run
+from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
@@ -48,7 +48,8 @@ def workdir(tmp_path_factory):
         heldout_fraction=c.data.heldout_fraction,
     )  # fmt: skip  (trains and saves the tokenizer)
     with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        ckpt.save(2, state, data.train.get_state(), c.to_dict(), {"step": 2}, force=True)
+        meta = {"step": 2, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
+        ckpt.save(2, state, data.train.get_state(), c.to_dict(), meta, force=True)
     return wd
 
 

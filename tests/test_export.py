@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from experiments.configs import gpn_m_tiny
 from gpn_jax.checkpoints import model_dir as md
 from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.checkpoints.restore import load_run
+from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
@@ -26,7 +26,13 @@ from gpn_jax.training.optimizer import make_optimizer
 from tests.helpers.training import tiny_bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["README.md", "config.json", "model.safetensors", "tokenizer.model"]
+FILES = [
+    ".gpn_jax-outputs.json",
+    "README.md",
+    "config.json",
+    "model.safetensors",
+    "tokenizer.model",
+]
 FINAL = {"heldout_ppl": 123.456, "unigram_ppl": 400.5, "heldout_tokens": 6144, "step": 3}
 
 
@@ -43,7 +49,8 @@ def workdir(tmp_path_factory):
     data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=wd,
                       seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
     with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        ckpt.save(3, state, data.train.get_state(), c.to_dict(), {"step": 3}, force=True)
+        meta = {"step": 3, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
+        ckpt.save(3, state, data.train.get_state(), c.to_dict(), meta, force=True)
     with open(os.path.join(wd, "final_metrics.json"), "w") as f:
         json.dump(FINAL, f)
     return wd
@@ -260,14 +267,13 @@ def test_a_huge_header_length_is_refused_before_reading(exported, tmp_path):
 def test_export_refuses_a_foreign_non_empty_directory(workdir, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
-    (out / "README.md").write_text("my notes")
+    (out / "NOTES.md").write_text("my notes")
     with pytest.raises(ValueError, match="not an earlier export of this run; .*--overwrite"):
         export(workdir, str(out))
-    assert (
-        sorted(os.listdir(out)) == ["README.md"] and (out / "README.md").read_text() == "my notes"
-    )
-    export(workdir, str(out), overwrite=True)
-    assert sorted(os.listdir(out)) == FILES
+    assert sorted(os.listdir(out)) == ["NOTES.md"] and (out / "NOTES.md").read_text() == "my notes"
+    export(workdir, str(out), overwrite=True)  # adds the export's files; the user's stay
+    assert sorted(os.listdir(out)) == sorted([*FILES, "NOTES.md"])
+    assert (out / "NOTES.md").read_text() == "my notes"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".mine.")]  # no temporaries left
 
 

@@ -15,7 +15,13 @@ damage too. The record is the step's `checksums` item, written by orbax with the
 
     {"format": "gpn_jax-checksums", "version": 1,
      "leaves": {"['params']['w']": {"dtype": "float32", "shape": [4, 6], "hash": "<16 hex>"}},
-     "json": {"config": "<sha256>", "meta": "<sha256>", "data": "<sha256>"}}
+     "json": {"config": "<sha256>", "meta": "<sha256>", "data": "<sha256>"},
+     "step": 2}
+
+Leaves are compared by their path's names alone (`leaf_name`): a trainer's `TrainState`
+writes `.params['w']`, a parameters-only reader restores `['params']['w']`, and both are
+the leaf `params/w`. A restored leaf the record does not name is damage, never skipped. The
+`step` (absent from records of older saves) must equal the step directory's name.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpn_jax.checkpoints import step_files
 from gpn_jax.checkpoints.failures import Damaged
 
 FORMAT, VERSION = "gpn_jax-checksums", 1
@@ -102,14 +109,31 @@ def json_digest(item: Any) -> str:
     return hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()
 
 
-def make(state: Any, items: Mapping[str, Any]) -> dict:
-    """The `checksums` item of a step saving `state` and the JSON `items`."""
-    return {
+def make(state: Any, items: Mapping[str, Any], step: int | None = None) -> dict:
+    """The `checksums` item of step `step` saving `state` and the JSON `items`."""
+    record = {
         "format": FORMAT,
         "version": VERSION,
         "leaves": leaf_record(state),
         "json": {name: json_digest(value) for name, value in items.items()},
     }
+    return record if step is None else record | {"step": int(step)}
+
+
+_KEY = re.compile(r"\.(\w+)|\['((?:[^'\\]|\\.)*)'\]|\[\"((?:[^\"\\]|\\.)*)\"\]|\[(\d+)\]")
+
+
+def leaf_name(path: str) -> str:
+    """`.params['w']` and `['params']['w']` -> `params/w`: a leaf's path by its names alone,
+    whatever container (NamedTuple attribute, dict key, list index) holds it. A path of
+    another form is returned unchanged."""
+    names, end = [], 0
+    for m in _KEY.finditer(path):
+        if m.start() != end:
+            return path
+        names.append(next(g for g in m.groups() if g is not None))
+        end = m.end()
+    return "/".join(names) if end == len(path) else path
 
 
 def validate(record: Any, where: str) -> dict:
@@ -122,6 +146,7 @@ def validate(record: Any, where: str) -> dict:
         and isinstance(record.get("json"), dict)
         and all(isinstance(v, str) for v in record["json"].values())
         and all(_valid_leaf(v) for v in record["leaves"].values())
+        and (type(record.get("step", 0)) is int and record.get("step", 0) >= 0)
     )
     if not ok:
         raise Damaged(f"{where} is not a checksum record")
@@ -139,8 +164,24 @@ def _valid_leaf(v: Any) -> bool:
     )
 
 
+def verify_step(step: int, record: dict | None, meta: dict, where: str) -> None:
+    """Damaged if the step inside (the checksum record's, else the trainer's `meta`) is not
+    the directory's name `step`: a copied or renamed step would be resumed as the newest
+    and the training since its real step silently lost."""
+    for inside, source in (
+        ((record or {}).get("step"), "checksum record"),
+        (meta.get("step"), "meta"),
+    ):
+        if type(inside) is int and inside != step:
+            raise Damaged(
+                f"{where} holds step {inside} (its {source} says so), not the step its "
+                "directory name says"
+            )
+
+
 def verify(record: dict, state: Any, items: Mapping[str, Any], where: str) -> None:
-    """Damaged naming the first leaf or JSON item of `where` whose checksum differs.
+    """Damaged naming the first leaf or JSON item of `where` whose checksum differs, or a
+    restored leaf the record has no checksum for.
 
     Only what was restored is checked (a parameters-only restore checks the parameters); a
     leaf restored in another dtype or shape than saved (a deliberate cast) is not compared.
@@ -149,9 +190,12 @@ def verify(record: dict, state: Any, items: Mapping[str, Any], where: str) -> No
         saved = record["json"].get(name)
         if saved is not None and saved != json_digest(value):
             raise Damaged(f"checksum mismatch in {where}: item {name!r} differs from the saved one")
+    leaves = {leaf_name(k): v for k, v in record["leaves"].items()}
     for path, got in leaf_record(state).items():
-        saved = record["leaves"].get(path)
-        if saved is None or (saved["dtype"], saved["shape"]) != (got["dtype"], got["shape"]):
+        saved = leaves.get(leaf_name(path))
+        if saved is None:
+            raise Damaged(f"{where}: array {path} was read but its checksum record lacks it")
+        if (saved["dtype"], saved["shape"]) != (got["dtype"], got["shape"]):
             continue
         if saved["hash"] != got["hash"]:
             raise Damaged(f"checksum mismatch in {where}: array {path} differs from the saved one")
@@ -178,9 +222,14 @@ def _listed(step_dir) -> list:
     return sorted(out)
 
 
+def _sha256(path) -> str:
+    """sha256 of a step's metadata file (regular, bounded: `step_files.read_bytes`)."""
+    return hashlib.sha256(step_files.read_bytes(path)).hexdigest()
+
+
 def file_record(step_dir) -> dict:
     """{"format", "version", "files": {relative path: sha256}} of a finalized step."""
-    files = {rel: hashlib.sha256(p.read_bytes()).hexdigest() for rel, p in _listed(step_dir)}
+    files = {rel: _sha256(p) for rel, p in _listed(step_dir)}
     return {"format": FORMAT + "-files", "version": VERSION, "files": files}
 
 
@@ -190,7 +239,7 @@ def verify_files(step_dir, where: str) -> bool:
     path = step_dir / "checksums" / FILES
     if not path.exists():
         return False
-    record = json.loads(path.read_text())
+    record = step_files.read_json(path)
     ok = (
         isinstance(record, dict)
         and record.get("format") == FORMAT + "-files"
@@ -203,6 +252,6 @@ def verify_files(step_dir, where: str) -> bool:
     for rel, digest in sorted(record["files"].items()):
         if rel not in present:  # names are only compared, never opened: no path leaves the step
             raise Damaged(f"{where}: {rel} is missing")
-        if hashlib.sha256(present[rel].read_bytes()).hexdigest() != digest:
+        if _sha256(present[rel]) != digest:
             raise Damaged(f"checksum mismatch in {where}: {rel} differs from the saved file")
     return True

@@ -171,29 +171,3 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     msg = " ".join(str(e).split())
     text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def check_step_metadata(directory: str) -> None:
-    """A one-line CheckpointError naming the first step whose `_CHECKPOINT_METADATA` is JSON
-    of the wrong type: orbax reads every step's when a manager opens the directory and fails
-    on such a file (an unparsable one it skips, and restore then finds the step's damage)."""
-    from etils import epath
-
-    from gpn_jax.io.errors import CheckpointError
-
-    root = epath.Path(directory)
-    if not root.exists():
-        return
-    for step_dir in sorted(root.iterdir()):
-        path = step_dir / "_CHECKPOINT_METADATA"
-        if not step_dir.name.isdigit() or not path.exists():
-            continue
-        try:
-            value = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if not isinstance(value, dict):
-            raise CheckpointError(
-                f"{path} is a JSON {type(value).__name__}, not an object: step {step_dir.name} "
-                f"is damaged; move {step_dir} aside (e.g. to {step_dir}.unreadable-0) and rerun"
-            )

@@ -28,9 +28,10 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from gpn_jax.checkpoints import checksums, failures, step_files
+from gpn_jax.checkpoints import items as items_lib
+from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
 
@@ -38,26 +39,6 @@ log = logging.getLogger(__name__)
 
 
 _JSON_ITEMS = ("config", "meta", "checksums")
-
-
-class _DataState(grain.DatasetIterator):
-    """A data-iterator position as Grain's orbax handler saves and restores it (the
-    `DatasetIterator` protocol: `get_state` / `set_state` of a JSON dict). A copy frozen at
-    save time: the trainer's iterator moves on while an async save is being written. Any
-    iterator's state fits (the Grain window pipeline's, or `recall:`'s own generator's)."""
-
-    def __init__(self, state: dict | None = None):
-        super().__init__()
-        self.state = state
-
-    def __next__(self):
-        raise StopIteration
-
-    def get_state(self) -> dict:
-        return self.state
-
-    def set_state(self, state: dict) -> None:
-        self.state = state
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:
@@ -92,51 +73,6 @@ def _remove_unfinished(directory: str, level: int = logging.WARNING) -> None:
         tmp.get().rmtree()
 
 
-def _preservation_policy(keep, keep_best, best_metric, best_mode):
-    """Keep the latest `keep` steps plus the best `keep_best` by metric.
-
-    orbax's `max_to_keep` + `best_fn` keeps only the best N (not latest N plus
-    best M), so the union is built explicitly from its policies.
-    """
-    policies = [ocp_policies.LatestN(n=keep)]
-    if keep_best is not None:
-        policies.append(
-            ocp_policies.BestN(
-                get_metric_fn=lambda m: float(m[best_metric]),
-                # BestN sorts ascending and keeps the tail; reverse for 'min'.
-                reverse=best_mode == "min",
-                n=keep_best,
-                # Steps saved without the metric are governed by LatestN alone.
-                keep_checkpoints_without_metrics=False,
-            )
-        )
-    return ocp_policies.AnyPreservationPolicy(policies)
-
-
-def _abstract_leaf(x: Any) -> Any:
-    """Concrete jax arrays -> ShapeDtypeStruct carrying their sharding."""
-    if isinstance(x, jax.Array):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-    return x
-
-
-def _json_safe(tree: Mapping[str, Any] | None) -> dict:
-    """Converts numpy/jax scalars so json.dumps accepts them."""
-    if tree is None:
-        return {}
-
-    def conv(v):
-        if isinstance(v, Mapping):
-            return {str(k): conv(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [conv(x) for x in v]
-        if hasattr(v, "item") and getattr(v, "ndim", None) == 0:
-            return v.item()
-        return v
-
-    return conv(tree)
-
-
 class Checkpointer:
     """Saves/restores training checkpoints with keep-N/keep-best retention.
 
@@ -153,12 +89,16 @@ class Checkpointer:
         cleanup_tmp: Delete leftover tmp dirs of killed saves at construction.
             Set False in processes that only read a directory another process
             may be saving into (e.g. an evaluator), or they would break its save.
-        read_only: Only read: no directory creation, write probe or tmp-dir
+        read_only: Only read: no lock, directory creation, write probe or tmp-dir
             cleanup, and orbax's own read-only mode (no save, delete or
             metadata write). What evaluators and analyses use.
 
+    A writer (not `read_only`) holds the workdir's lock (`checkpoints.lock`) from here to
+    `close`, before it removes anything: a second writer is refused in one line naming the
+    holder, and never deletes the first one's unfinished save.
+
     Raises:
-        CheckpointError: If the directory is not usable.
+        CheckpointError: If the directory is not usable, or another trainer holds its lock.
     """
 
     def __init__(
@@ -183,6 +123,18 @@ class Checkpointer:
                 raise CheckpointError(f"no checkpoint in {paths.absolute(workdir)}")
         else:
             self.directory = _prepare_directory(workdir)
+        self._lock = None
+        if not read_only and jax.process_index() == 0:  # one lock per run, not per host
+            self._lock = workdir_lock.acquire(paths.absolute(workdir))
+        try:
+            self._open(keep, keep_best, best_metric, best_mode, async_save, cleanup_tmp, read_only)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _open(self, keep, keep_best, best_metric, best_mode, async_save, cleanup_tmp, read_only):
+        """The rest of `__init__`, once the lock (a writer's) is held."""
+        self.skipped: list[tuple[int, str]] = []  # (step, why) of the last restore_latest_good
         if cleanup_tmp and not read_only:
             # Here, synchronously, not by orbax's background thread: it cannot race restore/close.
             _remove_unfinished(self.directory)
@@ -199,7 +151,9 @@ class Checkpointer:
             # orbax only writes/reads per-step metrics when best_fn is set.
             best_fn=(lambda m: float(m[best_metric])) if self._track_best else None,
             best_mode=best_mode,
-            preservation_policy=_preservation_policy(keep, keep_best, best_metric, best_mode),
+            preservation_policy=items_lib.preservation_policy(
+                keep, keep_best, best_metric, best_mode
+            ),
             enable_async_checkpointing=async_save and not read_only,
             create=not read_only,
             read_only=read_only,
@@ -209,7 +163,7 @@ class Checkpointer:
             "data": grain.checkpoint.CheckpointHandler(),
         }
         handlers.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
-        failures.check_step_metadata(self.directory)
+        step_files.check_step_metadata(self.directory)
         self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
 
     def save(
@@ -237,18 +191,18 @@ class Checkpointer:
             False if orbax skipped the step (e.g. a step >= `step` exists).
         """
         items = {
-            "config": _json_safe(config_dict),
-            "meta": _json_safe(meta),
-            "data": _json_safe(data_state),
+            "config": items_lib.json_safe(config_dict),
+            "meta": items_lib.json_safe(meta),
+            "data": items_lib.json_safe(data_state),
         }
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(_DataState(items["data"])),
+            data=grain.checkpoint.CheckpointSave(items_lib.DataState(items["data"])),
             config=ocp.args.JsonSave(items["config"]),
             meta=ocp.args.JsonSave(items["meta"]),
-            checksums=ocp.args.JsonSave(checksums.make(state, items)),
+            checksums=ocp.args.JsonSave(checksums.make(state, items, step)),
         )
-        metrics = _json_safe(metrics)
+        metrics = items_lib.json_safe(metrics)
         # Steps lacking the metric are not ranked (orbax treats None as "none").
         ranked = metrics if self._track_best and self.best_metric in metrics else None
         self.wait_until_finished()  # a failure of the previous async save names its own step
@@ -287,8 +241,10 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        if step not in self.all_steps():
+            raise CheckpointError(f"no checkpoint step {step} in {self.directory}")
         try:
-            return self._restore_verified(target, step, params_only)
+            return self._restore_checked(target, step, None, params_only)
         except failures.Damaged as e:
             raise CheckpointError(
                 f"checkpoint step {step} in {self.directory} is damaged: {e}"
@@ -297,7 +253,7 @@ class Checkpointer:
     def _restore_verified(self, target: Any, step: int, params_only: bool) -> tuple:
         """`restore` of one step; Damaged for a checksum mismatch or a wrong-typed item."""
         record = self._read_checksums(step)
-        abstract = jax.tree.map(_abstract_leaf, target)
+        abstract = jax.tree.map(items_lib.abstract_leaf, target)
         names = ("config", "meta")
         json_args = {k: ocp.args.JsonRestore() for k in names} | self._data_args(step)
         # Safe on untrusted files: StandardRestore reads tensorstore arrays into `abstract`'s
@@ -317,6 +273,7 @@ class Checkpointer:
             log.info("checkpoint step %d has no checksums (an older save): not verified", step)
         else:
             checksums.verify(record, state, items, where)
+        checksums.verify_step(step, record, items["meta"], where)
         state = state["params"] if params_only else state
         return step, state, items["data"], items["config"], items["meta"]
 
@@ -339,7 +296,7 @@ class Checkpointer:
     def _data_args(self, step: int) -> dict:
         """Restore args of the `data` item if Grain's handler wrote this host's file."""
         if (self._step_path(step) / "data" / step_files.grain_file(jax.process_index())).exists():
-            return {"data": grain.checkpoint.CheckpointRestore(_DataState())}
+            return {"data": grain.checkpoint.CheckpointRestore(items_lib.DataState())}
         return {}
 
     def _data_state(self, step: int, out) -> dict:
@@ -350,7 +307,7 @@ class Checkpointer:
             return out["data"].get_state()
         folder = self._step_path(step) / "data"
         files = sorted(folder.glob("process_0-of-*.json")) or [folder / step_files.JSON_FILE]
-        return json.loads(files[0].read_text())
+        return step_files.read_json(files[0])
 
     def _restore_params(self, step: int, abstract_params: Any) -> Any:
         """The `params` subtree of `step`'s state item, read alone.
@@ -375,6 +332,7 @@ class Checkpointer:
         quarantine: bool = False,
         check_config: Callable[[dict], None] | None = None,
         params_only: bool = False,
+        warn: bool = True,
     ) -> tuple[int, Any, dict, dict, dict]:
         """Restores the newest step that reads cleanly, warning on each damaged one.
 
@@ -392,6 +350,8 @@ class Checkpointer:
             check_config: Called with a step's JSON config before its arrays are read (e.g.
                 to reject a checkpoint of another model); its exceptions propagate.
             params_only: As for `restore`.
+            warn: Log a warning per damaged step (else the caller reports `self.skipped`,
+                the (step, reason) of each, in its own words).
 
         Returns:
             As for `restore`.
@@ -402,12 +362,15 @@ class Checkpointer:
         """
         self.wait_until_finished()
         reasons, bad = [], []
+        self.skipped = []
         for step in sorted(self.all_steps(), reverse=True):
             try:
                 restored = self._restore_checked(target, step, check_config, params_only)
             except failures.Damaged as e:
-                log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
+                if warn:
+                    log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
                 reasons.append(f"step {step}: {e}")
+                self.skipped.append((step, str(e)))
                 bad.append(step)
                 continue
             if quarantine and bad:
@@ -525,13 +488,26 @@ class Checkpointer:
 
     def _check_files(self, step: int) -> None:
         """failures.Damaged if `step` lacks a part or a metadata file differs from its record."""
+        step_files.check_tree(self._step_path(step))  # before anything opens its files
         missing = [p for p in step_files.REQUIRED_PARTS if not (self._step_path(step) / p).exists()]
         if missing:
             raise failures.Damaged(f"incomplete (missing {', '.join(missing)})")
         checksums.verify_files(self._step_path(step), f"step {step}")
 
+    def release_lock(self) -> None:
+        """Gives back the workdir lock (a writer's; idempotent). `close` does it too."""
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+            self._lock = None
+
     def close(self) -> None:
-        """Waits for pending saves and releases orbax resources."""
+        """Waits for pending saves, releases orbax resources and the workdir lock."""
+        try:
+            self._close()
+        finally:
+            self.release_lock()
+
+    def _close(self) -> None:
         if self._write_failed:
             try:  # orbax re-raises the failed save's error on every wait; reported already
                 self._mngr.close()

@@ -16,13 +16,26 @@ _FAMILY_NAMES = {
 }
 
 
+_MAX_METRICS_BYTES = 1 << 20
+_PPL_FIELDS = {"heldout_ppl": float, "unigram_ppl": float, "heldout_tokens": int}
+
+
 def _final_metrics(workdir: str) -> dict | None:
+    """The run's final held-out metrics, or None if the file is absent, not a regular file
+    (a directory, a FIFO), not JSON, or lacks them (a run without a held-out set)."""
+    from gpn_jax.io.regular import read_regular_file
+
     path = os.path.join(workdir, "final_metrics.json")
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        final = json.loads(read_regular_file(path, _MAX_METRICS_BYTES))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
+    if not isinstance(final, dict) or not all(
+        isinstance(final.get(k), t | int) and not isinstance(final.get(k), bool)
+        for k, t in _PPL_FIELDS.items()
+    ):
+        return None
+    return final
 
 
 def _architecture(config, model) -> list[str]:

@@ -10,6 +10,13 @@
                               under "model" for readers that only want the architecture
     <dir>/tokenizer.model     the SentencePiece model (absent for runs without one, e.g. recall)
     <dir>/README.md           a model card (`gpn_jax.checkpoints.model_card`)
+    <dir>/.gpn_jax-outputs.json  the files the export wrote (`checkpoints.owned_dir`): a
+                              re-export replaces only those, never a user's file there
+
+config.json also records the sha256 of every tensor's bytes ("tensor_sha256") and of every
+file the loader reads ("files_sha256": model.safetensors, tokenizer.model), checked on
+load: a flipped byte, or two same-shape tensors whose offsets were swapped in the header,
+is refused. An export made before these digests loads with one warning.
 
 Loading needs neither orbax nor the training workdir. A directory whose tensors disagree
 with its config (missing, extra or mis-shaped tensor) or whose tokenizer is not the one
@@ -19,12 +26,15 @@ directory makes, and they would otherwise surface as a shape error deep in a jit
 
 import hashlib
 import json
+import logging
 import math
 import os
 
 import jax
 import ml_collections
+import numpy as np
 
+from gpn_jax.checkpoints import owned_dir
 from gpn_jax.checkpoints.restore import RestoredRun
 from gpn_jax.data.tokenizer import load_tokenizer
 from gpn_jax.io.files import atomic_write
@@ -40,11 +50,25 @@ WEIGHTS, CONFIG, TOKENIZER, CARD = (
     "README.md",
 )
 FORMAT = "gpn_jax"
+LAYOUT = (WEIGHTS, CONFIG, TOKENIZER, CARD)  # what an export before markers wrote
+log = logging.getLogger(__name__)
 
 
 def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """sha256 of the regular file `path`, read in chunks (a FIFO or device is refused)."""
+    from gpn_jax.io.regular import open_regular
+
+    digest = hashlib.sha256()
+    f, _ = open_regular(path)
+    with f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tensor_sha256(value) -> str:
+    """sha256 of a tensor's bytes as safetensors stores them (C order, little-endian)."""
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(value)).tobytes()).hexdigest()
 
 
 def flatten(params: dict, prefix: str = "") -> dict:
@@ -94,43 +118,48 @@ def exported_from(model_dir: str) -> str | None:
     return source if isinstance(source, str) else None
 
 
-def save_model_dir_atomic(run, out: str, record: dict, card: str, replace: bool) -> None:
-    """`save_model_dir` into a temporary sibling of `out`, then renamed to `out` (an existing
-    `out` is replaced only if `replace`: moved aside, then deleted)."""
-    import shutil
-    import tempfile
-
-    out = os.path.abspath(out)
-    parent, name = os.path.split(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-    try:
-        save_model_dir(run, tmp, record, card)
-        old = None
-        if replace and os.path.lexists(out):
-            old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-            os.rename(out, os.path.join(old, name))
-        os.rename(tmp, out)  # fails if `out` appeared meanwhile: nothing of the user's is lost
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def tool_files(out: str) -> list[str] | None:
+    """The files of `out` the export wrote: its marker's list, else (an export made before
+    markers) the known layout if its config.json is an export's; None for a foreign folder."""
+    owned = owned_dir.owned_files(out)
+    if owned is None and exported_from(out) is not None:
+        owned = [f for f in LAYOUT if os.path.isfile(os.path.join(out, f))]
+    return owned
 
 
-def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> None:
-    """Writes `run` to `out` as the module docstring lays out."""
+def save_model_dir_atomic(run, out: str, record: dict, card: str) -> dict:
+    """`save_model_dir` into a temporary sibling of `out`, then moved into `out`
+    (`owned_dir.write_owned`: only the export's own files there are replaced). Returns the
+    config.json record written (with its digests)."""
+    written = {}
+
+    def write(folder: str) -> None:
+        written.update(save_model_dir(run, folder, record, card))
+
+    owned_dir.write_owned(out, write, tool_files(out) if os.path.isdir(out) else None)
+    return written
+
+
+def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> dict:
+    """Writes `run` to `out` as the module docstring lays out; returns config.json's record."""
     from safetensors.flax import save_file
 
     os.makedirs(out, exist_ok=True)
-    tensors = flatten(jax.device_get(run.params))
+    tensors = {k: np.asarray(v) for k, v in flatten(jax.device_get(run.params)).items()}
     save_file({k: jax.numpy.asarray(v) for k, v in tensors.items()}, os.path.join(out, WEIGHTS))
+    files = {WEIGHTS: file_sha256(os.path.join(out, WEIGHTS))}
     if run.tokenizer is not None:
         atomic_write(os.path.join(out, TOKENIZER), run.tokenizer.model_proto)
+        files[TOKENIZER] = file_sha256(os.path.join(out, TOKENIZER))
+    record = record | {
+        "tensor_sha256": {k: tensor_sha256(v) for k, v in tensors.items()},
+        "files_sha256": files,
+    }
     with open(os.path.join(out, CONFIG), "w") as f:
         json.dump(record, f, indent=2, sort_keys=True)
     with open(os.path.join(out, CARD), "w") as f:
         f.write(card)
+    return record
 
 
 _MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB; more is not one of ours
@@ -172,7 +201,34 @@ def read_record(model_dir: str) -> dict:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise _refuse(path, f"its step is {step!r}, not a non-negative integer")
     _check_tokenizer_fields(record, path)
+    for field in ("tensor_sha256", "files_sha256"):
+        digests = record.get(field, {})
+        if not isinstance(digests, dict) or not all(
+            isinstance(v, str) and len(v) == 64 for v in digests.values()
+        ):
+            raise _refuse(path, f"its {field} is not a map of names to sha256 digests")
     return record
+
+
+def verify_digests(model_dir: str, record: dict, tensors: dict) -> None:
+    """ValueError naming the first file or tensor whose sha256 is not the recorded one; an
+    export made before digests is warned about and used."""
+    if "tensor_sha256" not in record:
+        log.warning("%s records no tensor digests (an older export): not verified", model_dir)
+        return
+    fix = "the file was changed or damaged; copy it again or re-export the model"
+    for name, want in sorted(record.get("files_sha256", {}).items()):
+        if name != WEIGHTS:  # the tokenizer is checked where it is read (`tokenizer_path`)
+            continue
+        got = file_sha256(os.path.join(model_dir, name))
+        if got != want:
+            raise _refuse(os.path.join(model_dir, name), f"sha256 {got[:12]}... is not the "
+                          f"{want[:12]}... {CONFIG} records", fix)  # fmt: skip
+    want = record["tensor_sha256"]
+    for name in sorted(tensors):
+        if tensor_sha256(tensors[name]) != want.get(name):
+            raise _refuse(os.path.join(model_dir, WEIGHTS), f"tensor {name!r} is not the "
+                          f"tensor {CONFIG} records (its sha256 differs)", fix)  # fmt: skip
 
 
 def _check_tokenizer_fields(record: dict, path: str) -> None:
@@ -311,6 +367,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
     tensors = read_tensors(path, expected)
+    verify_digests(model_dir, record, tensors)
     tok_path = tokenizer_path(model_dir, record)
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.

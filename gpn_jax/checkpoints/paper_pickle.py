@@ -30,6 +30,8 @@ import jax
 import numpy as np
 import optax
 
+from gpn_jax.io.regular import open_regular
+
 # (our group, our name) <-> paper name, for groups shared by both families.
 _SHARED = {
     ("embed",): "embedding",
@@ -353,9 +355,11 @@ _UNREADABLE = (
 
 def read_pickle(path: str):
     """Unpickles `path` with `_PaperUnpickler`; a refused global or a bad file is one ValueError."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a paper checkpoint pickle")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        f, size = open_regular(path)  # a FIFO or device is refused, not read
+        with f:
             return _PaperUnpickler(_Capped(f, size), size).load()
     except _Refused as e:
         what = " ".join(e.global_name.split())[:200]

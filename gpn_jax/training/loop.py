@@ -10,6 +10,7 @@ non-finite is ever saved. The config is validated (`validate`) before any work.
 import itertools
 import json
 import math
+import os
 import signal
 import threading
 
@@ -20,6 +21,7 @@ from jax.experimental import multihost_utils
 
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.checkpoints.restore import tokenizer_sha256
 from gpn_jax.io import paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.models import accounting, factory
@@ -79,6 +81,9 @@ def prepare_workdir(workdir: str) -> str:
         paths.probe_writable(workdir)
     except OSError as e:
         raise ValueError(f"workdir {workdir} is not writable: {e.strerror or e}") from None
+    final = paths.join(workdir, FINAL_METRICS)  # written at the end: a blocker fails now
+    if not paths.is_remote(final) and os.path.lexists(final) and not os.path.isfile(final):
+        raise ValueError(f"{final} is not a regular file; move it away, the run writes it")
     return workdir
 
 
@@ -233,6 +238,7 @@ class _Run:
     # ---------------------------------------------------------------- steps
     def save(self, step: int, metrics: dict | None = None, force: bool = False):
         meta = {"step": step, "tokens_seen": step * self.tokens_per_step}
+        meta["tokenizer_sha256"] = tokenizer_sha256(self.data.tokenizer)  # readers check it
         self.ckpt.save(
             step,
             self.state,
@@ -375,8 +381,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
     """
     run = _Run(config, workdir)
-    with jax.set_mesh(run.mesh):
-        return _train(run.init_or_restore())
+    try:
+        with jax.set_mesh(run.mesh):
+            return _train(run.init_or_restore())
+    finally:
+        run.ckpt.release_lock()  # also when the run fails before `_train` closes it
 
 
 def _train(run: _Run) -> dict:

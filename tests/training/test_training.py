@@ -1,6 +1,7 @@
 """The training system: bit-identical resume, accumulation, outputs, divergence, corrupt checkpoints."""
 
 import glob
+import hashlib
 import json
 import os
 
@@ -36,6 +37,9 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert s1 == s2 == 4
     chex.assert_trees_all_equal(a, b)
     assert data_a == data_b and meta_a == meta_b
+    tokenizer = open(os.path.join(straight, "tokenizer.model"), "rb").read()
+    assert meta_a["tokenizer_sha256"] == hashlib.sha256(tokenizer).hexdigest()  # readers check it
+    assert open(os.path.join(straight, ".gpn_jax.lock")).read() == ""  # released: no holder
     # What the user sees: metrics as JSONL and TensorBoard events, final metrics with both PPLs.
     rows = [json.loads(line) for line in open(os.path.join(straight, "metrics.jsonl"))]
     rows = [r for r in rows if "run_info" not in r]  # the session's first record
