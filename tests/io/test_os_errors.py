@@ -200,6 +200,7 @@ def test_a_file_size_limit_in_prepare_is_one_line(tmp_path, jsonl, tokenizer_pat
 def workdir(tmp_path_factory):
     """A gpn_m_tiny checkpoint at step 1, saved as training saves one."""
     from gpn_jax.checkpoints.manager import Checkpointer
+    from gpn_jax.checkpoints.restore import tokenizer_sha256
     from gpn_jax.models import factory
     from gpn_jax.training import train_step as ts
     from gpn_jax.training.optimizer import make_optimizer
@@ -214,7 +215,8 @@ def workdir(tmp_path_factory):
     data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=wd,
                       seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
     with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        ckpt.save(1, state, data.train.get_state(), c.to_dict(), {"step": 1}, force=True)
+        meta = {"step": 1, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
+        ckpt.save(1, state, data.train.get_state(), c.to_dict(), meta, force=True)
     return wd
 
 
