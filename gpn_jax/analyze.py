@@ -36,8 +36,8 @@ flags.mark_flags_as_required(["workdir"])
 
 def analyze(workdir: str) -> dict:
     from gpn_jax.analysis import AnalysisConfig
-    from gpn_jax.analysis.runner import analyze as run_analysis
-    from gpn_jax.analysis.runner import check_analysis_out, check_model
+    from gpn_jax.analysis.analyses import analyze as run_analysis
+    from gpn_jax.analysis.analyses import check_analysis_out, check_model
     from gpn_jax.checkpoints.restore import load_run
 
     config = AnalysisConfig(

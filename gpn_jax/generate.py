@@ -51,7 +51,7 @@ def _prompt_ids(run, tokenizer) -> list[int]:
 def generate(workdir: str | None, model_dir: str | None = None) -> list:
     from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import sampling
-    from gpn_jax.eval.runner import run_tokenizer
+    from gpn_jax.eval.suite import run_tokenizer
 
     cfg = sampling.SamplingConfig(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _GREEDY.value)
     run = load_either(workdir, model_dir, _STEP.value)

@@ -4,7 +4,7 @@
     python experiments/bench/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
-`gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
+`gpn_jax/core/fused_window.py`, loaded as a module of its own, and its own per-token product
 kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is used here
 (`GPN_JAX_NATIVE`), built and registered under a name of its own (the memory kernels,
 `gpn_jax.kernels.cpu.memory`, and every other module a window imports are the checked-out ones, so
@@ -43,7 +43,7 @@ _XLA_OPTIONS = flags.DEFINE_string(
     "xla_options", "", "JSON list of XLA compile options, one object per revision; '': none."
 )
 
-PATH = "gpn_jax/core/fast_window.py"
+PATH = "gpn_jax/core/fused_window.py"
 KERNEL = "gpn_jax/kernels/cpu/small_matmul.cc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _KERNELS = itertools.count()  # kernels registered by this process
@@ -67,7 +67,7 @@ def revision_file(rev: str, path: str, tmp: str) -> str | None:
 
 
 def load_window(rev: str, tmp: str):
-    """The fast_window module of `rev`, imported under a name of its own."""
+    """The fused_window module of `rev`, imported under a name of its own."""
     source = revision_file(rev, PATH, tmp)
     if source is None:
         raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}")
@@ -121,10 +121,10 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
     from gpn_jax.kernels.cpu import small_matmul
 
-    steps, original = [], (gpn_model.fast_window, small_matmul.TARGET, small_matmul.load)
+    steps, original = [], (gpn_model.fused_window, small_matmul.TARGET, small_matmul.load)
     with tempfile.TemporaryDirectory() as tmp:
         for rev, opts in zip(revs, options, strict=True):
-            gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
+            gpn_model.fused_window = load_window(rev, tmp)  # read when the step is traced
             kernel = load_kernel(rev, tmp)
             if kernel is not None:  # read when the step is traced, as the window
                 small_matmul.TARGET, tile = kernel
@@ -135,7 +135,7 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
                 first = str(e).strip().splitlines()[0]
                 raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
             finally:
-                gpn_model.fast_window, small_matmul.TARGET, small_matmul.load = original
+                gpn_model.fused_window, small_matmul.TARGET, small_matmul.load = original
     return steps
 
 

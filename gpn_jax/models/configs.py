@@ -1,6 +1,6 @@
 """The model families' frozen config dataclasses, importable without JAX.
 
-Loading an experiment config builds one of these (`gpn_jax.configs.common.model_block`), so a
+Loading an experiment config builds one of these (`gpn_jax.configs.recipe.model_block`), so a
 bad config is reported before JAX, Flax or the training stack is imported. The model modules
 (`gpn`, `gdn`, `transformer`) re-export their own config; the math lives there.
 """
@@ -23,11 +23,11 @@ def check_dtype(name: str) -> None:
 class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
-    FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
+    FUSED (the default): `core.fused_window` (fused projections, custom VJP with weight
     gradients out of the loop, cross-entropy gradients in the forward pass), tensor parallelism
     over whole memory heads and d_ffn slices; no interventions, and no tensor size that does
     not divide n_heads and d_ffn (both refused with an error naming AUTODIFF). AUTODIFF: the
-    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
+    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.autodiff_window`), any
     intervention, any mesh; the tests compare FUSED against it."""
 
     AUTODIFF = "autodiff"

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax import kernels as kernels_lib
-from gpn_jax.core import fast_window, fused_layout, fused_loss, gpn, window
+from gpn_jax.core import autodiff_window, fused_layout, fused_loss, fused_window, gpn
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.kernel_ops import MemoryKernels
@@ -136,7 +136,7 @@ def _fused_scan(
             "(model.autodiff(), or scan_impl='autodiff' in the config)"
         )
     tp, axis = blocks
-    return fast_window.scan_window_fused(
+    return fused_window.scan_window_fused(
         cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis,
         kernels=kernels,
     )  # fmt: skip
@@ -148,7 +148,7 @@ def _impl(scan_impl: ScanImpl, blocks=(1, None), kernels: MemoryKernels | None =
     if scan_impl is ScanImpl.FUSED:
         scan = partial(_fused_scan, blocks=blocks, kernels=kernels)
         return _Impl(scan, fused_loss.cross_entropy_sum_fused)
-    return _Impl(window.scan_window, _autodiff_ce_sum)
+    return _Impl(autodiff_window.scan_window, _autodiff_ce_sum)
 
 
 class GPN(SpecModel):
@@ -193,7 +193,7 @@ class GPN(SpecModel):
         """The model to run with its logical axes split as `splits` ({axis: (mesh axis, size)},
         split axes only) under GSPMD: the fused window lays its matrices out in column blocks
         of whole memory heads and d_ffn columns, one per device of the axis that splits both
-        (`core.fast_window`, "Tensor parallelism"); the autodiff scan needs nothing.
+        (`core.fused_window`, "Tensor parallelism"); the autodiff scan needs nothing.
 
         Raises:
           ValueError: the fused window with heads and d_ffn split differently, or a split
@@ -327,7 +327,7 @@ class GPN(SpecModel):
                        sequences: passes * n_rec * w / B; decode + embedding read twice per
                        loss chunk of C positions and their float32 gradient read + written;
           weight_grads float32 accumulators of n_rec read + written once per fused segment of
-                       S steps (`fast_window`), once per step under autodiff;
+                       S steps (`fused_window`), once per step under autodiff;
           activations  the per-step residuals (fused widths) written once and read once, plus
                        the predicted state, its cotangent, xg and its cotangent;
           memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
@@ -346,7 +346,7 @@ class GPN(SpecModel):
         write_cols = hk + hu + 2 * h if c.memory else 0
         layer_cols = 2 * f + d + (hk + hu if c.memory else 0)
         n_rec = d * (write_cols + L * layer_cols) + L * (f + hu) * d + d * d
-        S = c.remat_segment or fast_window.default_segment(T)
+        S = c.remat_segment or fused_window.default_segment(T)
         C = loss_lib.chunk_size(T, c.loss_chunk)
         passes = 3 if c.remat_segment else 2
         per_step_grads = c.scan_impl is ScanImpl.AUTODIFF

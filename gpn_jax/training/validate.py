@@ -216,7 +216,7 @@ def check_logging(config) -> None:
 
 
 def check_remat_segment(config) -> None:
-    """The window splits into whole remat segments (`core.window` checks it again)."""
+    """The window splits into whole remat segments (`core.autodiff_window` checks it again)."""
     segment, seq_len = config.model.get("remat_segment", 0), config.train.seq_len
     if segment and seq_len % segment:
         raise ValueError(

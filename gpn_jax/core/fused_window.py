@@ -1,6 +1,6 @@
 """The GPN / GPN+M window with a hand-scheduled backward pass (`GPNConfig.scan_impl="fused"`).
 
-Same math as `gpn_jax.core.window.scan_window` over `gpn.step` (gradients equal to plain
+Same math as `gpn_jax.core.autodiff_window.scan_window` over `gpn.step` (gradients equal to plain
 autodiff within float32 rounding), arranged so the per-token loop only does what is truly
 recurrent. The window is in parts, each a module of its own:
 
@@ -31,7 +31,7 @@ in float32 and passes it unchanged through the storage rounding.
 
 Interventions (`gpn.Intervention`) are not supported here: `gpn_jax.models.gpn` refuses
 them with an error naming the reference `autodiff` scan (which the ablations use).
-`tests/core/test_fast_window.py` runs the window (and its block layout, on one device) against
+`tests/core/test_fused_window.py` runs the window (and its block layout, on one device) against
 autodiff; `tests/parallel/test_sharding.py` reads the collectives off the optimised HLO.
 """
 
@@ -169,7 +169,7 @@ def scan_window_fused(
     tp_axis: str | None = None,
     kernels: MemoryKernels | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
-    """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
+    """Drop-in for `autodiff_window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
     `keep_TxB` (0 at a document start) resets the incoming carry of those steps. `tp` column
     blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout).
     `kernels`: the memory's passes and products by these (`kernel_ops`); None: XLA's."""
