@@ -36,6 +36,7 @@ autodiff; `tests/parallel/test_sharding.py` reads the collectives off the optimi
 """
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +70,6 @@ def _make_window(dm: Dims):
     def window(fw, s0, zk0, M0, xg, keep=None):
         return window_primal(dm, fw, s0, zk0, M0, xg, keep)
 
-    def fwd(fw, s0, zk0, M0, xg, keep=None):
-        return window_fwd(dm, fw, s0, zk0, M0, xg, keep)
-
     def bwd(saved, cts):
         dsT, dMT, dP, dG = cts
         if dm.memory:  # float32 cotangent whatever the memory's storage dtype
@@ -81,7 +79,7 @@ def _make_window(dm: Dims):
         dM0 = None if dM0 is None else dM0.astype(saved[4].dtype)
         return dfw, ds0, dzk0, dM0, dxg, None if keep is None else jnp.zeros_like(keep)
 
-    window.defvjp(fwd, bwd)
+    window.defvjp(partial(window_fwd, dm), bwd)
     return window
 
 

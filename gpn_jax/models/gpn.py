@@ -9,9 +9,7 @@ the module only declares and initialises parameters and never runs the math.
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from functools import partial
-from typing import NamedTuple
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -113,42 +111,22 @@ def weight_decay_mask(params) -> dict:
 
 
 # ----------------------------------------------------------------------------- scan_impl
-class _Impl(NamedTuple):
-    """What `scan_impl` selects: the window scan and the summed cross-entropy."""
-
-    scan: Callable  # (cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB) -> (carry, StepOutput)
-    ce_sum: Callable  # (cp, p_TxBxD, targets_TxB, chunk) -> CE sum
-
-
 def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
-def _fused_scan(
-    cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1, None), kernels=None
-):
-    """The fused window; it has no interventions and says so rather than switching scans.
-    `blocks`: (tp, mesh axis) of its tensor-parallel layout (`GPN.partitioned`); `kernels`: the
-    resolved `model.kernels` (None: the XLA formulas)."""
+def _ce_sum(scan_impl: ScanImpl):
+    """The summed cross-entropy of `scan_impl`: (cp, p_TxBxD, targets_TxB, chunk) -> CE sum."""
+    return fused_loss.cross_entropy_sum_fused if scan_impl is ScanImpl.FUSED else _autodiff_ce_sum
+
+
+def _check_no_intervention(iv: Intervention) -> None:
+    """The fused window has no interventions and says so rather than switching scans."""
     if any(x is not None for x in iv):
         raise ValueError(
             "scan_impl='fused' does not run interventions; use the reference scan "
             "(model.autodiff(), or scan_impl='autodiff' in the config)"
         )
-    tp, axis = blocks
-    return fused_window.scan_window_fused(
-        cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis,
-        kernels=kernels,
-    )  # fmt: skip
-
-
-def _impl(scan_impl: ScanImpl, blocks=(1, None), kernels: MemoryKernels | None = None) -> _Impl:
-    """The one place `scan_impl` is dispatched (looked up when a loss is traced); `blocks`:
-    the fused window's tensor-parallel layout (`GPN.partitioned`); `kernels`: its kernels."""
-    if scan_impl is ScanImpl.FUSED:
-        scan = partial(_fused_scan, blocks=blocks, kernels=kernels)
-        return _Impl(scan, fused_loss.cross_entropy_sum_fused)
-    return _Impl(autodiff_window.scan_window, _autodiff_ce_sum)
 
 
 class GPN(SpecModel):
@@ -161,7 +139,7 @@ class GPN(SpecModel):
         platform: str | None = None,
     ):
         """`tensor_blocks`: (tp, mesh axis) of the fused window's tensor-parallel layout, set by
-        `partitioned` (what `parallel.spmd.ShardedModel` runs); (1, None) on one device.
+        `partitioned` (what `parallel.spmd.DataParallel` runs); (1, None) on one device.
         `platform`: the one `model.kernels` is resolved for (None: `jax.default_backend()`;
         `on_platform` sets it, e.g. to compile for a TPU from a CPU host)."""
         self.config = config
@@ -244,8 +222,16 @@ class GPN(SpecModel):
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         keep = None if resets is None else 1.0 - jnp.asarray(resets, jnp.float32).T
-        scan = _impl(self.config.scan_impl, self.tensor_blocks, self.kernels()).scan
-        carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv, keep)
+        segment = self.config.remat_segment
+        if self.config.scan_impl is not ScanImpl.FUSED:
+            carry, out = autodiff_window.scan_window(cp, carry, xg_TxBxD, segment, iv, keep)
+            return out, carry, cp
+        _check_no_intervention(iv)
+        tp, axis = self.tensor_blocks  # its tensor-parallel layout (`partitioned`)
+        carry, out = fused_window.scan_window_fused(
+            cp, carry, xg_TxBxD, segment, keep_TxB=keep, tp=tp, tp_axis=axis,
+            kernels=self.kernels(),
+        )  # fmt: skip
         return out, carry, cp
 
     def loss(
@@ -263,7 +249,7 @@ class GPN(SpecModel):
             loss = masked_mean(ce_TxB.T, mask)
             metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
             return loss, (carry, metrics)
-        ce_sum = _impl(self.config.scan_impl).ce_sum
+        ce_sum = _ce_sum(self.config.scan_impl)
         total = ce_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
         loss = total / tokens_BxT.size
         metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
