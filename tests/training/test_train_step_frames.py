@@ -44,7 +44,9 @@ def _path_to(module, monkeypatch, scan_impl: str, grad_accum: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module, scan_impl", [(fused_forward, "fused"), (core_gpn, "autodiff")], ids=["fused", "autodiff"]
+    "module, scan_impl",
+    [(fused_forward, "fused"), (core_gpn, "autodiff")],
+    ids=["fused", "autodiff"],
 )
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_at_most_twelve_frames_from_the_train_step_to_the_per_token_step(
