@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpn_jax.checkpoints.failures import Damaged
+from gpn_jax.io.files import sha256_file
 
 FORMAT, VERSION = "gpn_jax-checksums", 1
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)
@@ -180,7 +181,7 @@ def _listed(step_dir) -> list:
 
 def file_record(step_dir) -> dict:
     """{"format", "version", "files": {relative path: sha256}} of a finalized step."""
-    files = {rel: hashlib.sha256(p.read_bytes()).hexdigest() for rel, p in _listed(step_dir)}
+    files = {rel: sha256_file(p) for rel, p in _listed(step_dir)}
     return {"format": FORMAT + "-files", "version": VERSION, "files": files}
 
 
@@ -203,6 +204,6 @@ def verify_files(step_dir, where: str) -> bool:
     for rel, digest in sorted(record["files"].items()):
         if rel not in present:  # names are only compared, never opened: no path leaves the step
             raise Damaged(f"{where}: {rel} is missing")
-        if hashlib.sha256(present[rel].read_bytes()).hexdigest() != digest:
+        if sha256_file(present[rel]) != digest:
             raise Damaged(f"checksum mismatch in {where}: {rel} differs from the saved file")
     return True

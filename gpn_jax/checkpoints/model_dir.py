@@ -27,7 +27,7 @@ import ml_collections
 
 from gpn_jax.checkpoints.restore import RestoredRun
 from gpn_jax.data.tokenizer import load_tokenizer
-from gpn_jax.io.files import atomic_write
+from gpn_jax.io.files import atomic_write, sha256_file
 from gpn_jax.io.provenance import package_version
 from gpn_jax.models import factory
 from gpn_jax.models import params as params_lib
@@ -40,11 +40,6 @@ WEIGHTS, CONFIG, TOKENIZER, CARD = (
     "README.md",
 )
 FORMAT = "gpn_jax"
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def flatten(params: dict, prefix: str = "") -> dict:
@@ -279,7 +274,7 @@ def tokenizer_path(model_dir: str, record: dict) -> str | None:
         raise ValueError(f"{path} leaves {model_dir}; re-export the model")
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} lacks {record['tokenizer_file']!r}, which {CONFIG} records")
-    got = file_sha256(path)
+    got = sha256_file(path)
     if got != record.get("tokenizer_sha256"):
         raise ValueError(
             f"{path} has sha256 {got[:12]}..., {CONFIG} records "

@@ -9,7 +9,6 @@ where reading and each split's writer stand, and is removed once the manifest ex
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 
@@ -21,14 +20,6 @@ PROGRESS = "progress.json"
 TOKENIZER = "tokenizer.model"
 SPLITS = ("train", "heldout")
 FORMAT = "gpn_jax.prepare/1"
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_json(path: str, obj: dict) -> None:
