@@ -117,11 +117,6 @@ def pca_components(lam: np.ndarray, q: float) -> int:
     return int(np.searchsorted(cum, q - 1e-12) + 1)
 
 
-def cumulative_variance(lam: np.ndarray) -> np.ndarray:
-    lam = np.sort(np.asarray(lam, np.float64))[::-1]
-    return np.cumsum(lam) / max(lam.sum(), 1e-300)
-
-
 def correlation(cov: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
     """The correlation matrix of `cov` restricted to `alive` dims (default: std > 0)."""
     std = np.sqrt(np.clip(np.diag(cov), 0.0, None))

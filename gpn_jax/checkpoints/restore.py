@@ -85,11 +85,6 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     return RestoredRun(config, model, params, tokenizer, got, workdir)
 
 
-def run_data(run: RestoredRun, cache_dir: str | None = None):
-    """`run.data(cache_dir)` (kept for older callers)."""
-    return run.data(cache_dir)
-
-
 @functools.cache
 def _temporary_cache() -> str:
     path = tempfile.mkdtemp(prefix="gpn_jax_cache-")
