@@ -262,17 +262,22 @@ def test_loop_costs_times_the_fused_windows_matrix_shapes():
 
 def test_window_ab_loads_each_revisions_window():
     """`experiments/bench/window_ab.py` compiles the bench step with the fused window of each git
-    revision it is given: the checked-out file as a module of its own, and a clear exit for a
+    revision it is given: the window and every `core/fused_*` part it imports, as a package of
+    its own (so a revision's forward / backward are its own too), and a clear exit for a
     revision that does not exist."""
     import tempfile
 
     from experiments.bench import window_ab
-    from gpn_jax.core import fused_window
+    from gpn_jax.core import fused_forward, fused_window
 
     with tempfile.TemporaryDirectory() as tmp:
         mod = window_ab.load_window("worktree", tmp)
-        assert mod is not fused_window and mod.__file__ == fused_window.__file__
+        assert mod is not fused_window and mod.__file__.startswith(tmp)
         assert mod.default_segment(512) == fused_window.default_segment(512)
+        parts = {m.__name__.split(".")[0] for m in (mod, sys.modules[mod.window_fwd.__module__])}
+        assert (
+            parts == {mod.__name__.split(".")[0]} and mod.window_fwd is not fused_forward.window_fwd
+        )
         committed = window_ab.load_window("HEAD", tmp)  # from `git show`, into tmp
         assert committed.__file__.startswith(tmp) and callable(committed.scan_window_fused)
         with pytest.raises(SystemExit, match="no gpn_jax/core/fused_window.py at revision 'nope'"):
