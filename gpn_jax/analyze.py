@@ -2,8 +2,8 @@
 
     python -m gpn_jax.analyze --workdir=/tmp/run --out=/tmp/run/analysis
 
-State geometry, the mean direction s̄, state and memory horizons (SPEC "Analyses the paper
-reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
+State geometry, the mean direction s̄, state and memory horizons (the paper's analyses)
+and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
 `--out` (required: the run's workdir is only read; token caches go to `--cache_dir` or a
 temporary directory) and prints the ablation table. Thin absl launcher over
 `gpn_jax.analysis.analyze`. User errors print one line and exit with status 1.

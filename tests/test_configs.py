@@ -20,7 +20,7 @@ def load(name, arg=None):
 
 
 def test_gpn_m_1l_parameter_count_is_pinned():
-    # The paper's stated sizes; a change here means the model no longer matches SPEC's table.
+    # The paper's stated sizes; a change here means the model no longer matches the paper's table.
     counts = accounting.param_counts(factory.build_model(load("gpn_m_1l_130m").model))
     assert counts["total"] == 129_151_902
     assert counts["groups"]["embed"] == 32_000 * 768

@@ -1,4 +1,4 @@
-"""The package's import arrows all point down (../shared/ARCHITECTURE.md, README "Layout").
+"""The package's import arrows all point down (README "Layout", docs/design.md).
 
 Every module of gpn_jax is parsed with `ast` (nothing is imported), top-level and
 function-level imports alike, and each import of a gpn_jax module is checked against the

@@ -1,4 +1,4 @@
-"""GPN (no memory), one predict layer, 130M parameters (SPEC table, row 3).
+"""GPN (no memory), one predict layer, 130M parameters, as in the paper.
 
 Paper: d=3184. The paper does not state d_emb or d_ffn; we keep d_emb=768 (as GPN+M) and choose
 d_ffn=8320 so the model lands at 129,234,848 parameters (-0.6 % of 130M;

@@ -1,4 +1,4 @@
-"""GPN+M, one predict layer, 130M parameters — the paper's main model (SPEC table, row 1).
+"""GPN+M, one predict layer, 130M parameters — the paper's main model.
 
 Sizes are the paper's: d=2496, d_emb=768, d_ffn=6656, 15 heads x 128 x 256 (491,520 memory cells),
 vocab 32,000: 129,151,902 parameters (`python -m gpn_jax.summary --config=<this file>`).

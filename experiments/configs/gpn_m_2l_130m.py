@@ -1,4 +1,4 @@
-"""GPN+M, two predict layers, 130M parameters (SPEC table, row 2).
+"""GPN+M, two predict layers, 130M parameters (the paper's two-layer GPN+M).
 
 Paper: d=1920, d_emb=768, 11 heads x 128 x 256 (360,448 memory cells). The paper does not state
 d_ffn; we choose d_ffn=4800 so the model lands at 129,099,926 parameters (-0.7 % of 130M;

@@ -133,7 +133,7 @@ def mean_abs_offdiag(corr: np.ndarray) -> float:
 
 
 def geometry(moments: Moments, dead_rel: float = 1e-3) -> dict:
-    """The state-geometry numbers of SPEC from streamed moments (centred spectrum, see module)."""
+    """The paper's state-geometry numbers from streamed moments (centred spectrum, see module)."""
     cov = moments.covariance
     std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     dead = std < dead_rel * std.max() if std.max() > 0 else np.ones_like(std, bool)

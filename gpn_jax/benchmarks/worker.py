@@ -1,4 +1,4 @@
-"""Runs one benchmark spec and writes its records: `python -m gpn_jax.benchmarks.worker SPEC OUT`.
+"""Runs one benchmark spec and writes its records: `python -m gpn_jax.benchmarks.worker SPEC_JSON OUT_JSON`.
 
 A fresh process per spec makes each record's peak host RSS its own (the process peak is
 monotone, so records measured in one process would inherit each other's peaks). After the

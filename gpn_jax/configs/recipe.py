@@ -15,7 +15,7 @@ from gpn_jax.models import factory
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The paper's recipe (SPEC): AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0."""
+    """The paper's recipe: AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0."""
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()  # filled by each experiment: family + its fields
@@ -41,7 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.learning_rate = 6e-4  # peak LR
     c.train.warmup_steps = 100
     c.train.min_lr_ratio = 0.1  # cosine decays to this fraction of the peak
-    c.train.weight_decay = 0.1  # matrices only (SPEC)
+    c.train.weight_decay = 0.1  # matrices only (as the paper)
     c.train.b1 = 0.9
     c.train.b2 = 0.95
     c.train.grad_clip = 1.0  # global-norm clipping

@@ -52,7 +52,7 @@ def dt_bias_init(key, shape, dtype=jnp.float32):
 
 
 def param_specs(c: GPNConfig) -> dict:
-    """Every GPN(+M) parameter with SPEC's initialisation and its logical axes (see
+    """Every GPN(+M) parameter with the paper's initialisation and its logical axes (see
     `gpn_jax.models.params`). Square mixing matrices that feed element-wise gates (`wpg`,
     `gate_w`) and the decode / ground projections stay whole over `heads`-like splits."""
     d, e, f = c.d_model, c.d_emb, c.d_ffn
