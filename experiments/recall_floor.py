@@ -7,7 +7,7 @@ runs take (the trainer's own jitted step at the cell's batch and sequence length
 device, after warm-up; best of `--repeats` timings of `--steps` steps) and prints it next to
 the step's FLOPs (`model.flops_per_token(seq_len)["train"]` x batch x seq_len), the FLOP/s it
 reaches and that as a fraction of the float32 matmul peak measured in the same run
-(`gpn_jax.benchmarks.common.peak_matmul_flops`). Then, over the whole grid (every family, cell,
+(`gpn_jax.benchmarks.measure.peak_matmul_flops`). Then, over the whole grid (every family, cell,
 learning rate and seed at `steps` steps): the total FLOPs, the time they take at the measured
 peak (the floor no implementation beats), and the time at the measured step times (stepping
 only: compile, data and evaluation come on top). Nothing is trained or written.
@@ -32,7 +32,7 @@ from gpn_jax.parallel import core_pool
 def measure(sweep, family: str, cell, steps: int, repeats: int) -> tuple[float, float]:
     """(best wall seconds per training step, training FLOPs per step by the model's own
     accounting) of one run of `family` in `cell`."""
-    from gpn_jax.benchmarks.common import time_calls
+    from gpn_jax.benchmarks.measure import time_calls
     from gpn_jax.models import factory
     from gpn_jax.parallel import mesh as meshlib
     from gpn_jax.training import setup
@@ -111,7 +111,7 @@ def _body():
         raise ValueError(
             f"--steps and --repeats must be >= 1, got {_STEPS.value}, {_REPEATS.value}"
         )
-    from gpn_jax.benchmarks.common import peak_matmul_flops
+    from gpn_jax.benchmarks.measure import peak_matmul_flops
 
     peak = peak_matmul_flops("float32")
     recall_sweep.check_cells(_CONFIG.value)

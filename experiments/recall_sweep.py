@@ -36,7 +36,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from gpn_jax.checkpoints.restore import load_run
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 from gpn_jax.eval.recall import recall_eval
 from gpn_jax.io import cli
 from gpn_jax.io.files import atomic_write
@@ -101,9 +101,9 @@ def model_fields(family: str, width: int, seq_len: int, sweep) -> dict:
 
 def run_config(sweep, fields: dict, pairs: int, seq_len: int, lr: float, seed: int):
     """A training config for one run: fresh answer-only MQAR examples, the sweep's recipe."""
-    c = common.base_config()
+    c = recipe.base_config()
     c.seed = seed
-    c.model = common.model_block(fields)
+    c.model = recipe.model_block(fields)
     k = sweep.n_keys
     c.data.source = f"recall:pairs={pairs},keys={k},values={k},examples=0,heldout={sweep.heldout}"
     c.train.update(dict(batch_size=sweep.batch_size, seq_len=seq_len, steps=sweep.steps,

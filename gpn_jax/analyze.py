@@ -2,8 +2,8 @@
 
     python -m gpn_jax.analyze --workdir=/tmp/run --out=/tmp/run_analysis
 
-State geometry, the mean direction s̄, state and memory horizons (SPEC "Analyses the paper
-reports") and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
+State geometry, the mean direction s̄, state and memory horizons (the paper's analyses)
+and causal ablations; writes `metrics.json`, `report.md` and PNG figures into
 `--out` (required: the run's workdir is only read; token caches go to `--cache_dir` or a
 temporary directory) and prints the ablation table. Thin absl launcher over
 `gpn_jax.analysis.analyze`. User errors print one line and exit with status 1.
@@ -36,8 +36,8 @@ flags.mark_flags_as_required(["workdir"])
 
 def analyze(workdir: str) -> dict:
     from gpn_jax.analysis import AnalysisConfig
-    from gpn_jax.analysis.runner import analyze as run_analysis
-    from gpn_jax.analysis.runner import check_analysis_out, check_model
+    from gpn_jax.analysis.analyses import analyze as run_analysis
+    from gpn_jax.analysis.analyses import check_analysis_out, check_model
     from gpn_jax.checkpoints.restore import load_run
 
     config = AnalysisConfig(

@@ -85,11 +85,11 @@ PROG = "gpn-bench"
 
 
 def _body():
-    from gpn_jax.benchmarks import runner
+    from gpn_jax.benchmarks import orchestrate
 
     config = cli.config_or_exit(_CONFIG, PROG)
-    suites = runner.names(_SUITES.value or config.suites)
-    return runner.run(
+    suites = orchestrate.names(_SUITES.value or config.suites)
+    return orchestrate.run(
         config,
         _WORKDIR.value,
         _OUT.value,

@@ -47,30 +47,30 @@ _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examp
 def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
     from gpn_jax.checkpoints.model_dir import load_either
-    from gpn_jax.eval import lambada, runner
+    from gpn_jax.eval import lambada, suite
     from gpn_jax.io.outputs import check_out_file
 
     check_out_file(_OUT.value, "--out")  # before any work: a result that cannot be written
-    evals = runner.parse_evals(_EVAL.value)
+    evals = suite.parse_evals(_EVAL.value)
     if "lambada" in evals:
         if not _LAMBADA.value:
             raise ValueError("--eval=lambada needs --lambada_path")
         lambada.read_lambada(_LAMBADA.value)
     run = load_either(workdir, model_dir, _STEP.value)
-    runner.check_results_file(_OUT.value, run.workdir, int(run.step))  # before the evaluation
+    suite.check_results_file(_OUT.value, run.workdir, int(run.step))  # before the evaluation
     results = _run_evals(run, evals)
-    print(runner.format_table(results))
+    print(suite.format_table(results))
     if _OUT.value:
-        print(f"results: {runner.write_results(results, _OUT.value)}")
+        print(f"results: {suite.write_results(results, _OUT.value)}")
     else:
         print("(no --out: results not written)")
     return results
 
 
 def _run_evals(run, evals) -> dict:
-    from gpn_jax.eval import runner
+    from gpn_jax.eval import suite
 
-    return runner.run_evals(
+    return suite.run_evals(
         run,
         evals,
         cache_dir=_CACHE.value,

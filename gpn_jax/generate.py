@@ -62,7 +62,7 @@ def _sampling_flags(sampling):
 def generate(workdir: str | None, model_dir: str | None = None) -> list:
     from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import sampling
-    from gpn_jax.eval.runner import run_tokenizer
+    from gpn_jax.eval.suite import run_tokenizer
 
     cfg = _sampling_flags(sampling)  # before the run is loaded: a bad flag costs nothing
     run = load_either(workdir, model_dir, _STEP.value)

@@ -1,4 +1,4 @@
-"""A plain NumPy, per-token, per-sequence GPN / GPN+M written from SPEC.md alone.
+"""A plain NumPy, per-token, per-sequence GPN / GPN+M written from the paper's equations alone.
 
 Deliberately independent of `gpn_jax.core`: no shared helpers, float64 throughout,
 one sequence at a time, explicit loops over heads. Only the parameter names are shared.

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import compare
 from experiments.configs import compare_130m, compare_tiny
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 from tests.helpers.compare import run_one_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ def test_130m_compares_the_paper_configs_with_the_paper_recipe():
         NAMES, (gpn_m_1l_130m, gpn_1l_130m, transformer_130m, gdn_130m), strict=True
     ):
         assert c.models[name].to_dict() == mod.get_config().model.to_dict()
-    assert c.train.to_dict() == common.base_config().train.to_dict()
+    assert c.train.to_dict() == recipe.base_config().train.to_dict()
     s = stats(c)
     assert s["gpn_m"]["params"] == 129_151_902
     assert s["gpn_m"]["memory_cells"] == 491_520
@@ -94,7 +94,7 @@ def run_compare(workdir, lambada_path=""):
 
 @pytest.mark.slow
 def test_micro_compare_writes_the_table_and_the_plot_then_reuses_the_runs(tmp_path):
-    has_lambada = importlib.util.find_spec("gpn_jax.eval.runner") is not None
+    has_lambada = importlib.util.find_spec("gpn_jax.eval.suite") is not None
     lambada_path = tmp_path / "lambada.jsonl"
     lambada_path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_TEXTS))
     workdir = tmp_path / "cmp"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from gpn_jax.models import accounting, factory
+from gpn_jax.models import configs as model_configs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -19,7 +20,7 @@ def load(name, arg=None):
 
 
 def test_gpn_m_1l_parameter_count_is_pinned():
-    # The paper's stated sizes; a change here means the model no longer matches SPEC's table.
+    # The paper's stated sizes; a change here means the model no longer matches the paper's table.
     counts = accounting.param_counts(factory.build_model(load("gpn_m_1l_130m").model))
     assert counts["total"] == 129_151_902
     assert counts["groups"]["embed"] == 32_000 * 768
@@ -42,6 +43,19 @@ def test_cpu_variant_shrinks_any_config():
     assert c.model.d_model <= 128 and c.train.seq_len == 128
     with pytest.raises(ValueError, match="unknown config variant"):
         load("gpn_m_1l_130m", "gpu")
+
+
+def test_model_field_rules_are_read_off_the_dataclass_fields():
+    """`:cpu`, the "same model?" check and validation read each field's own metadata: the
+    130M GPN+M shrinks field by field, and the math-free set is the switches'."""
+    m = load("gpn_m_1l_130m", "cpu").model
+    full = load("gpn_m_1l_130m").model
+    assert (m.vocab_size, m.d_model, m.n_layers, m.compute_dtype) == (2048, 128, 1, "float32")
+    assert (m.n_heads, m.d_key, m.d_value) == (min(full.n_heads, 2), 16, 32)
+    assert m.remat_segment == (32 if full.remat_segment else 0)
+    want = {"loss_chunk", "scan_impl", "remat_segment", "remat", "compute_dtype", "memory_dtype"}
+    assert model_configs.math_free_fields() == want | {"kernels"}
+    assert model_configs.field_rule(model_configs.MINIMUM)["chunk_size"] == 0
 
 
 def test_unknown_model_field_is_rejected():

@@ -12,7 +12,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax.checkpoints import model_dir as md
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
 from gpn_jax.data.pipeline import build_data
@@ -20,6 +19,7 @@ from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.export import export, load
+from gpn_jax.io.files import sha256_file
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
@@ -87,7 +87,7 @@ def test_directory_layout_and_card(workdir, exported):
     record = json.load(open(os.path.join(exported, "config.json")))
     assert record["family"] == "gpn" and record["step"] == 3
     assert record["tokens_seen"] == 3 * 8 * 32
-    assert record["tokenizer_sha256"] == md.file_sha256(os.path.join(workdir, "tokenizer.model"))
+    assert record["tokenizer_sha256"] == sha256_file(os.path.join(workdir, "tokenizer.model"))
     tensors = load_file(os.path.join(exported, "model.safetensors"))
     assert "ground.fuse" in tensors and "embed" in tensors  # '.'-joined paths of the params dict
     card = open(os.path.join(exported, "README.md")).read()

@@ -1,4 +1,4 @@
-"""The package's import arrows all point down (../shared/ARCHITECTURE.md, README "Layout").
+"""The package's import arrows all point down (README "Layout", docs/design.md).
 
 Every module of gpn_jax is parsed with `ast` (nothing is imported), top-level and
 function-level imports alike, and each import of a gpn_jax module is checked against the
@@ -361,3 +361,40 @@ def test_config_literals_are_told_from_code():
     literal = ast.parse("def f():\n    '''doc'''\n    c = {}\n    c['x'] = 1\n    return c\n")
     code = ast.parse("def f(xs):\n    c = {}\n    for x in xs:\n        c[x] = 1\n    return c\n")
     assert _declarative(literal.body[0]) and not _declarative(code.body[0])
+
+
+# Module basenames shared on purpose: the same role in parallel places. Anything else gets a
+# name of its own, so a basename says which module it is.
+SHARED_BASENAMES = {
+    # `python -m gpn_jax.<name>` launchers and the package module that does the work
+    "aot": {"gpn_jax.aot", "gpn_jax.benchmarks.aot"},
+    "train": {"gpn_jax.train", "gpn_jax.benchmarks.train"},
+    "generate": {"gpn_jax.generate", "gpn_jax.benchmarks.generate"},
+    "prepare": {"gpn_jax.prepare", "gpn_jax.benchmarks.prepare"},
+    "bench": {"gpn_jax.bench", "gpn_jax.kernels.pallas.bench"},
+    # one family or task seen from two layers: its math / model, its data / evaluation
+    "gpn": {"gpn_jax.core.gpn", "gpn_jax.models.gpn"},
+    "recall": {"gpn_jax.data.recall", "gpn_jax.eval.recall"},
+    "stream": {"gpn_jax.data.stream", "gpn_jax.eval.stream"},
+    "report": {"gpn_jax.analysis.report", "gpn_jax.benchmarks.report"},
+    # the memory kernels of each backend
+    "memory": {"gpn_jax.kernels.cpu.memory", "gpn_jax.kernels.pallas.memory"},
+}
+
+
+def test_module_basenames_are_unique_unless_parallel_roles():
+    """No two gpn_jax modules share a basename (`runner.py` x3 said nothing) unless
+    SHARED_BASENAMES lists them, with the role they share."""
+    by_name: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, set()).add(_module_name(path))
+    shared = {k: v for k, v in by_name.items() if len(v) > 1}
+    bad = [
+        f"{k}: {sorted(v)}"
+        for k, v in sorted(shared.items())
+        if not v <= SHARED_BASENAMES.get(k, set())
+    ]
+    assert not bad, (
+        "modules sharing a basename (rename one, or list the shared role):\n" + "\n".join(bad)
+    )

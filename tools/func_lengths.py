@@ -4,7 +4,7 @@
 
 A function's length is from its `def` line to its last line (docstring and comments
 included); nested functions count inside their parent and on their own. Not a test: a
-guide for keeping functions short (STYLE.md).
+guide for keeping functions short.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
     python experiments/bench/loop_costs.py [--batch=16] [--steps=256]
 
-The fused window (`gpn_jax/core/fast_window.py`) leaves inside its per-token loops only what is
+The fused window (`gpn_jax/core/fused_window.py`) leaves inside its per-token loops only what is
 truly recurrent: products of the B-row state with the fused weight matrices, and passes over
 the (B, H, K, U) memory matrix. This script times each kind alone in a `lax.scan` of `--steps`
 steps at the `bench_small` GPN+M sizes (`gpn_jax/benchmarks/bench_config.py`), next to the
@@ -127,7 +127,7 @@ def main(argv):
     print(f"{jax.devices()[0].device_kind}, {jax.device_count()} device(s), B={B}, {S} steps")
     peak_s = big_product(2048, 2048, 2048)
     print(f"square matmul 2048^3: {2 * 2048**3 / peak_s / 1e9:.0f} GFLOP/s (the bench's peak)")
-    sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fast_window.MIN_SEGMENT`)
+    sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fused_window.MIN_SEGMENT`)
     for what, (i, c, o) in {
         "W0's weight gradient per segment": (D, sb, n0),
         "loss chunk's logits (32 positions)": (sb, m.d_emb, m.vocab_size),

@@ -3,9 +3,10 @@
     python experiments/bench/window_ab.py --revs=HEAD~1,HEAD [--rounds=40] [--model=gpn_m]
     python experiments/bench/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
-Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own
-`gpn_jax/core/fast_window.py`, loaded as a module of its own, and its own per-token product
-kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is used here
+Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own fused
+window: `gpn_jax/core/fused_window.py` (`fast_window.py` in older revisions) with every
+`gpn_jax/core/fused_*.py` part it imports, loaded as a package of its own, and its own per-token
+product kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is used here
 (`GPN_JAX_NATIVE`), built and registered under a name of its own (the memory kernels,
 `gpn_jax.kernels.cpu.memory`, and every other module a window imports are the checked-out ones, so
 a revision whose window imports a module the checkout no longer has cannot be loaded); the
@@ -22,10 +23,11 @@ time, then each version's median over rounds of its step time over the first ver
 how many rounds it was faster. Nothing is asserted.
 """
 
-import importlib.util
+import importlib
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +45,9 @@ _XLA_OPTIONS = flags.DEFINE_string(
     "xla_options", "", "JSON list of XLA compile options, one object per revision; '': none."
 )
 
-PATH = "gpn_jax/core/fast_window.py"
+CORE = "gpn_jax/core"
+PATH = f"{CORE}/fused_window.py"
+ENTRIES = ("fused_window", "fast_window")  # the window's module, named so before the rename
 KERNEL = "gpn_jax/kernels/cpu/small_matmul.cc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _KERNELS = itertools.count()  # kernels registered by this process
@@ -66,15 +70,38 @@ def revision_file(rev: str, path: str, tmp: str) -> str | None:
     return source
 
 
+def core_files(rev: str) -> list[str]:
+    """The file names in `rev`'s gpn_jax/core/ (none for a revision that does not exist)."""
+    if rev == "worktree":
+        return sorted(os.listdir(os.path.join(ROOT, CORE)))
+    out = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{CORE}"], cwd=ROOT, capture_output=True, text=True
+    )
+    return [] if out.returncode else out.stdout.split()
+
+
 def load_window(rev: str, tmp: str):
-    """The fast_window module of `rev`, imported under a name of its own."""
-    source = revision_file(rev, PATH, tmp)
-    if source is None:
+    """The fused window of `rev` (its entry module and every `core/fused_*` part), imported as
+    a package of its own under `tmp`: the parts import each other there, not the checkout."""
+    names = core_files(rev)
+    entry = next((e for e in ENTRIES if f"{e}.py" in names), None)
+    if entry is None:
         raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}")
-    spec = importlib.util.spec_from_file_location(f"window_{rev}", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    package = f"window_ab_{len(os.listdir(tmp))}"
+    folder = os.path.join(tmp, package)
+    os.makedirs(folder)
+    private = re.compile(r"\bgpn_jax\.core\.((?:fused_|fast_window)\w*)")
+    for name in names:
+        if not (name.startswith("fused_") or name == f"{entry}.py") or not name.endswith(".py"):
+            continue
+        with open(revision_file(rev, f"{CORE}/{name}", tmp)) as f:
+            text = private.sub(rf"{package}.\1", f.read())
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    open(os.path.join(folder, "__init__.py"), "w").close()
+    if tmp not in sys.path:
+        sys.path.insert(0, tmp)
+    return importlib.import_module(f"{package}.{entry}")
 
 
 def xla_options(text: str, n: int) -> list[dict]:
@@ -121,10 +148,10 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
     spec = dict(compute_dtype="auto", batch_size=t.batch_size, seq_len=t.seq_len)
     from gpn_jax.kernels.cpu import small_matmul
 
-    steps, original = [], (gpn_model.fast_window, small_matmul.TARGET, small_matmul.load)
+    steps, original = [], (gpn_model.fused_window, small_matmul.TARGET, small_matmul.load)
     with tempfile.TemporaryDirectory() as tmp:
         for rev, opts in zip(revs, options, strict=True):
-            gpn_model.fast_window = load_window(rev, tmp)  # read when the step is traced
+            gpn_model.fused_window = load_window(rev, tmp)  # read when the step is traced
             kernel = load_kernel(rev, tmp)
             if kernel is not None:  # read when the step is traced, as the window
                 small_matmul.TARGET, tile = kernel
@@ -135,7 +162,7 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
                 first = str(e).strip().splitlines()[0]
                 raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
             finally:
-                gpn_model.fast_window, small_matmul.TARGET, small_matmul.load = original
+                gpn_model.fused_window, small_matmul.TARGET, small_matmul.load = original
     return steps
 
 

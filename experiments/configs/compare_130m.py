@@ -9,7 +9,7 @@ the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 Models: the model blocks of `gpn_m_1l_130m.py` (129,151,902 parameters), `gpn_1l_130m.py`
 (129,234,848), `transformer_130m.py` (128,994,048) and `gdn_130m.py` (129,503,608), unchanged.
-Shared budget: the paper's recipe from `common.base_config` — 10,000 steps of 128 x 2048 tokens
+Shared budget: the paper's recipe from `recipe.base_config` — 10,000 steps of 128 x 2048 tokens
 (2.6B tokens per model), AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0.
 All four use vocab 32,000, so give a 32k tokenizer (the paper: LLaMA-2's) and a large corpus;
 the embedded default corpus is far too small for it. Add `--config.train.grad_accum=N` where

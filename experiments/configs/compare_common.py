@@ -1,23 +1,23 @@
 """The skeleton of a compare config (`python -m experiments.compare`).
 
 A compare config is a training config's shared blocks (`seed`, `data`, `train`, `mesh`; the
-recipe of `common.base_config`) plus `models`, a dict of model blocks, and `compare`, the
+recipe of `recipe.base_config`) plus `models`, a dict of model blocks, and `compare`, the
 comparison's own settings. `experiments.compare` builds each model's run config by copying the
 shared blocks and setting that model block as `model`.
 """
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 LABELS = dict(gpn_m="GPN+M", gpn="GPN", transformer="Transformer++", gdn="Gated DeltaNet")
 
 
 def compare_config(models: dict) -> ml_collections.ConfigDict:
     """Shared blocks + `models` ({name: model ConfigDict}, run and tabled in this order)."""
-    c = common.base_config()
+    c = recipe.base_config()
     del c["model"]  # each entry of `models` becomes one run's `model` block
-    c.models = ml_collections.ConfigDict({k: common.model_block(m) for k, m in models.items()})
+    c.models = ml_collections.ConfigDict({k: recipe.model_block(m) for k, m in models.items()})
     c.compare = ml_collections.ConfigDict(
         dict(
             models=",".join(models),  # which entries of `models` run, in table order

@@ -2,11 +2,11 @@
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="gdn",
@@ -21,4 +21,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             loss_chunk=32,
         )
     )
-    return common.apply_arg(common.tiny_train(c), arg)
+    return recipe.apply_arg(recipe.tiny_train(c), arg)

@@ -1,4 +1,4 @@
-"""GPN (no memory), one predict layer, 130M parameters (SPEC table, row 3).
+"""GPN (no memory), one predict layer, 130M parameters, as in the paper.
 
 Paper: d=3184. The paper does not state d_emb or d_ffn; we keep d_emb=768 (as GPN+M) and choose
 d_ffn=8320 so the model lands at 129,234,848 parameters (-0.6 % of 130M;
@@ -14,11 +14,11 @@ the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="gpn",
@@ -32,4 +32,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             remat_segment=64,
         )
     )
-    return common.apply_arg(c, arg)
+    return recipe.apply_arg(c, arg)

@@ -1,4 +1,4 @@
-"""GPN+M, one predict layer, 130M parameters — the paper's main model (SPEC table, row 1).
+"""GPN+M, one predict layer, 130M parameters — the paper's main model.
 
 Sizes are the paper's: d=2496, d_emb=768, d_ffn=6656, 15 heads x 128 x 256 (491,520 memory cells),
 vocab 32,000: 129,151,902 parameters (`python -m gpn_jax.summary --config=<this file>`).
@@ -13,11 +13,11 @@ the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="gpn",
@@ -33,4 +33,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             remat_segment=64,  # full BPTT over 2048 tokens, activations recomputed per 64
         )
     )
-    return common.apply_arg(c, arg)
+    return recipe.apply_arg(c, arg)

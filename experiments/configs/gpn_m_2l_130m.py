@@ -1,4 +1,4 @@
-"""GPN+M, two predict layers, 130M parameters (SPEC table, row 2).
+"""GPN+M, two predict layers, 130M parameters (the paper's two-layer GPN+M).
 
 Paper: d=1920, d_emb=768, 11 heads x 128 x 256 (360,448 memory cells). The paper does not state
 d_ffn; we choose d_ffn=4800 so the model lands at 129,099,926 parameters (-0.7 % of 130M;
@@ -15,11 +15,11 @@ the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="gpn",
@@ -37,4 +37,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.train.seq_len = 512  # truncated BPTT at 512
     c.train.batch_size = 512  # same tokens per step as 128 x 2048
-    return common.apply_arg(c, arg)
+    return recipe.apply_arg(c, arg)

@@ -9,7 +9,7 @@ chance accuracy 1/16. Both models are trained on all positions (`targets=all`) b
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 TASK = "recall:pairs=4,keys=16,values=16,examples=20000,heldout=512,seed=0,targets=all"
 VOCAB = 3 + 16 + 16  # reserved ids + keys + values
@@ -19,7 +19,7 @@ def recall_config(memory: bool, arg: str | None = None) -> ml_collections.Config
     """GPN+M (memory=True) or GPN with the same parameter count, on the recall task."""
     if arg not in (None, "", "cpu"):
         raise ValueError(f"unknown config variant {arg!r}; recall configs are CPU-sized already")
-    c = common.base_config()
+    c = recipe.base_config()
     model = dict(
         family="gpn",
         vocab_size=VOCAB,
@@ -33,7 +33,7 @@ def recall_config(memory: bool, arg: str | None = None) -> ml_collections.Config
     )
     if not memory:  # the memory's write and read parameters go to the FFN (d_ffn 128 -> 216)
         model.update(memory=False, n_heads=0, d_key=0, d_value=0, d_ffn=216)
-    c.model = common.model_block(model)
+    c.model = recipe.model_block(model)
     c.data.source = TASK
     c.data.heldout_fraction = 0.05  # unused by recall data (it holds out `heldout` examples)
     c.train.update(

@@ -19,7 +19,7 @@ per-head gate rows); the other families get GPN+M's parameter count by their d_f
 Gated DeltaNet keeps 2 heads of d/4 x d/2 per layer.
 
 Why 4 heads and lrs below 1e-3 (measured at 8 pairs / T = 32 / width 128, seed 0, 1,500 steps): each
-head's decay rate is drawn at init (A ~ U(0, 16), dt log-uniform in [1e-3, 1e-1], SPEC), and with
+head's decay rate is drawn at init (A ~ U(0, 16), dt log-uniform in [1e-3, 1e-1], as the paper), and with
 2 heads seed 0 draws no head whose initial 1/e memory lag (1 / (A softplus(dt_bias))) covers the
 pair-to-query distances of a T = 32 window (up to 30 tokens): lags 7.4 and 1.1 (seed 1: 14.7).
 Seed 0 reached 0.151 (2 heads, lr 1e-3), 0.774 (2 heads, 3e-4), 0.533 (4 heads, 1e-3),

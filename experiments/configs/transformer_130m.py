@@ -14,11 +14,11 @@ the tokenizer and the held-out shards): README.md, "Preparing a corpus".
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="transformer",
@@ -32,4 +32,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             remat=True,  # recompute each block in the backward pass (math unchanged)
         )
     )
-    return common.apply_arg(c, arg)
+    return recipe.apply_arg(c, arg)

@@ -5,6 +5,6 @@ Entry points: `analyze(run, out)` / `analyze_workdir(workdir, out)` (Python, Col
 `python -m gpn_jax.analyze --workdir=... --out=...`.
 """
 
-from gpn_jax.analysis.runner import AnalysisConfig, analyze, analyze_workdir
+from gpn_jax.analysis.analyses import AnalysisConfig, analyze, analyze_workdir
 
 __all__ = ["AnalysisConfig", "analyze", "analyze_workdir"]

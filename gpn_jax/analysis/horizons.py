@@ -1,6 +1,6 @@
 """State and memory horizons: lag grids, memory retention, the 1/e lag and the fast/slow pools.
 
-Memory retention of head h at lag k (SPEC): R_h(k) = E_t prod_{tau=t+1}^{t+k} exp(g_{tau,h}),
+Memory retention of head h at lag k (as the paper defines it): R_h(k) = E_t prod_{tau=t+1}^{t+k} exp(g_{tau,h}),
 the factor by which what was written at token t is still present k tokens later. With
 D_t = sum_{tau<=t} g_tau (inclusive cumulative sum within a window) the product is
 exp(D_{t+k} - D_t); we average it over every (t, sequence) with t + k inside the window,
@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 _TINY = np.finfo(np.float64).tiny
-FAST_MAX_LAG = 3.0  # SPEC: fast pool = heads with 1/e lag <= 3 tokens
+FAST_MAX_LAG = 3.0  # the paper's fast pool = heads with 1/e lag <= 3 tokens
 
 
 def log_lags(max_lag: int, num: int = 24) -> np.ndarray:

@@ -117,11 +117,6 @@ def pca_components(lam: np.ndarray, q: float) -> int:
     return int(np.searchsorted(cum, q - 1e-12) + 1)
 
 
-def cumulative_variance(lam: np.ndarray) -> np.ndarray:
-    lam = np.sort(np.asarray(lam, np.float64))[::-1]
-    return np.cumsum(lam) / max(lam.sum(), 1e-300)
-
-
 def correlation(cov: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
     """The correlation matrix of `cov` restricted to `alive` dims (default: std > 0)."""
     std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
@@ -138,7 +133,7 @@ def mean_abs_offdiag(corr: np.ndarray) -> float:
 
 
 def geometry(moments: Moments, dead_rel: float = 1e-3) -> dict:
-    """The state-geometry numbers of SPEC from streamed moments (centred spectrum, see module)."""
+    """The paper's state-geometry numbers from streamed moments (centred spectrum, see module)."""
     cov = moments.covariance
     std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     dead = std < dead_rel * std.max() if std.max() > 0 else np.ones_like(std, bool)

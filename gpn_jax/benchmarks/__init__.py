@@ -1,8 +1,8 @@
 """Benchmarks: what `python -m gpn_jax.bench`, `gpn_jax.bench_prepare`, `gpn_jax.aot` and
 `experiments/bench/accel_bench.py` run (the entry points only parse flags).
 
-* `runner`: the bench suites' orchestration: specs, one worker process per record, report, JSON.
-* `common`: platform, compute dtype, the matmul peak measured on this machine, memory, timing.
+* `orchestrate`: the bench suites' orchestration: specs, one worker process per record, report, JSON.
+* `measure`: platform, compute dtype, the matmul peak measured on this machine, memory, timing.
 * `train`: one record = one model's jitted training step (loss, grads, AdamW) timed.
 * `generate`: per-token decoding latency at long contexts.
 * `worker`: runs one record in a fresh process, so each record's peak host RSS is its own.

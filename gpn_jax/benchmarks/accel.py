@@ -5,8 +5,8 @@ Every part runs under the time left of one budget and writes `accel.json` when i
 run cut off by its caller still leaves what it measured. Part (a) times
 each of the memory's four passes with `gpn_jax.kernels.pallas.bench.time_passes`; its GB/s is
 the pass's minimum bytes per token over the measured time, against the copy bandwidth measured
-in the same run (`common.memory_bandwidth`). Part (b) runs the bench's train suite
-(`benchmarks.runner`) at one batch for each `model.kernels` choice, each record in its own
+in the same run (`measure.memory_bandwidth`). Part (b) runs the bench's train suite
+(`benchmarks.orchestrate`) at one batch for each `model.kernels` choice, each record in its own
 process with a timeout, with `--profile`'s optimised HLO (`profile/<model>/train_step.hlo.txt`).
 """
 
@@ -29,10 +29,10 @@ def passes_part(model_cfg, batch: int) -> dict:
         from gpn_jax.kernels.pallas import bench as pallas_bench
     except ImportError as e:
         return {"skipped": f"gpn_jax.kernels.pallas.bench cannot be imported ({e})"}
-    from gpn_jax.benchmarks import common
+    from gpn_jax.benchmarks import measure
 
     H, K, U = (int(model_cfg[k]) for k in ("n_heads", "d_key", "d_value"))
-    copy_bw = common.memory_bandwidth()
+    copy_bw = measure.memory_bandwidth()
     rows = []
     for dtype in ("float32", "bfloat16"):
         try:
@@ -63,7 +63,7 @@ def _pass_row(dtype: str, name: str, backend: str, timed: dict, copy_bw: float) 
 
 def step_part(config, out_dir: str, choices, deadline: float) -> list[dict]:
     """Part (b): the train suite once per `model.kernels` choice, within `deadline`."""
-    from gpn_jax.benchmarks import runner
+    from gpn_jax.benchmarks import orchestrate
 
     records = []
     name = config.train.models
@@ -76,7 +76,7 @@ def step_part(config, out_dir: str, choices, deadline: float) -> list[dict]:
         c.models[name].kernels = choice
         c.train.timeout_s = int(left)
         workdir = os.path.join(out_dir, f"step_{choice}")
-        for r in runner.run(c, workdir, "", ["train"], True, True):
+        for r in orchestrate.run(c, workdir, "", ["train"], True, True):
             records.append(r | {"kernels": choice})
     return records
 

@@ -242,8 +242,9 @@ def m_in_vmem(text: str, elements: int, innermost: bool = False) -> bool | None:
     on TPU); None when no loop carries one. `innermost`: only the loops whose body runs no
     loop (the per-token loops); the outer ones (per segment) may hold M in HBM."""
     from gpn_jax.benchmarks import traffic
+    from gpn_jax.parallel import hlo
 
-    comps, _ = traffic.parse(text)
+    comps, _ = hlo.parse(text)
     found = []
     for instrs in comps.values():
         for ins in instrs:

@@ -15,6 +15,7 @@ import platform
 import sys
 
 from gpn_jax.benchmarks import aot
+from gpn_jax.io.files import atomic_write
 
 
 def _with_batch(config, per_device: int, data_parallel: int):
@@ -129,22 +130,9 @@ def provenance(argv: list[str]) -> dict:
 
 
 def write_json(path: str, obj: dict) -> None:
-    """Writes `obj` to `path` via a fresh temporary file in the same directory (an existing
-    symlink at `path` is replaced, never followed)."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".aot-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # a results file, readable like the repository's others
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Writes `obj` to `path` atomically (`io.files.atomic_write`: an existing symlink at
+    `path` is replaced, never followed)."""
+    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:

@@ -17,7 +17,7 @@ the same dtype).
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 VOCAB = 8192
 
@@ -64,7 +64,7 @@ def models() -> ml_collections.ConfigDict:
         transformer=transformer,
         gdn=gdn,
     )
-    return ml_collections.ConfigDict({k: common.model_block(m) for k, m in blocks.items()})
+    return ml_collections.ConfigDict({k: recipe.model_block(m) for k, m in blocks.items()})
 
 
 def base_config(name: str, suites: str) -> ml_collections.ConfigDict:

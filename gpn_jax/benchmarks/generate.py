@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.benchmarks import common
+from gpn_jax.benchmarks import measure
 
 
 def _greedy_step(model):
@@ -67,7 +67,7 @@ def _transformer_context(spec, dtype, base, ctx):
     """(record, runner or None) of one context: a KV cache of that length, randomly filled."""
     B, warmup = spec["batch_size"], spec.get("warmup", 2)
     max_len = ctx + warmup + spec["rounds"] * spec["steps"] + 1
-    model = common.build_model(spec["model"], dtype, max_seq_len=max_len)
+    model = measure.build_model(spec["model"], dtype, max_seq_len=max_len)
     c = model.config
     cache_bytes = 2 * c.n_layers * B * max_len * c.d_model * jnp.dtype(dtype).itemsize
     rec = base | dict(
@@ -106,7 +106,7 @@ def _transformer_runners(spec, dtype, base, contexts):
 def _recurrent_runners(spec, dtype, base, contexts):
     """Records and runners of a recurrent model: the context really fed, then decoded from."""
     B = spec["batch_size"]
-    model = common.build_model(spec["model"], dtype)
+    model = measure.build_model(spec["model"], dtype)
     params = model.init(jax.random.PRNGKey(0))
     carries = _feed_recurrent(model, params, contexts, spec.get("feed_window", 1024))
     start = jax.jit(lambda p, c: model.start_decode(p, c))
@@ -142,14 +142,14 @@ def _time(runners: dict, warmup: int, rounds: int, steps: int) -> dict:
     times = {ctx: [] for ctx in runners}
     for _ in range(rounds):
         for ctx in runners:
-            times[ctx] += common.time_calls(lambda ctx=ctx: call(ctx), steps)
+            times[ctx] += measure.time_calls(lambda ctx=ctx: call(ctx), steps)
     return times
 
 
 def run(spec: dict) -> list[dict]:
     """spec: name, config, model, batch_size, contexts, steps, rounds, warmup, compute_dtype,
     feed_window, kv_cache_limit_bytes."""
-    dtype = common.resolve_dtype(spec["compute_dtype"])
+    dtype = measure.resolve_dtype(spec["compute_dtype"])
     B, contexts = spec["batch_size"], sorted(spec["contexts"])
     family = spec["model"].get("family", "gpn")
     base = dict(
@@ -163,12 +163,12 @@ def run(spec: dict) -> list[dict]:
     runners_of = _transformer_runners if family == "transformer" else _recurrent_runners
     records, runners = runners_of(spec, dtype, base, contexts)
     times = _time(runners, spec.get("warmup", 2), spec["rounds"], spec["steps"])
-    mem, mem_kind = common.peak_memory_bytes()
+    mem, mem_kind = measure.peak_memory_bytes()
     for rec in records:
         ts = times.get(rec["context"])
         if not ts:
             continue
-        lat = common.median(ts)
+        lat = measure.median(ts)
         rec.update(
             latency_s=lat,
             latency_min_s=min(ts),

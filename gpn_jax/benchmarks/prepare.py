@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from gpn_jax.benchmarks import workdirs
+from gpn_jax.io import paths
 
 
 def word_table() -> tuple[np.ndarray, np.ndarray]:
@@ -67,13 +68,12 @@ def make_corpus(path: str, megabytes: int, seed: int = 0) -> str:
     if os.path.exists(path):
         return path
     rng, (forms, cdf) = np.random.default_rng(seed), word_table()
-    written, target, tmp = 0, megabytes * 1_000_000, f"{path}.tmp"
-    with workdirs.open_new(tmp) as f:
+    written, target = 0, megabytes * 1_000_000
+    with paths.atomic_open(path) as f:
         while written < target:
             line = json.dumps({"text": synthetic_document(rng, forms, cdf)}) + "\n"
-            f.write(line)
+            f.write(line.encode())
             written += len(line)
-    os.replace(tmp, path)
     return path
 
 

@@ -37,6 +37,9 @@ import dataclasses
 import math
 import re
 
+from gpn_jax.parallel import hlo
+from gpn_jax.parallel.hlo import Instr
+
 DTYPE_BYTES = {
     "pred": 1,
     "s4": 1,
@@ -71,11 +74,7 @@ FREE = {
     "iota",
 }
 _SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OPCODE = re.compile(r"^\s*([a-z][\w\-]*)\(")
-_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
-_WHILE = re.compile(r"condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(
     r"(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+)|false_computation=%?([\w.\-]+))"
@@ -85,77 +84,10 @@ _MEMSPACE = re.compile(r"S\((\d+)\)")
 
 
 @dataclasses.dataclass
-class Instr:
-    name: str
-    opcode: str
-    result: str  # the result's shape text
-    operands: str  # the text inside the opcode's parentheses
-    attrs: str  # the rest of the line (calls=, backend_config=, ...)
-    root: bool
-
-
-@dataclasses.dataclass
 class Traffic:
     bytes: int  # HBM bytes over arrays of the asked size, loops multiplied out
     unknown_trip_counts: list  # loop bodies counted once because no trip count was found
     instructions: int  # instructions (once each, not multiplied) that moved such an array
-
-
-def _split_call(rest: str) -> tuple[str, str, str, str] | None:
-    """'f32[2]{0} add(f32[2]{0} %a, ...), attrs' -> (result, opcode, operands, attrs)."""
-    depth, i = 0, 0
-    # the result shape ends where the opcode starts: the first word followed by '(' at depth 0
-    while i < len(rest):
-        ch = rest[i]
-        if ch in "([{":
-            if depth == 0 and ch == "(":
-                m = re.search(r"([a-z][\w\-]*)$", rest[:i])
-                if m and (i - len(m.group(1)) == 0 or rest[i - len(m.group(1)) - 1] == " "):
-                    start = i - len(m.group(1))
-                    close = _matching(rest, i)
-                    return rest[:start].strip(), m.group(1), rest[i + 1 : close], rest[close + 1 :]
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        i += 1
-    return None
-
-
-def _matching(text: str, open_at: int) -> int:
-    depth = 0
-    for j in range(open_at, len(text)):
-        if text[j] in "([{":
-            depth += 1
-        elif text[j] in ")]}":
-            depth -= 1
-            if depth == 0:
-                return j
-    return len(text)
-
-
-def parse(text: str) -> tuple[dict[str, list[Instr]], str | None]:
-    """Computation name -> its instructions, and the entry computation's name."""
-    comps: dict[str, list[Instr]] = {}
-    entry, current = None, None
-    for line in text.splitlines():
-        if line and not line[0].isspace():
-            m = _HEADER.match(line)
-            current = m.group(1) if (m and line.rstrip().endswith("{")) else None
-            if current:
-                comps[current] = []
-                if line.startswith("ENTRY"):
-                    entry = current
-            continue
-        if current is None:
-            continue
-        m = _INSTR.match(line)
-        parts = _split_call(m.group(3)) if m else None
-        if parts:
-            result, opcode, operands, attrs = parts
-            comps[current].append(
-                Instr(m.group(2), opcode, result, operands, attrs, bool(m.group(1)))
-            )
-    return comps, entry
 
 
 def arrays(shape_text: str, elements: int) -> list[tuple[int, int]]:
@@ -276,9 +208,9 @@ def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> i
 
 
 def _trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
-    m = _TRIP.search(ins.attrs)
-    if m:
-        return int(m.group(1))
+    known = hlo.known_trip_count(ins)
+    if known is not None:
+        return known
     consts = {
         int(c.operands)
         for c in comps.get(cond, [])
@@ -291,7 +223,7 @@ def _trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
 
 def hlo_bytes(text: str, elements: int) -> Traffic:
     """HBM bytes that the module in `text` moves over arrays of `elements` elements."""
-    comps, entry = parse(text)
+    comps, entry = hlo.parse(text)
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     unknown, moved, memo = [], set(), {}
@@ -312,14 +244,15 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
 
     def _nested(ins: Instr, name: str, stack: tuple) -> int:
         if ins.opcode == "while":
-            m = _WHILE.search(ins.attrs)
-            if not m:
+            parts = hlo.while_parts(ins)
+            if not parts:
                 return 0
-            trip = _trip_count(ins, comps, m.group(1))
+            cond, body = parts
+            trip = _trip_count(ins, comps, cond)
             if trip is None:
-                unknown.append(m.group(2))
+                unknown.append(body)
                 trip = 1
-            return trip * (cost(m.group(2), stack) + cost(m.group(1), stack))
+            return trip * (cost(body, stack) + cost(cond, stack))
         if ins.opcode == "call":
             m = _CALLS.search(ins.attrs)
             return cost(m.group(1), stack) if m else 0

@@ -14,8 +14,8 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import common, op_profile, traffic
-from gpn_jax.configs import common as recipe
+from gpn_jax.benchmarks import measure, op_profile, traffic
+from gpn_jax.configs import recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
@@ -29,8 +29,8 @@ def _time(one, spec: dict, hlo_text=None) -> tuple[list, tuple, float]:
     given."""
     for _ in range(spec.get("warmup", 1)):
         one()
-    times = common.time_calls(one, spec["steps"])
-    mem = common.peak_memory_bytes()
+    times = measure.time_calls(one, spec["steps"])
+    mem = measure.peak_memory_bytes()
     loss = float(one())
     if spec.get("profile_dir"):
         os.makedirs(spec["profile_dir"], exist_ok=True)
@@ -78,13 +78,13 @@ def compiled_step(spec: dict, model_cfg: dict) -> tuple:
     window and dtype. The heap around steps as the trainer's (`training.host_memory`; spec
     `reuse_step_memory`, default True: freed buffers kept for the next step). Spec
     `compiler_options` (optional): XLA options for this compilation only."""
-    dtype = common.resolve_dtype(spec["compute_dtype"])
+    dtype = measure.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
     if model_cfg.get("family") == "transformer":
         overrides.setdefault("max_seq_len", T)
-    model = common.build_model(model_cfg, dtype, **overrides)
-    rss0 = common.host_rss_bytes()
+    model = measure.build_model(model_cfg, dtype, **overrides)
+    rss0 = measure.host_rss_bytes()
 
     config = recipe.base_config()
     config.train.update(batch_size=B, seq_len=T, grad_accum=1)
@@ -115,7 +115,7 @@ def _throughput(spec: dict, model, times: list) -> dict:
     """Step time (median), tokens/s and achieved FLOP/s of `times` (seconds per step)."""
     B, T = spec["batch_size"], spec["seq_len"]
     flops_tok = model.flops_per_token(T)["train"]
-    step_s = common.median(times)
+    step_s = measure.median(times)
     return {
         "step_time_s": step_s,
         "step_time_min_s": min(times),
@@ -143,7 +143,7 @@ def run(spec: dict) -> dict:
             "batch_size": B,
             "seq_len": T,
             "remat_segment": getattr(model.config, "remat_segment", None),
-            "compute_dtype": common.resolve_dtype(spec["compute_dtype"]),
+            "compute_dtype": measure.resolve_dtype(spec["compute_dtype"]),
             "compile_s": compile_s,
             "peak_mem_bytes": mem,
             "peak_mem_kind": mem_kind,
@@ -186,7 +186,7 @@ def run_alternating(spec: dict) -> list[dict]:
     times = {name: [] for name in names}
     for r in range(spec["rounds"]):
         for name in rotated(names, r):
-            times[name] += common.time_calls(steps[name], 1)
+            times[name] += measure.time_calls(steps[name], 1)
     B, T = spec["batch_size"], spec["seq_len"]
     return [
         {
@@ -197,10 +197,10 @@ def run_alternating(spec: dict) -> list[dict]:
             "params": accounting.param_counts(models[name])["total"],
             "batch_size": B,
             "seq_len": T,
-            "compute_dtype": common.resolve_dtype(spec["compute_dtype"]),
+            "compute_dtype": measure.resolve_dtype(spec["compute_dtype"]),
             "reference": ref,
             "rounds": spec["rounds"],
-            "vs_reference": common.median(
+            "vs_reference": measure.median(
                 [a / b for a, b in zip(times[ref], times[name], strict=True)]
             ),
             "peak_mem_bytes": None,

@@ -1,4 +1,4 @@
-"""Runs one benchmark spec and writes its records: `python -m gpn_jax.benchmarks.worker SPEC OUT`.
+"""Runs one benchmark spec and writes its records: `python -m gpn_jax.benchmarks.worker SPEC_JSON OUT_JSON`.
 
 A fresh process per spec makes each record's peak host RSS its own (the process peak is
 monotone, so records measured in one process would inherit each other's peaks). After the
@@ -11,7 +11,7 @@ import sys
 
 
 def run_spec(spec: dict) -> dict:
-    from gpn_jax.benchmarks import common, generate, train
+    from gpn_jax.benchmarks import generate, measure, train
 
     if spec["suite"] == "generate":
         records = generate.run(spec)
@@ -19,8 +19,8 @@ def run_spec(spec: dict) -> dict:
         records = train.run_alternating(spec)
     else:
         records = [train.run(spec)]
-    dtype = common.resolve_dtype(spec["compute_dtype"])
-    peak = common.peak_matmul_flops(dtype, spec.get("peak_size", 0), spec.get("peak_reps", 3))
+    dtype = measure.resolve_dtype(spec["compute_dtype"])
+    peak = measure.peak_matmul_flops(dtype, spec.get("peak_size", 0), spec.get("peak_reps", 3))
     return {"records": records, "peak_flops": [peak]}
 
 

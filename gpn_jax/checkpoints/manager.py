@@ -34,6 +34,7 @@ from gpn_jax.checkpoints import items as items_lib
 from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
+from gpn_jax.io.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -470,9 +471,8 @@ class Checkpointer:
         if jax.process_index() != 0 or not step_dir.exists():
             return
         target = step_dir / "checksums" / checksums.FILES
-        tmp = step_dir / "checksums" / f"{checksums.FILES}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(checksums.file_record(step_dir), sort_keys=True))
-        tmp.rename(target)
+        record = json.dumps(checksums.file_record(step_dir), sort_keys=True)
+        atomic_write(str(target), record.encode())
 
     def newest_intact_step(self) -> int | None:
         """The newest step that is complete and whose metadata files match their recorded

@@ -37,7 +37,7 @@ import numpy as np
 from gpn_jax.checkpoints import owned_dir
 from gpn_jax.checkpoints.restore import RestoredRun
 from gpn_jax.data.tokenizer import load_tokenizer
-from gpn_jax.io.files import atomic_write
+from gpn_jax.io.files import atomic_write, sha256_file
 from gpn_jax.io.provenance import package_version
 from gpn_jax.models import factory
 from gpn_jax.models import params as params_lib
@@ -52,18 +52,6 @@ WEIGHTS, CONFIG, TOKENIZER, CARD = (
 FORMAT = "gpn_jax"
 LAYOUT = (WEIGHTS, CONFIG, TOKENIZER, CARD)  # what an export before markers wrote
 log = logging.getLogger(__name__)
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of the regular file `path`, read in chunks (a FIFO or device is refused)."""
-    from gpn_jax.io.regular import open_regular
-
-    digest = hashlib.sha256()
-    f, _ = open_regular(path)
-    with f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tensor_sha256(value) -> str:
@@ -147,10 +135,10 @@ def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> dict:
     os.makedirs(out, exist_ok=True)
     tensors = {k: np.asarray(v) for k, v in flatten(jax.device_get(run.params)).items()}
     save_file({k: jax.numpy.asarray(v) for k, v in tensors.items()}, os.path.join(out, WEIGHTS))
-    files = {WEIGHTS: file_sha256(os.path.join(out, WEIGHTS))}
+    files = {WEIGHTS: sha256_file(os.path.join(out, WEIGHTS))}
     if run.tokenizer is not None:
         atomic_write(os.path.join(out, TOKENIZER), run.tokenizer.model_proto)
-        files[TOKENIZER] = file_sha256(os.path.join(out, TOKENIZER))
+        files[TOKENIZER] = sha256_file(os.path.join(out, TOKENIZER))
     record = record | {
         "tensor_sha256": {k: tensor_sha256(v) for k, v in tensors.items()},
         "files_sha256": files,
@@ -220,7 +208,7 @@ def verify_digests(model_dir: str, record: dict, tensors: dict) -> None:
     for name, want in sorted(record.get("files_sha256", {}).items()):
         if name != WEIGHTS:  # the tokenizer is checked where it is read (`tokenizer_path`)
             continue
-        got = file_sha256(os.path.join(model_dir, name))
+        got = sha256_file(os.path.join(model_dir, name))
         if got != want:
             raise _refuse(os.path.join(model_dir, name), f"sha256 {got[:12]}... is not the "
                           f"{want[:12]}... {CONFIG} records", fix)  # fmt: skip
@@ -335,7 +323,7 @@ def tokenizer_path(model_dir: str, record: dict) -> str | None:
         raise ValueError(f"{path} leaves {model_dir}; re-export the model")
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} lacks {record['tokenizer_file']!r}, which {CONFIG} records")
-    got = file_sha256(path)
+    got = sha256_file(path)
     if got != record.get("tokenizer_sha256"):
         raise ValueError(
             f"{path} has sha256 {got[:12]}..., {CONFIG} records "

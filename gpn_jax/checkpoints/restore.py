@@ -145,11 +145,6 @@ def check_tokenizer(meta: dict, tokenizer: Tokenizer | None, path: str, step: in
     )
 
 
-def run_data(run: RestoredRun, cache_dir: str | None = None):
-    """`run.data(cache_dir)` (kept for older callers)."""
-    return run.data(cache_dir)
-
-
 @functools.cache
 def _temporary_cache() -> str:
     path = tempfile.mkdtemp(prefix="gpn_jax_cache-")

@@ -1,6 +1,6 @@
 """The shared recipe experiments build on (ml_collections).
 
-* `common`: the training config every experiment starts from (`base_config`: the paper's
+* `recipe`: the training config every experiment starts from (`base_config`: the paper's
   recipe, the data and mesh blocks), the `model_block` completion and the `:arg` variants
   (`apply_arg`: `--config=path.py:cpu` shrinks any config for a CPU run).
 * `bench_config`: the benchmark config `gpn_jax.bench` reads (matched models, suites).

@@ -16,11 +16,11 @@ that of a unigram model of the same tokens (both in `<workdir>/final_metrics.jso
 
 import ml_collections
 
-from gpn_jax.configs import common
+from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.base_config()
+    c = recipe.base_config()
     c.model = ml_collections.ConfigDict(
         dict(
             family="gpn",
@@ -48,4 +48,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             final_eval_batches=0,
         )
     )
-    return common.apply_arg(c, arg)
+    return recipe.apply_arg(c, arg)

@@ -1,8 +1,8 @@
-"""Gradient accumulation over equal micro-batches: a pure JAX transformation of a loss.
+"""Gradient accumulation over equal micro-batches: the value and gradient of a model's loss.
 
-It lives in `core/` because both the plain train step (`training.train_step`) and the
-data-parallel model (`parallel.spmd`, which accumulates inside its shard_map) use it, and
-`parallel/` must not import `training/`.
+It lives in `core/` because the data-parallel gradient (`parallel.spmd`, which accumulates
+inside its shard_map) uses it and is below `training/`; it is the only place a train step
+takes `jax.value_and_grad`.
 """
 
 import jax
@@ -17,38 +17,26 @@ def micro_batches(batch_BxT: jax.Array, grad_accum: int) -> jax.Array:
     return batch_BxT.reshape(grad_accum, b // grad_accum, *batch_BxT.shape[1:])
 
 
-def accumulated_value_and_grad(loss_fn, params, batch_BxT: jax.Array, grad_accum: int = 1):
-    """(loss, grads) of the scalar `loss_fn(params, batch)`, averaged over `grad_accum` equal
-    micro-batches scanned in order (so the full-batch value and gradient, at a micro-batch's
-    activation memory)."""
-    grad_fn = jax.value_and_grad(loss_fn)
-    if grad_accum == 1:
-        return grad_fn(params, batch_BxT)
-
-    def body(acc, micro):
-        return jax.tree.map(jnp.add, acc, grad_fn(params, micro)), None
-
-    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    total, _ = jax.lax.scan(body, zero, micro_batches(batch_BxT, grad_accum))
-    return jax.tree.map(lambda x: x / grad_accum, total)
-
-
-def accumulated_value_grad_and_aux(loss_fn, params, batch, grad_accum: int = 1):
-    """(loss, grads, aux) of `loss_fn(params, batch) -> (scalar loss, aux)` where `batch` is a
-    pytree of (B, ...) arrays and `aux` has a leading batch axis (stateful training: the final
-    carry of every row). Averaged over `grad_accum` equal micro-batches as above; `aux` is the
-    micro-batches' aux put back in row order."""
+def accumulated_value_and_grad(loss_fn, params, tokens_BxT, carry=None, kw=None, grad_accum=1):
+    """(loss, grads, final carry) of a model loss `loss_fn(params, tokens, carry, **kw) ->
+    (loss, (carry, metrics))` (the `models.base.LanguageModel.loss` contract), averaged over
+    `grad_accum` equal micro-batches scanned in order: the full-batch value and gradient at a
+    micro-batch's activation memory. `carry` and the (B, ...) leaves of `kw` (e.g. `resets`)
+    are split with the rows; the final carry comes back in row order, or None when `carry` is
+    None (fresh windows: nothing to carry on). Gradients are taken in `params` only."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    kw = kw or {}
     if grad_accum == 1:
-        (loss, aux), grads = grad_fn(params, batch)
-        return loss, grads, aux
+        (loss, (new, _)), grads = grad_fn(params, tokens_BxT, carry, **kw)
+        return loss, grads, None if carry is None else new
 
     def body(acc, micro):
-        (loss, aux), grads = grad_fn(params, micro)
-        return jax.tree.map(jnp.add, acc, (loss, grads)), aux
+        x, c, k = micro
+        (loss, (new, _)), grads = grad_fn(params, x, c, **k)
+        return jax.tree.map(jnp.add, acc, (loss, grads)), None if c is None else new
 
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    micro = jax.tree.map(lambda x: micro_batches(x, grad_accum), batch)
-    total, aux = jax.lax.scan(body, zero, micro)
+    micro = jax.tree.map(lambda x: micro_batches(x, grad_accum), (tokens_BxT, carry, kw))
+    total, new = jax.lax.scan(body, zero, micro)
     loss, grads = jax.tree.map(lambda x: x / grad_accum, total)
-    return loss, grads, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), aux)
+    return loss, grads, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), new)

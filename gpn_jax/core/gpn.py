@@ -1,4 +1,4 @@
-"""The GPN / GPN+M recurrence as pure functions (SPEC "One step").
+"""The GPN / GPN+M recurrence as pure functions (the paper's one step).
 
 Shape key: B batch, T time, D state width `d`, E embedding width `d_emb`, H memory heads,
 K key width `dk`, U value width `dv`, F `d_ffn`, V vocabulary.

@@ -20,7 +20,7 @@ def rms(x: Array) -> Array:
 
 
 def rms_norm(x: Array, weight: Array) -> Array:
-    """RMSNorm with a learned per-feature weight (SPEC's `norm_w`)."""
+    """RMSNorm with a learned per-feature weight (the paper's norm weight)."""
     return rms(x) * weight
 
 

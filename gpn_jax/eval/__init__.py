@@ -2,6 +2,6 @@
 sampling. Entry points: `run_evals` (Python), `python -m gpn_jax.evaluate`, `python -m
 gpn_jax.generate`."""
 
-from gpn_jax.eval.runner import EVALS, format_table, parse_evals, run_evals, write_results
+from gpn_jax.eval.suite import EVALS, format_table, parse_evals, run_evals, write_results
 
 __all__ = ["EVALS", "format_table", "parse_evals", "run_evals", "write_results"]

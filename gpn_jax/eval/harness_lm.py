@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from gpn_jax.checkpoints.restore import load_run, require_checkpoints
 from gpn_jax.eval import sampling, scoring
-from gpn_jax.eval.runner import run_tokenizer
+from gpn_jax.eval.suite import run_tokenizer
 
 log = logging.getLogger(__name__)
 

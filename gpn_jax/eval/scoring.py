@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpn_jax.eval import lambada, sampling
+from gpn_jax.eval.stream import jitted_token_losses
 
 RECURRENT = ("gpn", "gdn")
 
@@ -59,11 +60,6 @@ def pieces(n: int, window: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _token_losses(model):
-    return jax.jit(model.token_losses)
-
-
-@functools.lru_cache(maxsize=8)
 def _continuation_scorer(model):
     """(params, carry, tokens (B, L)) -> log p of each token and greedy flags, both (B, L)."""
 
@@ -82,7 +78,7 @@ def stream(model, params, tokens_BxL: np.ndarray, window: int, carry=None):
     carry = model.init_state(tokens_BxL.shape[0]) if carry is None else carry
     losses, lo = [], 0
     for n in pieces(tokens_BxL.shape[1], window):
-        ce, carry = _token_losses(model)(params, tokens_BxL[:, lo : lo + n], carry)
+        ce, carry = jitted_token_losses(model)(params, tokens_BxL[:, lo : lo + n], carry)
         losses.append(np.asarray(ce, np.float64))
         lo += n
     ce = np.concatenate(losses, axis=1) if losses else np.zeros((len(tokens_BxL), 0))

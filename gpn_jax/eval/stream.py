@@ -67,7 +67,7 @@ def stream_token_losses(
     S, N = streams_SxN.shape
     if N % window:
         raise ValueError(f"stream length {N} is not a multiple of the window {window}")
-    step = _jitted_token_losses(model)
+    step = jitted_token_losses(model)
     state = model.init_state(S) if carry else None
     out = []
     resetting = eos_id is not None and carries_state(model)
@@ -82,7 +82,9 @@ def stream_token_losses(
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_token_losses(model):
+def jitted_token_losses(model):
+    """`jax.jit(model.token_losses)`, built once per model: the evals' one token-loss jit
+    (streaming here, continuation scoring in `scoring`)."""
     return jax.jit(model.token_losses)
 
 

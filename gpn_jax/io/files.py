@@ -1,4 +1,4 @@
-"""Atomic file writes (safe when several hosts share a directory).
+"""Atomic file writes (safe when several hosts share a directory) and file hashing.
 
 Temporary names are unique per host, process and call (`paths.write_bytes`); on an object
 store (`gs://`) one object upload is atomic by itself.
@@ -8,8 +8,10 @@ import hashlib
 import os
 
 import numpy as np
+from etils import epath
 
 from gpn_jax.io import paths
+from gpn_jax.io.regular import open_regular
 from gpn_jax.io.untrusted import bad_file, read_npy
 
 DIGEST_SUFFIX = ".sha256"  # `<cache>.npy.sha256`: the sha256 of the cached array's bytes
@@ -19,6 +21,19 @@ _CACHE_FIX = "delete this cache file (it is rebuilt on the next run)"
 def atomic_write(path: str, data: bytes) -> None:
     """Writes `data` to `path` via a uniquely named temporary file and a rename."""
     paths.write_bytes(path, data)
+
+
+def sha256_file(path) -> str:
+    """The sha256 hex digest of the file at `path` (local, `gs://` or an epath), read in blocks."""
+    h = hashlib.sha256()
+    if "://" in str(path):
+        f = epath.Path(path).open("rb")
+    else:  # a regular file only: a FIFO would block, a device never end
+        f, _ = open_regular(str(path))
+    with f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def atomic_save_npy(path: str, array: np.ndarray) -> None:

@@ -56,7 +56,7 @@ class LanguageModel(Protocol):
     config: Any
 
     def init(self, rng: Array) -> Params:
-        """Initial parameters (SPEC's initialisation for GPN)."""
+        """Initial parameters (the paper's initialisation for GPN)."""
 
     def param_axes(self) -> dict[str, tuple]:
         """{'layer_0/w1': ('embed', 'ffn'), ...}: each parameter's logical axis name per dimension

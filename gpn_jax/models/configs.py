@@ -1,8 +1,13 @@
 """The model families' frozen config dataclasses, importable without JAX.
 
-Loading an experiment config builds one of these (`gpn_jax.configs.common.model_block`), so a
+Loading an experiment config builds one of these (`gpn_jax.configs.recipe.model_block`), so a
 bad config is reported before JAX, Flax or the training stack is imported. The model modules
 (`gpn`, `gdn`, `transformer`) re-export their own config; the math lives there.
+
+Each field declares its own rules as dataclass metadata (`size`, `switch`): its minimum (what
+`training.validate` enforces), whether it is math-free (it changes how the result is computed,
+never the result or the parameters, so it may change when a run resumes: `training.loop`'s
+"same model?" check ignores it), and how `--config=...:cpu` shrinks it (`configs.recipe`).
 """
 
 import dataclasses
@@ -20,14 +25,71 @@ def check_dtype(name: str) -> None:
         raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {name!r}")
 
 
+# ----------------------------------------------------------------------------- field rules
+MINIMUM, MATH_FREE, CPU = "minimum", "math_free", "cpu"  # the metadata keys
+
+
+def size(default=dataclasses.MISSING, *, minimum: int = 1, cpu=None):
+    """An integer size field: its `minimum` and its `:cpu` shrink (`cpu(value) -> value`)."""
+    return dataclasses.field(default=default, metadata={MINIMUM: minimum, CPU: cpu})
+
+
+def switch(default, *, minimum: int | None = None, cpu=None):
+    """A math-free field (a switch of how the math runs: chunking, remat, dtypes, kernels)."""
+    return dataclasses.field(
+        default=default, metadata={MATH_FREE: True, MINIMUM: minimum, CPU: cpu}
+    )
+
+
+def at_most(n: int):
+    """`:cpu` rule: the value capped at `n`."""
+    return lambda v: min(v, n)
+
+
+def becomes(x):
+    """`:cpu` rule: the value replaced by `x`."""
+    return lambda v: x
+
+
+def if_set(x):
+    """`:cpu` rule: a set (non-zero) value replaced by `x`; 0 (off) stays 0."""
+    return lambda v: x if v else v
+
+
+def family_configs() -> tuple[type, ...]:
+    """Every family's config dataclass (defined below)."""
+    return GPNConfig, GDNConfig, TransformerConfig
+
+
+def field_rule(key: str, cls: type | None = None) -> dict:
+    """{field name: its rule `key` (MINIMUM or CPU)} of the fields of `cls` (None: of every
+    family; a name shared by families has the same rule in each) that set it."""
+    return {
+        f.name: f.metadata[key]
+        for c in (family_configs() if cls is None else (cls,))
+        for f in dataclasses.fields(c)
+        if f.metadata.get(key) is not None
+    }
+
+
+def math_free_fields() -> frozenset:
+    """The model fields that never change the result or the parameters (`switch`)."""
+    return frozenset(
+        f.name
+        for cls in family_configs()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get(MATH_FREE)
+    )
+
+
 class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
-    FUSED (the default): `core.fast_window` (fused projections, custom VJP with weight
+    FUSED (the default): `core.fused_window` (fused projections, custom VJP with weight
     gradients out of the loop, cross-entropy gradients in the forward pass), tensor parallelism
     over whole memory heads and d_ffn slices; no interventions, and no tensor size that does
     not divide n_heads and d_ffn (both refused with an error naming AUTODIFF). AUTODIFF: the
-    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.window`), any
+    reference, `lax.scan` over `gpn.step` differentiated by JAX (`core.autodiff_window`), any
     intervention, any mesh; the tests compare FUSED against it."""
 
     AUTODIFF = "autodiff"
@@ -38,26 +100,29 @@ class ScanImpl(enum.StrEnum):
 class GPNConfig:
     """Sizes and training-scale switches of a GPN / GPN+M model (switches never change the math)."""
 
-    vocab_size: int
-    d_model: int  # state width d
-    d_emb: int
-    d_ffn: int
-    n_heads: int = 0  # memory heads H (0 with memory=False)
-    d_key: int = 0
-    d_value: int = 0
-    n_layers: int = 1  # predict layers L per token
+    vocab_size: int = size(cpu=becomes(2048))
+    d_model: int = size(cpu=at_most(128))  # state width d
+    d_emb: int = size(cpu=at_most(64))
+    d_ffn: int = size(cpu=at_most(256))
+    # memory heads H (0 with memory=False, where the three may be 0: `training.validate`)
+    n_heads: int = size(0, cpu=at_most(2))
+    d_key: int = size(0, cpu=at_most(16))
+    d_value: int = size(0, cpu=at_most(32))
+    n_layers: int = size(1, cpu=at_most(2))  # predict layers L per token
     memory: bool = True  # False: GPN (no matrix memory)
     decoder_bias: bool = False
-    compute_dtype: str = "float32"  # matmul dtype; state, memory, norms and softmax stay float32
+    # matmul dtype; state, memory, norms and softmax stay float32
+    compute_dtype: str = switch("float32", cpu=becomes("float32"))
     # storage dtype of the matrix memory between tokens ("float32" | "bfloat16"); its updates
     # and reads compute in float32. bfloat16 halves the memory's per-token traffic (accelerators)
-    memory_dtype: str = "float32"
-    remat_segment: int = 0  # >0: rematerialise the scan in segments of this many tokens
-    loss_chunk: int = 128  # time steps decoded at once after the scan
-    scan_impl: ScanImpl = ScanImpl.FUSED  # "fused" | "autodiff" (`ScanImpl`; same math)
+    memory_dtype: str = switch("float32")
+    # >0: rematerialise the scan in segments of this many tokens
+    remat_segment: int = switch(0, minimum=0, cpu=if_set(32))
+    loss_chunk: int = switch(128, minimum=1)  # time steps decoded at once after the scan
+    scan_impl: ScanImpl = switch(ScanImpl.FUSED)  # "fused" | "autodiff" (`ScanImpl`; same math)
     # the fused window's memory passes and products: "auto" | "xla" | "native" | "pallas"
     # (`gpn_jax.kernels.resolve`; same math)
-    kernels: str = "auto"
+    kernels: str = switch("auto")
 
     def __post_init__(self):
         if self.memory and min(self.n_heads, self.d_key, self.d_value) <= 0:
@@ -79,20 +144,21 @@ class GPNConfig:
 class GDNConfig:
     """Sizes and training-scale switches of a Gated DeltaNet (switches never change the math)."""
 
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_key: int  # head width of q and k
-    d_value: int  # head width of v (and of the output gate)
-    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
-    conv_size: int = 4  # depthwise causal short-convolution kernel on q, k, v
+    vocab_size: int = size(cpu=becomes(2048))
+    d_model: int = size(cpu=at_most(128))
+    n_layers: int = size(cpu=at_most(2))
+    n_heads: int = size(cpu=at_most(2))
+    d_key: int = size(cpu=at_most(16))  # head width of q and k
+    d_value: int = size(cpu=at_most(32))  # head width of v (and of the output gate)
+    d_ffn: int = size(cpu=at_most(256))  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
+    conv_size: int = size(4)  # depthwise causal short-convolution kernel on q, k, v
     tie_embeddings: bool = True
-    bos_id: int = 1
-    compute_dtype: str = "float32"  # matmul dtype; residual, norms, conv, delta rule stay float32
-    chunk_size: int = 64  # chunk length of the chunked delta rule; 0: recurrent form
-    loss_chunk: int = 128  # positions decoded to logits at once in the loss
-    remat: bool = False  # rematerialise each block in the backward pass
+    bos_id: int = size(1, minimum=0)
+    # matmul dtype; residual, norms, conv, delta rule stay float32
+    compute_dtype: str = switch("float32", cpu=becomes("float32"))
+    chunk_size: int = size(64, minimum=0)  # chunk length of the chunked delta rule; 0: recurrent
+    loss_chunk: int = switch(128, minimum=1)  # positions decoded to logits at once in the loss
+    remat: bool = switch(False)  # rematerialise each block in the backward pass
 
     def __post_init__(self):
         if min(self.n_heads, self.d_key, self.d_value, self.d_ffn, self.d_model) <= 0:
@@ -125,18 +191,20 @@ class GDNConfig:
 class TransformerConfig:
     """Sizes and training-scale switches of a Transformer++ (switches never change the math)."""
 
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ffn: int  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
-    max_seq_len: int  # training window; also the KV-cache length when decoding
+    vocab_size: int = size(cpu=becomes(2048))
+    d_model: int = size(cpu=at_most(128))
+    n_layers: int = size(cpu=at_most(2))
+    n_heads: int = size(cpu=at_most(2))
+    d_ffn: int = size(cpu=at_most(256))  # SwiGLU hidden width (W1, W3 are (d, d_ffn))
+    # training window; also the KV-cache length when decoding
+    max_seq_len: int = size(cpu=becomes(128))
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
-    bos_id: int = 1
-    compute_dtype: str = "float32"  # matmul / attention dtype; residual, norms, RoPE stay float32
-    loss_chunk: int = 128  # positions decoded to logits at once in the loss
-    remat: bool = False  # rematerialise each block in the backward pass
+    bos_id: int = size(1, minimum=0)
+    # matmul / attention dtype; residual, norms, RoPE stay float32
+    compute_dtype: str = switch("float32", cpu=becomes("float32"))
+    loss_chunk: int = switch(128, minimum=1)  # positions decoded to logits at once in the loss
+    remat: bool = switch(False)  # rematerialise each block in the backward pass
 
     def __post_init__(self):
         if self.d_model % self.n_heads:

@@ -9,15 +9,13 @@ the module only declares and initialises parameters and never runs the math.
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from functools import partial
-from typing import NamedTuple
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 
 from gpn_jax import kernels as kernels_lib
-from gpn_jax.core import fast_window, fused_layout, fused_loss, gpn, window
+from gpn_jax.core import autodiff_window, fused_layout, fused_loss, fused_window, gpn
 from gpn_jax.core import loss as loss_lib
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.kernel_ops import MemoryKernels
@@ -54,7 +52,7 @@ def dt_bias_init(key, shape, dtype=jnp.float32):
 
 
 def param_specs(c: GPNConfig) -> dict:
-    """Every GPN(+M) parameter with SPEC's initialisation and its logical axes (see
+    """Every GPN(+M) parameter with the paper's initialisation and its logical axes (see
     `gpn_jax.models.params`). Square mixing matrices that feed element-wise gates (`wpg`,
     `gate_w`) and the decode / ground projections stay whole over `heads`-like splits."""
     d, e, f = c.d_model, c.d_emb, c.d_ffn
@@ -113,42 +111,22 @@ def weight_decay_mask(params) -> dict:
 
 
 # ----------------------------------------------------------------------------- scan_impl
-class _Impl(NamedTuple):
-    """What `scan_impl` selects: the window scan and the summed cross-entropy."""
-
-    scan: Callable  # (cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB) -> (carry, StepOutput)
-    ce_sum: Callable  # (cp, p_TxBxD, targets_TxB, chunk) -> CE sum
-
-
 def _autodiff_ce_sum(cp, p_TxBxD, targets_TxB, chunk):
     return loss_lib.cross_entropy_sum(lambda p: gpn.decode(cp, p), p_TxBxD, targets_TxB, chunk)
 
 
-def _fused_scan(
-    cp, carry, xg_TxBxD, remat_segment, iv, keep_TxB=None, blocks=(1, None), kernels=None
-):
-    """The fused window; it has no interventions and says so rather than switching scans.
-    `blocks`: (tp, mesh axis) of its tensor-parallel layout (`GPN.partitioned`); `kernels`: the
-    resolved `model.kernels` (None: the XLA formulas)."""
+def _ce_sum(scan_impl: ScanImpl):
+    """The summed cross-entropy of `scan_impl`: (cp, p_TxBxD, targets_TxB, chunk) -> CE sum."""
+    return fused_loss.cross_entropy_sum_fused if scan_impl is ScanImpl.FUSED else _autodiff_ce_sum
+
+
+def _check_no_intervention(iv: Intervention) -> None:
+    """The fused window has no interventions and says so rather than switching scans."""
     if any(x is not None for x in iv):
         raise ValueError(
             "scan_impl='fused' does not run interventions; use the reference scan "
             "(model.autodiff(), or scan_impl='autodiff' in the config)"
         )
-    tp, axis = blocks
-    return fast_window.scan_window_fused(
-        cp, carry, xg_TxBxD, remat_segment, keep_TxB=keep_TxB, tp=tp, tp_axis=axis,
-        kernels=kernels,
-    )  # fmt: skip
-
-
-def _impl(scan_impl: ScanImpl, blocks=(1, None), kernels: MemoryKernels | None = None) -> _Impl:
-    """The one place `scan_impl` is dispatched (looked up when a loss is traced); `blocks`:
-    the fused window's tensor-parallel layout (`GPN.partitioned`); `kernels`: its kernels."""
-    if scan_impl is ScanImpl.FUSED:
-        scan = partial(_fused_scan, blocks=blocks, kernels=kernels)
-        return _Impl(scan, fused_loss.cross_entropy_sum_fused)
-    return _Impl(window.scan_window, _autodiff_ce_sum)
 
 
 class GPN(SpecModel):
@@ -161,7 +139,7 @@ class GPN(SpecModel):
         platform: str | None = None,
     ):
         """`tensor_blocks`: (tp, mesh axis) of the fused window's tensor-parallel layout, set by
-        `partitioned` (what `parallel.spmd.ShardedModel` runs); (1, None) on one device.
+        `partitioned` (what `parallel.spmd.DataParallel` runs); (1, None) on one device.
         `platform`: the one `model.kernels` is resolved for (None: `jax.default_backend()`;
         `on_platform` sets it, e.g. to compile for a TPU from a CPU host)."""
         self.config = config
@@ -193,7 +171,7 @@ class GPN(SpecModel):
         """The model to run with its logical axes split as `splits` ({axis: (mesh axis, size)},
         split axes only) under GSPMD: the fused window lays its matrices out in column blocks
         of whole memory heads and d_ffn columns, one per device of the axis that splits both
-        (`core.fast_window`, "Tensor parallelism"); the autodiff scan needs nothing.
+        (`core.fused_window`, "Tensor parallelism"); the autodiff scan needs nothing.
 
         Raises:
           ValueError: the fused window with heads and d_ffn split differently, or a split
@@ -244,8 +222,16 @@ class GPN(SpecModel):
         cp = self._compute_params(params)
         xg_TxBxD = gpn.grounding_inputs(cp, tokens_BxT.T)
         keep = None if resets is None else 1.0 - jnp.asarray(resets, jnp.float32).T
-        scan = _impl(self.config.scan_impl, self.tensor_blocks, self.kernels()).scan
-        carry, out = scan(cp, carry, xg_TxBxD, self.config.remat_segment, iv, keep)
+        segment = self.config.remat_segment
+        if self.config.scan_impl is not ScanImpl.FUSED:
+            carry, out = autodiff_window.scan_window(cp, carry, xg_TxBxD, segment, iv, keep)
+            return out, carry, cp
+        _check_no_intervention(iv)
+        tp, axis = self.tensor_blocks  # its tensor-parallel layout (`partitioned`)
+        carry, out = fused_window.scan_window_fused(
+            cp, carry, xg_TxBxD, segment, keep_TxB=keep, tp=tp, tp_axis=axis,
+            kernels=self.kernels(),
+        )  # fmt: skip
         return out, carry, cp
 
     def loss(
@@ -263,7 +249,7 @@ class GPN(SpecModel):
             loss = masked_mean(ce_TxB.T, mask)
             metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
             return loss, (carry, metrics)
-        ce_sum = _impl(self.config.scan_impl).ce_sum
+        ce_sum = _ce_sum(self.config.scan_impl)
         total = ce_sum(cp, out.p, tokens_BxT.T, self.config.loss_chunk)
         loss = total / tokens_BxT.size
         metrics = {"loss": loss, "state_rms": jnp.sqrt(jnp.mean(jnp.square(out.p)))}
@@ -327,7 +313,7 @@ class GPN(SpecModel):
                        sequences: passes * n_rec * w / B; decode + embedding read twice per
                        loss chunk of C positions and their float32 gradient read + written;
           weight_grads float32 accumulators of n_rec read + written once per fused segment of
-                       S steps (`fast_window`), once per step under autodiff;
+                       S steps (`fused_window`), once per step under autodiff;
           activations  the per-step residuals (fused widths) written once and read once, plus
                        the predicted state, its cotangent, xg and its cotangent;
           memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
@@ -346,7 +332,7 @@ class GPN(SpecModel):
         write_cols = hk + hu + 2 * h if c.memory else 0
         layer_cols = 2 * f + d + (hk + hu if c.memory else 0)
         n_rec = d * (write_cols + L * layer_cols) + L * (f + hu) * d + d * d
-        S = c.remat_segment or fast_window.default_segment(T)
+        S = c.remat_segment or fused_window.default_segment(T)
         C = loss_lib.chunk_size(T, c.loss_chunk)
         passes = 3 if c.remat_segment else 2
         per_step_grads = c.scan_impl is ScanImpl.AUTODIFF

@@ -24,7 +24,7 @@ import flax.linen as nn
 
 lecun = nn.initializers.lecun_normal()
 zeros, ones = nn.initializers.zeros, nn.initializers.ones
-small = nn.initializers.normal(stddev=0.02)  # embeddings and memory-read output (SPEC)
+small = nn.initializers.normal(stddev=0.02)  # embeddings and memory-read output (as the paper)
 
 EMBED, VOCAB, FFN, HEADS = "embed", "vocab", "ffn", "heads"
 

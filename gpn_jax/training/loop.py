@@ -25,6 +25,7 @@ from gpn_jax.checkpoints.restore import tokenizer_sha256
 from gpn_jax.io import paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.models import accounting, factory
+from gpn_jax.models import configs as model_configs
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import init_from, progress, setup, validate
 from gpn_jax.training import train_step as ts
@@ -34,18 +35,8 @@ from gpn_jax.training.metric_writer import MetricWriter, parse_writers, run_info
 FINAL_METRICS = "final_metrics.json"
 
 # Model fields that change how the math is computed, never its result or the parameters:
-# they may change when a run resumes.
-MATH_FREE_MODEL_FIELDS = frozenset(
-    {
-        "loss_chunk",
-        "scan_impl",
-        "remat_segment",
-        "remat",
-        "compute_dtype",
-        "memory_dtype",
-        "kernels",
-    }
-)
+# they may change when a run resumes (declared on the field: `models.configs.switch`).
+MATH_FREE_MODEL_FIELDS = model_configs.math_free_fields()
 _MISSING = "(absent)"
 
 
@@ -367,11 +358,7 @@ def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:
     (a function of the data position alone, so a resumed run does the same)."""
     if run.state.carry is None or not step or not run.data.train.at_epoch_start:
         return
-    rows = run.config.train.batch_size
-    fresh = jax.jit(
-        lambda: run.model.init_state(rows), out_shardings=run.setup.state_shardings.carry
-    )
-    run.state = run.state._replace(carry=fresh())
+    run.state = run.state._replace(carry=run.setup.fresh_carry())
 
 
 def train_and_evaluate(config, workdir: str) -> dict:

@@ -7,10 +7,11 @@ training runs. (Restoring parameters for evaluation needs none of this: `checkpo
 builds only the model.)
 
 The steps are data-parallel over `data` x `fsdp` with weights gathered once per step
-(`parallel.spmd.ShardedModel`); on a one-device mesh that is the plain step.
+(`parallel.spmd.DataParallel`); on a one-device mesh that is the plain step.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -22,7 +23,7 @@ from gpn_jax import kernels as kernels_lib
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
-from gpn_jax.parallel.spmd import ShardedModel
+from gpn_jax.parallel.spmd import DataParallel
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
@@ -57,18 +58,34 @@ class Run:
 
     def init_state(self, rng: jax.Array) -> ts.TrainState:
         """A freshly initialised train state, created in place with its shardings."""
+        return self._jit_init(rng)
+
+    def fresh_carry(self):
+        """Stateful training: the initial carry of every stream, with its shardings."""
+        return self._jit_fresh_carry()
+
+    @functools.cached_property
+    def _jit_fresh_carry(self):
+        rows = carry_rows(self.config)
+        fresh = lambda: self.model.init_state(rows)
+        return jax.jit(fresh, out_shardings=self.state_shardings.carry)
+
+    @functools.cached_property
+    def _jit_init(self):
+        """`init_state`'s jitted function, built once per run (a frozen dataclass may cache)."""
         rows = carry_rows(self.config)
         init = lambda r: ts.init_train_state(self.model, self.optimizer, r, rows)
-        return jax.jit(init, out_shardings=self.state_shardings)(rng)
+        return jax.jit(init, out_shardings=self.state_shardings)
 
     def stateful_train_step(self, eos_id: int | None):
         """The train step of stateful training that resets the carry at the documents of
         `eos_id` (known once the data is built; `train_step` resets nowhere)."""
         t = self.config.train
-        model = ts.with_loss_mask(self.model, datalib.loss_mask(self.config))
+        mask = datalib.loss_mask(self.config)
         return jit_train_step(
-            model, self.optimizer, t.grad_accum, self.mesh, self.state_shardings, self.rules, eos_id
-        )
+            self.model, self.optimizer, t.grad_accum, self.mesh, self.state_shardings, self.rules,
+            eos_id, mask,
+        )  # fmt: skip
 
     def state_target(self) -> ts.TrainState:
         """The abstract state carrying its shardings (a restore target, or AOT input)."""
@@ -114,12 +131,13 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
         state_shardings=shardings,
         # the data may restrict the training loss to some positions (recall: the answers)
         train_step=jit_train_step(
-            ts.with_loss_mask(model, datalib.loss_mask(config)),
+            model,
             optimizer,
             t.grad_accum,
             mesh,
             shardings,
             rules,
+            loss_mask=datalib.loss_mask(config),
         ),
         eval_step=jit_eval_step(model, mesh, shardings.params, rules),
         kernels=kernels,
@@ -141,14 +159,15 @@ def carry_rows(config) -> int:
 
 
 def jit_train_step(
-    model, optimizer, grad_accum: int, mesh, state_sharding, rules=None, eos_id=None
-):
+    model, optimizer, grad_accum: int, mesh, state_sharding, rules=None, eos_id=None,
+    loss_mask=None,
+):  # fmt: skip
     """The jitted, donated `train_step(state, batch)` on `mesh` (what the loop and AOT compile).
 
-    Gradient accumulation runs inside the sharded loss (one reduce-scatter per step)."""
-    sharded = ShardedModel(model, mesh, rules, grad_accum)
+    Gradient accumulation runs inside the data-parallel gradient (one reduce-scatter per
+    step); `loss_mask` (T,) bool restricts the loss to those positions (None: all)."""
     return jax.jit(
-        ts.make_train_step(sharded, optimizer, eos_id=eos_id),
+        ts.make_train_step(model, optimizer, grad_accum, eos_id, mesh, rules, loss_mask),
         in_shardings=(state_sharding, meshlib.batch_sharding(mesh)),
         out_shardings=(state_sharding, meshlib.replicated(mesh)),
         donate_argnums=0,
@@ -157,9 +176,8 @@ def jit_train_step(
 
 def jit_eval_step(model, mesh, param_sharding, rules=None):
     """The jitted `eval_step(params, batch) -> (CE sum, token count)` on `mesh`."""
-    sharded = ShardedModel(model, mesh, rules)
     return jax.jit(
-        ts.make_eval_step(sharded),
+        ts.make_eval_step(DataParallel(model, mesh, rules)),
         in_shardings=(param_sharding, meshlib.batch_sharding(mesh)),
         out_shardings=meshlib.replicated(mesh),
     )

@@ -1,6 +1,8 @@
 """The pure training and evaluation steps.
 
-`train_step(state, batch)` does one optimiser step. With gradient accumulation the global
+`train_step(state, batch)` does one optimiser step: the loss and its gradient come from
+`parallel.spmd.DataParallel` (one `jax.value_and_grad`, taken per device inside its
+shard_map; on one device when no mesh is given). With gradient accumulation the global
 batch (B, T) is split into `grad_accum` micro-batches scanned inside the step, so one call
 is still one optimiser step, the loss is the mean over the whole batch, and the gradient is
 exactly the full-batch gradient (equal-size micro-batches).
@@ -13,11 +15,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from gpn_jax.core.accumulate import accumulated_value_and_grad, accumulated_value_grad_and_aux
 from gpn_jax.models.base import document_starts, reset_after_eos
+from gpn_jax.parallel import mesh as meshlib
+from gpn_jax.parallel.spmd import DataParallel
 
 Array = jax.Array
 
@@ -64,79 +66,40 @@ def keep_if_finite(finite: Array, new: TrainState, old: TrainState) -> TrainStat
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
-class MaskedLoss:
-    """`model` whose `loss` averages the CE over the positions where `mask_T` is True only.
-
-    Why a wrapper: the mask is a property of the data layout (e.g. the answer positions of
-    associative recall, the same in every window), so wrapping the model lets the plain and
-    the sharded train steps use it unchanged. Everything else is the wrapped model's.
-    """
-
-    def __init__(self, model, mask_T):
-        self.model, self.mask_1xT = model, np.asarray(mask_T, bool)[None, :]
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def loss(self, params, tokens_BxT, carry=None, **kw):
-        return self.model.loss(params, tokens_BxT, carry, mask=self.mask_1xT, **kw)
-
-    def partitioned(self, splits) -> "MaskedLoss":
-        """The wrapped model's layout for `splits`, still masked."""
-        return MaskedLoss(self.model.partitioned(splits), self.mask_1xT[0])
-
-
-def with_loss_mask(model, mask_T):
-    """`model` itself when `mask_T` is None, else a `MaskedLoss` over it."""
-    return model if mask_T is None else MaskedLoss(model, mask_T)
-
-
-def stateful_value_and_grad(model, params, batch_BxT, carry, resets_BxT, grad_accum: int = 1):
-    """(loss, grads, final carry) of one window per stream from `carry` (truncated BPTT: no
-    gradient reaches the incoming carry). A model that computes this itself (data-parallel,
-    `parallel.spmd.ShardedModel`) does; else micro-batched here."""
-    carry = jax.lax.stop_gradient(carry)
-    if hasattr(model, "stateful_value_and_grad"):
-        return model.stateful_value_and_grad(params, batch_BxT, carry, resets_BxT)
-
-    def loss_fn(p, micro):
-        tokens, c, r = micro
-        loss, (new, _) = model.loss(p, tokens, c, resets=r)
-        return loss, new
-
-    batch = (batch_BxT, carry, resets_BxT)
-    return accumulated_value_grad_and_aux(loss_fn, params, batch, grad_accum)
+def one_device_mesh() -> jax.sharding.Mesh:
+    """data = fsdp = tensor = 1 on the default device: the plain step's mesh."""
+    return meshlib.make_mesh({}, jax.devices()[:1])
 
 
 def make_train_step(
-    model, optimizer: optax.GradientTransformation, grad_accum: int = 1, eos_id: int | None = None
+    model,
+    optimizer: optax.GradientTransformation,
+    grad_accum: int = 1,
+    eos_id: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    loss_mask=None,
 ):
     """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation.
 
-    A state with a carry (stateful training) starts each row's window from it and keeps the
-    final carry for the next step, reset at every document start: the positions after the
-    separator `eos_id` inside the window, and the next window's first position when a row's
-    window ends with it (`models.base`). eos_id None: no document resets."""
-
-    def accumulate(params, batch_BxT):
-        loss_fn = lambda p, x: model.loss(p, x)[0]
-        return accumulated_value_and_grad(loss_fn, params, batch_BxT, grad_accum)
-
-    def stateful(params, batch_BxT, carry):
-        resets = None if eos_id is None else document_starts(batch_BxT, eos_id)
-        loss, grads, carry = stateful_value_and_grad(
-            model, params, batch_BxT, carry, resets, grad_accum
-        )
-        if eos_id is not None:
-            carry = reset_after_eos(model, carry, batch_BxT, eos_id)
-        return loss, grads, carry
+    The loss and its gradient are `parallel.spmd.DataParallel`'s on `mesh` (None: one device),
+    accumulated over `grad_accum` micro-batches; `loss_mask` (T,) bool restricts the loss to
+    those positions (None: all). A state with a carry (stateful training) starts each row's
+    window from it and keeps the final carry for the next step, reset at every document
+    start: the positions after the separator `eos_id` inside the window, and the next
+    window's first position when a row's window ends with it (`models.base`). eos_id None: no
+    document resets."""
+    dp = DataParallel(
+        model, one_device_mesh() if mesh is None else mesh, rules, grad_accum, loss_mask
+    )
 
     def train_step(state: TrainState, batch_BxT: Array):
-        carry = state.carry
-        if carry is None:
-            loss, grads = accumulate(state.params, batch_BxT)
-        else:
-            loss, grads, carry = stateful(state.params, batch_BxT, carry)
+        stateful = state.carry is not None
+        resets = document_starts(batch_BxT, eos_id) if stateful and eos_id is not None else None
+        dp.check_batch(batch_BxT)
+        loss, grads, carry = dp.grad(state.params, batch_BxT, state.carry, resets)
+        if stateful and eos_id is not None:
+            carry = reset_after_eos(model, carry, batch_BxT, eos_id)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         rng, _ = jax.random.split(state.rng)

@@ -15,27 +15,14 @@ the knob that fixes it (`config.<block>.<field>`) and its allowed range. No JAX 
 import importlib.util
 import math
 
+from gpn_jax.models import configs as model_configs
 from gpn_jax.models.configs import COMPUTE_DTYPES
 
-# Minimum allowed value of each integer size field of the model families' configs
-# (gpn, transformer, gdn). tests/training/test_validate.py checks that every int field of every
-# family's config dataclass is listed here, so a new field cannot slip past unchecked.
-MODEL_MINIMUM = {
-    "vocab_size": 1,
-    "d_model": 1,
-    "d_emb": 1,
-    "d_ffn": 1,
-    "n_layers": 1,
-    "n_heads": 1,  # gpn without memory: 0 (see _memory_fields)
-    "d_key": 1,
-    "d_value": 1,
-    "loss_chunk": 1,
-    "max_seq_len": 1,
-    "conv_size": 1,
-    "chunk_size": 0,  # gdn: 0 selects the recurrent form
-    "remat_segment": 0,  # 0: no segmented remat
-    "bos_id": 0,
-}
+# Minimum allowed value of each integer field of the model families' configs (gpn, transformer,
+# gdn), declared on the field (`models.configs.size` / `switch`). tests/training/test_validate.py
+# checks that every int field of every family's config dataclass has one, so a new field cannot
+# slip past unchecked.
+MODEL_MINIMUM = model_configs.field_rule(model_configs.MINIMUM)
 _GPN_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
 
 # Minimum of each train field (all integers).
@@ -216,7 +203,7 @@ def check_logging(config) -> None:
 
 
 def check_remat_segment(config) -> None:
-    """The window splits into whole remat segments (`core.window` checks it again)."""
+    """The window splits into whole remat segments (`core.autodiff_window` checks it again)."""
     segment, seq_len = config.model.get("remat_segment", 0), config.train.seq_len
     if segment and seq_len % segment:
         raise ValueError(

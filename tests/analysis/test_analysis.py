@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from gpn_jax.analysis import ablations, collect, runner, summarize
+from gpn_jax.analysis import ablations, analyses, collect, summarize
 from gpn_jax.models.gpn import GPN, GPNConfig
 from tests import REPO_ROOT as ROOT
 from tests.environment import one_device_env
@@ -293,8 +293,8 @@ REQUIRED = {
 def test_analyze_writes_every_output(gpn_m, tmp_path):
     model, params = gpn_m
     data = FakeData(windows(3), np.arange(V))
-    cfg = runner.AnalysisConfig(micro_batch=2, sample_size=16, heatmap_dims=8)
-    res = runner.analyze(fake_run(model, params), str(tmp_path), cfg, data=data, log=None)
+    cfg = analyses.AnalysisConfig(micro_batch=2, sample_size=16, heatmap_dims=8)
+    res = analyses.analyze(fake_run(model, params), str(tmp_path), cfg, data=data, log=None)
     files = sorted(os.listdir(tmp_path))
     assert files == sorted(
         [
@@ -335,8 +335,8 @@ def test_analyze_writes_every_output(gpn_m, tmp_path):
 def test_analyze_gpn_without_memory(tmp_path):
     model, params = tiny(memory=False)
     data = FakeData(windows(2), np.arange(V))
-    cfg = runner.AnalysisConfig(micro_batch=4, sample_size=8, heatmap_dims=8)
-    res = runner.analyze(fake_run(model, params), str(tmp_path), cfg, data=data, log=None)
+    cfg = analyses.AnalysisConfig(micro_batch=4, sample_size=8, heatmap_dims=8)
+    res = analyses.analyze(fake_run(model, params), str(tmp_path), cfg, data=data, log=None)
     assert res["memory_horizon"] is None
     assert set(res["ablations"]["rows"]) == {"base", "mean_dir", "random_dir"}
     assert "no matrix memory" in (tmp_path / "report.md").read_text()
@@ -359,7 +359,7 @@ def test_rejects_other_models():
         model=object(), config=ml_collections.ConfigDict({"model": {"family": "transformer"}})
     )
     with pytest.raises(ValueError, match="GPN / GPN\\+M runs"):
-        runner.check_model(run)
+        analyses.check_model(run)
 
 
 # ---------------------------------------------------------------------------- a real run
@@ -382,7 +382,7 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_analyze_trained_run_uses_its_heldout_split(trained, tmp_path):
     workdir, final = trained
-    res = runner.analyze_workdir(workdir, str(tmp_path), max_batches=6, micro_batch=4)
+    res = analyses.analyze_workdir(workdir, str(tmp_path), max_batches=6, micro_batch=4)
     # (a) reproduces the held-out PPL training reported over the same six held-out batches
     # the same forward in another batching: gpn_m_tiny (vocab 512, d_ffn 128, windows of 32) over
     # the six held-out batches of 8 windows; exp turns the mean loss's absolute error
@@ -435,7 +435,7 @@ def test_cli_end_to_end(trained, tmp_path):
 def test_analysis_out_never_replaces_another_directorys_files(tmp_path):
     """A new or empty --out, or one holding an earlier analysis of the same run, is accepted;
     a directory with anything else, or one inside the run's workdir, is refused."""
-    from gpn_jax.analysis.runner import check_analysis_out
+    from gpn_jax.analysis.analyses import check_analysis_out
 
     wd = tmp_path / "run"
     wd.mkdir()

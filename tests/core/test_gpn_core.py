@@ -1,4 +1,4 @@
-"""GPN / GPN+M against SPEC: an independent NumPy loop, carry semantics, and the training switches."""
+"""GPN / GPN+M against the paper's equations: an independent NumPy loop, carry semantics, and the training switches."""
 
 import chex
 import jax

@@ -1,7 +1,7 @@
 """Plain-jnp references for the memory's four passes (`gpn_jax.kernels.cpu.memory`'s semantics), for
-checking the kernels: the forward's write and read as `fast_window._write` / `_read_out` compute
+checking the kernels: the forward's write and read as `fused_window._write` / `_read_out` compute
 them (float32 arithmetic, the new memory rounded to M's dtype, the read from the stored memory),
-the recomputation as `fast_window._recompute_memory`'s scan, and the backward's passes as
+the recomputation as `fused_window._recompute_memory`'s scan, and the backward's passes as
 `jax.vjp` of those formulas (autodiff, not the kernels' hand-derived products)."""
 
 import jax

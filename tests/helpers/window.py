@@ -50,7 +50,7 @@ def tokens(t, seed=0, b=B):
 
 
 def random_params(model: GPN, seed: int = 0) -> dict:
-    """SPEC's init zeroes several gates and biases; randomise everything so every term counts."""
+    """The paper's init zeroes several gates and biases; randomise everything so every term counts."""
     params = model.init(jax.random.PRNGKey(seed))
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from gpn_jax import kernels
-from gpn_jax.core import fast_window, fused_backward, fused_forward, fused_layout, fused_stages
+from gpn_jax.core import fused_backward, fused_forward, fused_layout, fused_stages, fused_window
 from gpn_jax.kernels.cpu import memory
 from tests.helpers.window import (
     f32_bound,
@@ -115,7 +115,7 @@ def test_fused_window_gradients_through_the_memory_kernels_equal_autodiff(native
     """One predict layer, 4-step segments (4 of them), a random carry, document resets, and a
     term on the log decays (the window's other output): the loss, final carry and gradients
     against plain autodiff."""
-    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
     ref, fused = pair(kernels="native", n_layers=1, n_heads=2, d_key=8, d_value=16)
     params, carry, x = random_params(ref), random_carry(ref), tokens(16)
     resets = jnp.zeros(x.shape, bool).at[0, 5].set(True).at[1, 8].set(True)

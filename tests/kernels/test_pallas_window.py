@@ -53,7 +53,7 @@ def test_the_window_takes_kernels_per_shard_only():
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from gpn_jax.core import fast_window
+    from gpn_jax.core import fused_window
 
     real = kernels.resolve("pallas", "cpu")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("data", "tensor"))
@@ -61,7 +61,7 @@ def test_the_window_takes_kernels_per_shard_only():
 
     def probe(where):
         def body(x):
-            seen[where] = fast_window._usable_kernels(real, 1, True, jnp.float32, "float32")
+            seen[where] = fused_window._usable_kernels(real, 1, True, jnp.float32, "float32")
             return x
 
         return body

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpn_jax import kernels
-from gpn_jax.core import fast_window
+from gpn_jax.core import fused_window
 from gpn_jax.kernels.cpu import small_matmul
 from tests.helpers.window import (
     f32_bound,
@@ -83,10 +83,10 @@ def test_bfloat16_compute_and_meshes_keep_xlas_products(native):
     x, carry = tokens(9), random_carry(model)
     assert small_matmul.TARGET not in fused_grad_hlo(model, params, x, carry)
     f32_params = _model("native").init(jax.random.PRNGKey(0))
-    assert fast_window.dims_of(f32_params, 9, kernels=native).products is not None
+    assert fused_window.dims_of(f32_params, 9, kernels=native).products is not None
     mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
     with jax.set_mesh(mesh):
-        dm = fast_window.dims_of(f32_params, 9, kernels=native)
+        dm = fused_window.dims_of(f32_params, 9, kernels=native)
     assert dm.products is None and dm.kernels is None
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.core import fast_window
+from gpn_jax.core import fused_window
 from gpn_jax.models.base import document_starts, reset_after_eos
 from gpn_jax.models.gdn import GatedDeltaNet, GDNConfig
 from gpn_jax.models.gpn import GPN, GPNConfig
@@ -134,7 +134,7 @@ FUSED_CASES = {
 def test_fused_equals_autodiff_with_resets(name, monkeypatch):
     """Resets inside segments and on a segment's first step (memory checkpoints every 4
     steps), from a random carried state; cotangents also enter through the final carry."""
-    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
     auto, fused = fw_tests.pair(**FUSED_CASES[name])
     params, x = random_params(auto), np.array(fw_tests.tokens(16)) % (V - EOS - 1) + EOS + 1
     x[0, [3, 7]], x[1, 15] = EOS, EOS  # resets at 4 (a segment start), 8 and nowhere

@@ -169,11 +169,11 @@ def _sharded(name, shape):
     model, params, tokens, _ = _problem(name)
     mesh = make_mesh(shape)
     shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
-    sharded = spmd.ShardedModel(model, mesh)
+    sharded = spmd.DataParallel(model, mesh)
     batch = meshlib.batch_sharding(mesh)
     with jax.set_mesh(mesh):
         fn = jax.jit(
-            jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0]),
+            lambda p, x: sharded.value_and_grad(p, x)[:2],
             in_shardings=(shardings, batch),
             out_shardings=(meshlib.replicated(mesh), shardings),
         )
@@ -234,7 +234,7 @@ def test_memory_kernels_run_per_shard_under_data_and_fsdp(shape, kernels, monkey
     assert bool(traced) == (kernels == "pallas")
 
 
-# The fused window under tensor parallelism (`core.fast_window`: tp-major column blocks): GPN+M
+# The fused window under tensor parallelism (`core.fused_window`: tp-major column blocks): GPN+M
 # 1 layer, 2 layers with remat segments, 4 heads on tensor = 4, and GPN without memory.
 FUSED_TP = {
     "gpn_m_fused": (2, 2, 2),
@@ -275,11 +275,11 @@ def test_fused_window_tensor_parallel_stateful_with_resets_and_accumulation():
 
     (ref_loss, (ref_carry, _)), ref_grads = jax.jit(local)(params, tokens, carry, resets)
     mesh = make_mesh((2, 2, 2))
-    sharded = spmd.ShardedModel(model, mesh, grad_accum=2)
+    sharded = spmd.DataParallel(model, mesh, grad_accum=2)
     shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     rows = jax.device_put((tokens, carry, resets), meshlib.batch_sharding(mesh))
     with jax.set_mesh(mesh):
-        step = jax.jit(sharded.stateful_value_and_grad)
+        step = jax.jit(sharded.value_and_grad)
         loss, grads, final = step(jax.device_put(params, shardings), *rows)
     # two micro-batches of half the rows: the same chain, summed in another order
     assert rel_err(loss, ref_loss) <= sharded_bound()
@@ -292,7 +292,7 @@ def test_fused_window_refuses_heads_that_do_not_split_over_tensor():
     mesh is refused when the sharded model is built, before anything is traced."""
     model = factory.build_model(MODELS["gpn_m_fused"])
     with pytest.raises(ValueError, match=r"n_heads=2 and d_ffn=32 must be divisible by its si"):
-        spmd.ShardedModel(model, make_mesh((1, 2, 4)))
+        spmd.DataParallel(model, make_mesh((1, 2, 4)))
 
 
 def test_fused_window_refuses_heads_and_ffn_on_different_axes():
@@ -301,8 +301,8 @@ def test_fused_window_refuses_heads_and_ffn_on_different_axes():
     model = factory.build_model(MODELS["gpn_m_fused"])
     rules = shardlib.rules_from_config(ml_collections.ConfigDict({"axis_rules": {"heads": ""}}))
     with pytest.raises(ValueError, match=r"one mesh axis; these rules split \[\('ffn', 'tens"):
-        spmd.ShardedModel(model, make_mesh((2, 2, 2)), rules)
-    assert spmd.ShardedModel(model.autodiff(), make_mesh((2, 2, 2)), rules)  # autodiff: fine
+        spmd.DataParallel(model, make_mesh((2, 2, 2)), rules)
+    assert spmd.DataParallel(model.autodiff(), make_mesh((2, 2, 2)), rules)  # autodiff: fine
 
 
 @pytest.mark.parametrize(
@@ -325,7 +325,7 @@ def test_eval_token_losses_match_one_device():
     ref, _ = jax.jit(model.token_losses)(params, tokens)
     mesh = make_mesh((2, 2, 2))
     shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
-    sharded = spmd.ShardedModel(model, mesh)
+    sharded = spmd.DataParallel(model, mesh)
     with jax.set_mesh(mesh):
         ce, _ = jax.jit(sharded.token_losses)(
             jax.device_put(params, shardings),
@@ -384,14 +384,13 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch(name):
     model, opt, abstract, step, mesh = _fsdp_train_step(grad_accum=2, name=name)
     state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(3), (16, 16), 0, MODELS["gpn_m"]["vocab_size"])
-    loss_and_grad = lambda m: jax.jit(jax.value_and_grad(lambda p, x: m.loss(p, x)[0]))
-    ref_loss, ref_grads = loss_and_grad(model)(
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(lambda p, x: model.loss(p, x)[0]))(
         *jax.device_put((state.params, tokens), jax.devices()[0])
     )
-    sharded = spmd.ShardedModel(model, mesh, grad_accum=2)
+    sharded = spmd.DataParallel(model, mesh, grad_accum=2)
     params = jax.device_put(state.params, setup.state_shardings(abstract, mesh, model).params)
     with jax.set_mesh(mesh):
-        loss, grads = loss_and_grad(sharded)(
+        loss, grads = jax.jit(lambda p, x: sharded.value_and_grad(p, x)[:2])(
             params, jax.device_put(tokens, meshlib.batch_sharding(mesh))
         )
         _, metrics = step(state, tokens)  # the train step's own loss and gradient norm
@@ -452,7 +451,7 @@ def test_fused_window_tensor_parallel_reduces_once_per_layer_step(name):
     """The fused window's per-token loops under tensor parallelism hold exactly one all-reduce
     per predict layer and no other collective, forward and backward, as the autodiff scan's.
 
-    Its loops (`core.fast_window`): an outer loop over segments of S steps (S = T = 8 here
+    Its loops (`core.fused_window`): an outer loop over segments of S steps (S = T = 8 here
     without remat, so XLA removes that one-trip loop; S = remat_segment = 4 with it), with
     per-token loops of S trips inside: the forward; in the backward the reverse step loop,
     before it either the segment's forward rerun (remat) or, with memory, the memory

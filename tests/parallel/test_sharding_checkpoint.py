@@ -15,7 +15,6 @@ from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
-from gpn_jax.parallel import spmd
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
@@ -46,7 +45,7 @@ class Setup:
     def on_mesh(self, mesh):
         """(state shardings, jitted train step) for `mesh`, as the training loop builds them."""
         state_sh = shardlib.tree_shardings(self.abstract, mesh, self.layout)
-        step = ts.make_train_step(spmd.ShardedModel(self.model, mesh), self.opt)
+        step = ts.make_train_step(self.model, self.opt, mesh=mesh)
         jitted = jax.jit(
             step,
             in_shardings=(state_sh, meshlib.batch_sharding(mesh)),

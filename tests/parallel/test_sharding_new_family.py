@@ -110,11 +110,11 @@ def test_sharded_loss_and_grads_match_one_device():
     mesh = make_mesh((2, 2, 2))
     shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model), RULES)
     assert shardings["w_in"].spec == P("fsdp", "tensor")
-    sharded = spmd.ShardedModel(model, mesh, RULES)
+    sharded = spmd.DataParallel(model, mesh, RULES)
     batch = meshlib.batch_sharding(mesh)
     with jax.set_mesh(mesh):
         loss, grads = jax.jit(
-            jax.value_and_grad(lambda p, x: sharded.loss(p, x)[0]),
+            lambda p, x: sharded.value_and_grad(p, x)[:2],
             in_shardings=(shardings, batch),
             out_shardings=(meshlib.replicated(mesh), shardings),
         )(jax.device_put(params, shardings), jax.device_put(tokens, batch))

@@ -41,7 +41,7 @@ def test_the_built_step_on_one_device_is_the_plain_step():
     want_state, want = plain(state, tokens)
     with jax.set_mesh(run.mesh):
         got_state, got = run.train_step(run.init_state(jax.random.PRNGKey(0)), tokens)
-    # Same math, another program (shard_map + custom VJP): 8 windows of seq_len tokens
+    # Same math, another program (the jit with shardings): 8 windows of seq_len tokens
     n_tokens = tokens.size
     n_params = sum(np.size(x) for x in jax.tree.leaves(want_state.params))
     rtol = tiny_bound(n_tokens, config.train.seq_len)

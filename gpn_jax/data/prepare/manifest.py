@@ -9,7 +9,6 @@ where reading and each split's writer stand, and is removed once the manifest ex
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -25,14 +24,6 @@ FORMAT = "gpn_jax.prepare/1"
 # Marks an output directory as gpn-prepare's own; only a marked (or new, or empty) directory
 # is written into. Files in it that gpn-prepare does not write are never touched.
 MARKER = ".gpn_prepare"
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_json(path: str, obj: dict) -> None:

@@ -21,12 +21,12 @@ from gpn_jax.data.prepare.manifest import (
     TOKENIZER,
     check_output,
     claim_output,
-    sha256_file,
     write_json,
 )
 from gpn_jax.data.prepare.parallel import ordered_map
 from gpn_jax.data.prepare.shards import ShardWriter
 from gpn_jax.data.prepare.tokenizer_step import corpus_tokenizer, tokenizer_settings
+from gpn_jax.io.files import sha256_file
 from gpn_jax.io.outputs import check_out_dir
 
 # Test hook: SIGKILL this process right after the N-th shard of this run is renamed into

@@ -9,9 +9,9 @@ import numpy as np
 from gpn_jax.data.prepare.encode import chunk_texts
 from gpn_jax.data.prepare.heldout import HeldoutChoice, heldout_choice
 from gpn_jax.data.prepare.inputs import Position
-from gpn_jax.data.prepare.manifest import TOKENIZER, sha256_file
+from gpn_jax.data.prepare.manifest import TOKENIZER
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-from gpn_jax.io.files import atomic_write
+from gpn_jax.io.files import atomic_write, sha256_file
 
 
 def tokenizer_settings(opts) -> dict:

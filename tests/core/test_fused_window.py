@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.core import fast_window, fused_products
+from gpn_jax.core import fused_products, fused_window
 from gpn_jax.core.gpn import Intervention
 from gpn_jax.models import gpn as gpn_model
 from tests.helpers.window import (
@@ -43,7 +43,7 @@ CASES = {
 def test_loss_carry_and_gradients_equal_autodiff(name, kernels, monkeypatch):
     """Each case on the XLA formulas and, where they build, the C++ kernels."""
     require_kernels(kernels)
-    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
     kw, t, nonzero_carry = CASES[name]
     ref, fused = pair(kernels=kernels, **kw)
     params = random_params(ref)
@@ -63,7 +63,7 @@ def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monk
     """One predict layer (where every memory pass can be a kernel's), document resets, 4
     segments, with and without remat: the loss, final carry and gradients against autodiff."""
     require_kernels(kernels)
-    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
     ref, fused = pair(kernels=kernels, n_layers=1, d_key=8, d_value=16, remat_segment=remat)
     params, carry, x = random_params(ref), random_carry(ref), tokens(16)
     resets = jnp.zeros(x.shape, bool).at[0, 5].set(True).at[1, 8].set(True)
@@ -75,7 +75,7 @@ def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monk
     assert_rel_close(grads_f, grads_r, bound, "gradients")
 
 
-# The tensor-parallel layout (module doc of `fast_window`: tp column blocks, the predict gate its
+# The tensor-parallel layout (module doc of `fused_window`: tp column blocks, the predict gate its
 # own projection, the read norm's scale after Wo and its hand-written derivative) on one
 # device, where the blocks are an ordinary array axis; `tests/parallel/test_sharding.py`
 # splits them over a mesh. (config, tp, T); every case from a random carry, with resets.
@@ -88,7 +88,7 @@ TP_CASES = {
 
 @pytest.mark.parametrize("name", list(TP_CASES))
 def test_tensor_parallel_layout_equals_autodiff(name, monkeypatch):
-    monkeypatch.setattr(fast_window, "MIN_SEGMENT", 4)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
     kw, tp, t = TP_CASES[name]
     ref, fused = pair(**kw)
     params, carry, x = random_params(ref), random_carry(ref), tokens(t)
@@ -130,7 +130,7 @@ def test_tensor_parallel_layout_needs_whole_heads_per_block():
     _, fused = pair(n_layers=1)  # 3 heads
     params = random_params(fused)
     with pytest.raises(ValueError, match=r"n_heads=3 and d_ffn=20 must be divisible by its size 2"):
-        fast_window.dims_of(params, 8, tp=2)
+        fused_window.dims_of(params, 8, tp=2)
 
 
 def test_token_losses_states_and_log_decay_gradient_equal_autodiff():
@@ -205,8 +205,8 @@ def test_bad_remat_segment_and_scan_impl():
 
 def test_default_segment_divides():
     for T in (1, 7, 64, 100, 512, 4096):
-        S = fast_window.default_segment(T)
-        assert T % S == 0 and 1 <= S <= max(fast_window.MIN_SEGMENT, int(np.sqrt(T)))
+        S = fused_window.default_segment(T)
+        assert T % S == 0 and 1 <= S <= max(fused_window.MIN_SEGMENT, int(np.sqrt(T)))
 
 
 def test_weight_gradients_contract_with_only_the_small_input_transposed():

@@ -1,4 +1,4 @@
-"""`analyze(run, out)`: every analysis of SPEC's "Analyses the paper reports", plus ablations.
+"""`analyze(run, out)`: every analysis the paper reports, plus ablations.
 
     from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.analysis import analyze

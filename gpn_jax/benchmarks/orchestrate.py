@@ -258,11 +258,11 @@ def _scaling_lines(ok: list[dict], workdir: str, name: str) -> list[str]:
 
 def _cpu_line() -> str:
     """The header's CPU line: its vector extensions and what the window's products run on."""
-    from gpn_jax.benchmarks import common
+    from gpn_jax.benchmarks import measure
     from gpn_jax.kernels.cpu import small_matmul
 
     return (
-        f"CPU vector extensions: {common.cpu_vector_extensions()}; the fused window's per-token "
+        f"CPU vector extensions: {measure.cpu_vector_extensions()}; the fused window's per-token "
         f"products: {small_matmul.status()}"
     )
 
@@ -279,7 +279,7 @@ def _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs
         _cpu_line(),
         f"matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s "
         f"(samples {', '.join(f'{p / 1e9:.0f}' for p in peaks)}); load average at end {_load()}",
-        f"memory bandwidth measured in this run (`common.memory_bandwidth`: jitted JAX x <- -x "
+        f"memory bandwidth measured in this run (`measure.memory_bandwidth`: jitted JAX x <- -x "
         f"over a large float32 array, read + write): {max(bws) / 1e9:.1f} GB/s (samples {', '.join(f'{b / 1e9:.1f}' for b in bws)})",
     ]
     ok = [r for r in records if not r.get("error")]
@@ -312,7 +312,7 @@ def run(
     isolate: bool,
     device_spec: str = "",
 ) -> list[dict]:
-    from gpn_jax.benchmarks import common, roofline, workdirs
+    from gpn_jax.benchmarks import measure, roofline, workdirs
 
     specs_hw = roofline.parse_device_specs(device_spec)
     unknown = sorted(set(suites) - set(SUITES))
@@ -320,25 +320,25 @@ def run(
         raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
     workdir = workdirs.prepare(workdir, PROG)
     specs = build_specs(config, suites, workdir, profile)
-    dtype = common.resolve_dtype(config.compute_dtype)
-    machine = common.device_kind()
+    dtype = measure.resolve_dtype(config.compute_dtype)
+    machine = measure.device_kind()
     print(
-        f"{PROG}: {config.name} on {machine} ({common.platform()}, {dtype}), "
+        f"{PROG}: {config.name} on {machine} ({measure.platform()}, {dtype}), "
         f"load average {_load()}",
         flush=True,
     )
     print(_cpu_line(), flush=True)
-    peaks = [common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
-    bws = [common.memory_bandwidth()]
+    peaks = [measure.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
+    bws = [measure.memory_bandwidth()]
     print(
         f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s; "
         f"memory bandwidth: {bws[0] / 1e9:.1f} GB/s",
         flush=True,
     )
     records = _run_all(specs, isolate, peaks)
-    peaks.append(common.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
-    bws.append(common.memory_bandwidth())
-    _complete(records, max(peaks), machine, common.platform())
+    peaks.append(measure.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
+    bws.append(measure.memory_bandwidth())
+    _complete(records, max(peaks), machine, measure.platform())
     for r in records:
         r["memory_bandwidth"] = max(bws)
     text = _summary(config, records, suites, workdir, machine, dtype, peaks, bws, specs_hw)

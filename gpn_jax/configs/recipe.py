@@ -10,11 +10,12 @@ import enum
 
 import ml_collections
 
+from gpn_jax.models import configs as model_configs
 from gpn_jax.models import factory
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The paper's recipe (SPEC): AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0."""
+    """The paper's recipe: AdamW 6e-4, 100 warm-up steps, cosine to 10 %, wd 0.1, clip 1.0."""
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()  # filled by each experiment: family + its fields
@@ -40,7 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.learning_rate = 6e-4  # peak LR
     c.train.warmup_steps = 100
     c.train.min_lr_ratio = 0.1  # cosine decays to this fraction of the peak
-    c.train.weight_decay = 0.1  # matrices only (SPEC)
+    c.train.weight_decay = 0.1  # matrices only (as the paper)
     c.train.b1 = 0.9
     c.train.b2 = 0.95
     c.train.grad_clip = 1.0  # global-norm clipping
@@ -120,26 +121,10 @@ def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.C
         return c
     if arg != "cpu":
         raise ValueError(f"unknown config variant {arg!r}; the only variant is ':cpu'")
-    m = c.model
-    m.vocab_size = 2048
-    m.d_model = min(m.d_model, 128)
-    for field, size in (
-        ("d_emb", 64),
-        ("d_ffn", 256),
-        ("n_heads", 2),
-        ("d_key", 16),
-        ("d_value", 32),
-    ):
-        if field in m and m[field]:
-            m[field] = min(m[field], size)
-    if "n_layers" in m:
-        m.n_layers = min(m.n_layers, 2)
-    if "max_seq_len" in m:
-        m.max_seq_len = 128
-    if "remat_segment" in m and m.remat_segment:
-        m.remat_segment = 32
-    if "compute_dtype" in m:
-        m.compute_dtype = "float32"
+    # each model field's own `:cpu` rule (`models.configs`: vocab 2048, widths capped, ...)
+    shrink = model_configs.field_rule(model_configs.CPU, type(factory.family_config(c.model)))
+    for field, rule in shrink.items():
+        c.model[field] = rule(c.model[field])
     c.train.batch_size, c.train.seq_len, c.train.steps = 8, 128, 200
     c.train.grad_accum = 1
     c.train.warmup_steps = 20

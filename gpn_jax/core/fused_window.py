@@ -1,6 +1,6 @@
 """The GPN / GPN+M window with a hand-scheduled backward pass (`GPNConfig.scan_impl="fused"`).
 
-Same math as `gpn_jax.core.window.scan_window` over `gpn.step` (gradients equal to plain
+Same math as `gpn_jax.core.autodiff_window.scan_window` over `gpn.step` (gradients equal to plain
 autodiff within float32 rounding), arranged so the per-token loop only does what is truly
 recurrent. The window is in parts, each a module of its own:
 
@@ -31,11 +31,12 @@ in float32 and passes it unchanged through the storage rounding.
 
 Interventions (`gpn.Intervention`) are not supported here: `gpn_jax.models.gpn` refuses
 them with an error naming the reference `autodiff` scan (which the ablations use).
-`tests/core/test_fast_window.py` runs the window (and its block layout, on one device) against
+`tests/core/test_fused_window.py` runs the window (and its block layout, on one device) against
 autodiff; `tests/parallel/test_sharding.py` reads the collectives off the optimised HLO.
 """
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +70,6 @@ def _make_window(dm: Dims):
     def window(fw, s0, zk0, M0, xg, keep=None):
         return window_primal(dm, fw, s0, zk0, M0, xg, keep)
 
-    def fwd(fw, s0, zk0, M0, xg, keep=None):
-        return window_fwd(dm, fw, s0, zk0, M0, xg, keep)
-
     def bwd(saved, cts):
         dsT, dMT, dP, dG = cts
         if dm.memory:  # float32 cotangent whatever the memory's storage dtype
@@ -81,7 +79,7 @@ def _make_window(dm: Dims):
         dM0 = None if dM0 is None else dM0.astype(saved[4].dtype)
         return dfw, ds0, dzk0, dM0, dxg, None if keep is None else jnp.zeros_like(keep)
 
-    window.defvjp(fwd, bwd)
+    window.defvjp(partial(window_fwd, dm), bwd)
     return window
 
 
@@ -169,7 +167,7 @@ def scan_window_fused(
     tp_axis: str | None = None,
     kernels: MemoryKernels | None = None,
 ) -> tuple[GPNCarry, StepOutput]:
-    """Drop-in for `window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
+    """Drop-in for `autodiff_window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
     `keep_TxB` (0 at a document start) resets the incoming carry of those steps. `tp` column
     blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout).
     `kernels`: the memory's passes and products by these (`kernel_ops`); None: XLA's."""

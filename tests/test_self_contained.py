@@ -1,0 +1,46 @@
+"""No project file names anything outside the repository: no design notes, style guides or
+model contracts that only some checkouts have (`SPEC`, `STYLE.md`, `ARCHITECTURE.md`), no
+machine paths of the workspace it was written in. What the code follows is written here
+(README.md, docs/) or cited (the paper).
+
+Python files are checked in their comments and strings (a variable may be called `SPEC`);
+every other text file in full."""
+
+import io
+import pathlib
+import re
+import tokenize
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+OUTSIDE = re.compile(
+    r"\bSPEC\b|\bSTYLE\.md\b|\bARCHITECTURE\.md\b|/work/(?:shared|wt|main)\b|\.\./shared/"
+)
+TEXT = {".md", ".cfg", ".toml", ".txt", ".ipynb", ".sh", ".sbatch", ".yaml", ".yml", ".cc", ".h"}
+SKIP = {".git", "experiments/results", "build", ".pytest_cache", "tests/test_self_contained.py"}
+
+
+def _files():
+    for path in sorted(REPO.rglob("*")):
+        rel = path.relative_to(REPO).as_posix()
+        if path.is_file() and not any(rel == s or rel.startswith(s + "/") for s in SKIP):
+            if path.suffix == ".py" or path.suffix in TEXT or path.name in ("run",):
+                yield rel, path
+
+
+def _prose(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, text) of what a reader reads: a Python file's comments and strings, else all."""
+    text = path.read_text(errors="replace")
+    if path.suffix != ".py":
+        return list(enumerate(text.splitlines(), 1))
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return [(t.start[0], t.string) for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING)]
+
+
+def test_no_file_names_anything_outside_the_repository():
+    bad = [
+        f"{rel}:{line}: {OUTSIDE.search(s).group(0)!r}"
+        for rel, path in _files()
+        for line, s in _prose(path)
+        if OUTSIDE.search(s)
+    ]
+    assert not bad, "names outside the repository (write it here, or cite it):\n" + "\n".join(bad)
