@@ -8,6 +8,7 @@ import grain
 import numpy as np
 import pytest
 
+from gpn_jax.checkpoints import checksums
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.data.bin_source import open_bin
 from gpn_jax.data.windows import WindowIterator, WindowSource
@@ -160,6 +161,9 @@ def test_a_checkpoint_of_another_host_count_resumes_from_host_0s_position(tmp_pa
         ckpt.save(2, state, first.get_state(), {"model": {}}, {"step": 2})
     data = tmp_path / "run/checkpoints/2/data"
     (data / "process_0-of-1.json").rename(data / "process_0-of-2.json")  # as 2 hosts wrote it
+    step_dir = tmp_path / "run/checkpoints/2"  # whose record host 0 seals after both wrote
+    record = json.dumps(checksums.file_record(step_dir), sort_keys=True)
+    (step_dir / "checksums" / checksums.FILES).write_text(record)
     with Checkpointer(tmp_path / "run") as ckpt:
         _, _, data_state, _, _ = ckpt.restore(state)
     one_host = WindowIterator(TOKENS, B, T)
