@@ -32,7 +32,7 @@ RUNTIME_VERSION="${RUNTIME_VERSION:-tpu-ubuntu2204-base}"
 PROJECT="${PROJECT:-}"
 BUCKET="${BUCKET:-}"
 REMOTE_DIR="${REMOTE_DIR:-gpn_jax}"
-VENV="${VENV:-gpn_venv}"  # relative to each worker's home
+REMOTE_VENV="${REMOTE_VENV:-gpn_venv}"  # relative to each worker's home
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 DRY_RUN=0
@@ -54,7 +54,7 @@ on_workers() {  # on_workers <all | N> <remote shell command>
 }
 
 # The remote job command: launch/job.sh of the shipped checkout, with the venv's Python.
-job() { echo "cd $REMOTE_DIR && GPN_PYTHON=\$HOME/$VENV/bin/python launch/job.sh $*"; }
+job() { echo "cd $REMOTE_DIR && GPN_PYTHON=\$HOME/$REMOTE_VENV/bin/python launch/job.sh $*"; }
 
 OPT_SPOT=0 OPT_QUEUED=0
 take_options() {  # sets OPT_*; leaves the other arguments in ARGS
@@ -110,7 +110,7 @@ install() {
   run git -C "$REPO_ROOT" archive --format=tar.gz -o "$archive" HEAD
   gcloud_tpu tpu-vm scp "$archive" "$TPU_NAME":gpn_jax.tar.gz --worker=all
   on_workers all "set -e; rm -rf $REMOTE_DIR; mkdir -p $REMOTE_DIR; tar -xzf gpn_jax.tar.gz -C $REMOTE_DIR; \
-cd $REMOTE_DIR && VENV=\$HOME/$VENV launch/setup_host.sh tpu"
+cd $REMOTE_DIR && VENV=\$HOME/$REMOTE_VENV launch/setup_host.sh tpu"
   if [[ -n "$BUCKET" ]]; then
     on_workers all "set -e; export GCSFUSE_REPO=gcsfuse-\$(lsb_release -c -s); \
       echo \"deb https://packages.cloud.google.com/apt \$GCSFUSE_REPO main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list; \

@@ -39,9 +39,14 @@ def host_home(*parts: str) -> str:
     return home
 
 
+# What a fresh login on a host has: no PYTHONPATH, no virtualenv or run settings of the caller;
+# the stand-ins' own settings and the job loop's knobs pass through (a host's configuration).
+_PASS = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER", "LOGNAME", "SHELL")
+_PASS_PREFIX = ("GPN_STANDIN_", "GPN_RESTART_DELAY", "GPN_FINAL_GRACE", "GPN_MAX_FAILURES")
+
+
 def host_env(home: str, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPN_COORD", "GPN_NUM", "GPN_PROCESS"))}
-    env.pop("PYTHONPATH", None)
+    env = {k: v for k, v in os.environ.items() if k in _PASS or k.startswith(_PASS_PREFIX)}
     devices = env.get("GPN_STANDIN_DEVICES", "1")
     env.update(
         HOME=home,
