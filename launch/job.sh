@@ -11,7 +11,8 @@
 # `loop` runs `python -m gpn_jax.train FLAGS` until <workdir>/final_metrics.json exists. A trainer
 # that saved on SIGTERM (a maintenance event or preemption notice reaching any host: every host
 # saves the same step and exits 0) is restarted at once and resumes from the newest checkpoint;
-# a trainer that fails is restarted until it has failed GPN_MAX_FAILURES times in a row (3).
+# a trainer that fails is restarted until it has failed GPN_MAX_FAILURES times in a row (3),
+# except after a one-line user error (`gpn-train: error: ...`: a bad flag, config or input).
 # `start` runs `loop` in a new session (setsid, nohup, stdin closed), so it survives the ssh
 # session that started it. The log, the pid files and the stop flag live in the job directory:
 # <workdir>/job for a local (or shared) workdir, ~/gpn_jobs/<workdir with / as _> for gs://.
@@ -70,7 +71,10 @@ run_trainer() {  # one attempt; sets RC and PREEMPTED
   RC=$?
   while kill -0 "$child" 2>/dev/null; do wait "$child"; RC=$?; done  # a trapped signal woke us
   rm -f "$TRAINER_PID"
-  PREEMPTED=0
+  PREEMPTED=0 USER_ERROR=0
+  if [[ $RC != 0 ]] && tail -c "+$((mark + 1))" "$LOG" | grep -q "^gpn-train: error:"; then
+    USER_ERROR=1  # a bad flag, config or input: rerunning cannot fix it
+  fi
   if [[ $RC == 0 ]] && tail -c "+$((mark + 1))" "$LOG" | grep -q "SIGTERM: saved step"; then
     PREEMPTED=1
   fi
@@ -98,7 +102,7 @@ loop() {
     else
       failures=$((failures + 1))
       say "the trainer exited with status $RC ($failures failure(s) in a row)"
-      if ((failures >= ${GPN_MAX_FAILURES:-3})); then
+      if [[ $USER_ERROR == 1 ]] || ((failures >= ${GPN_MAX_FAILURES:-3})); then
         say "gave up after $failures failures in a row; see $LOG"
         rm -f "$LOOP_PID"
         exit "$RC"

@@ -21,6 +21,8 @@ export PATH="$ROOT/launch/standins:$PATH" PYTHONPATH="$ROOT" GPN_STANDIN_ROOT="$
 export GPN_STANDIN_PYTHON="$(command -v python3)" GPN_STANDIN_WORKERS=2 GPN_STANDIN_DEVICES=1
 export JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=1
 export GPN_RESTART_DELAY=1 GPN_FINAL_GRACE=120 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+# every stand-in host shares this machine's C++ kernel build (gpn_jax/kernels/cpu/build_cache.py)
+export GPN_JAX_NATIVE_CACHE="${GPN_JAX_NATIVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpn_jax/native}"
 export VENV="$R/standin/login/gpn_venv"  # the Slurm login node's environment (a stand-in)
 python3 -c "import sys; sys.path.insert(0, 'launch/standins'); import _vm; _vm.host_home('login')"
 COORDINATOR_PORT="$(python3 -c "import sys; sys.path.insert(0, 'launch/standins'); import _vm; print(_vm.free_port())")"
@@ -36,7 +38,7 @@ export GDN=experiments/configs/gdn_130m.py:cpu
 export FLAGS="--config.train.steps=$REHEARSAL_STEPS --config.train.batch_size=4 \
 --config.train.seq_len=32 --config.train.warmup_steps=2 --config.train.log_every=1 \
 --config.train.eval_every=0 --config.train.checkpoint_every=20 --config.train.final_eval_batches=2 \
---config.logging.progress_bar=false --config.model.kernels=xla"
+--config.logging.progress_bar=false"
 export TPU_NAME=rehearsal ZONE=standin ACCELERATOR_TYPE=v5p-16 RUNTIME_VERSION=standin
 export PROJECT="" BUCKET="" TOPOLOGY=v5e:2x2
 export RUN="$R/runs/gpn_m" GPU_HOST=gpu0 REPO_URL="$ROOT"
@@ -50,7 +52,13 @@ python3 launch/rehearsal.py data "$R"
 python3 launch/rehearsal.py blocks docs/paper_run.md >"$R/page.sh"
 python3 launch/rehearsal.py preempt "$RUN" "$R/preempted.json" &
 preempter=$!
-trap 'kill $preempter 2>/dev/null || true' EXIT
+cleanup() {  # whatever happens, no job of the rehearsal outlives it
+  kill "$preempter" 2>/dev/null || true
+  for f in "$R"/runs/*/job/*.loop.pid; do
+    [[ -f "$f" ]] && kill -KILL -- "-$(cut -d' ' -f1 "$f")" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
 (cd "$ROOT" && bash -euxo pipefail "$R/page.sh")
 wait "$preempter"
 python3 launch/rehearsal.py check "$R"

@@ -42,7 +42,10 @@ def host_home(*parts: str) -> str:
 # What a fresh login on a host has: no PYTHONPATH, no virtualenv or run settings of the caller;
 # the stand-ins' own settings and the job loop's knobs pass through (a host's configuration).
 _PASS = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER", "LOGNAME", "SHELL")
-_PASS_PREFIX = ("GPN_STANDIN_", "GPN_RESTART_DELAY", "GPN_FINAL_GRACE", "GPN_MAX_FAILURES")
+_PASS_PREFIX = (
+    "GPN_STANDIN_", "GPN_RESTART_DELAY", "GPN_FINAL_GRACE", "GPN_MAX_FAILURES",
+    "GPN_JAX_NATIVE_CACHE",
+)  # fmt: skip
 
 
 def host_env(home: str, **extra) -> dict:
