@@ -31,7 +31,10 @@ TAG="${GPN_HOST_TAG:-${TPU_WORKER_ID:-${SLURM_PROCID:-$(hostname)}}}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 die() { echo "launch/job.sh: $*" >&2; exit 2; }
-show() { printf '+'; printf ' %q' "$@"; echo; }
+quote() {  # one word as a shell reads it back, single-quoted where needed
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+show() { printf '+'; for a in "$@"; do printf ' '; quote "$a"; done; echo; }
 
 WORKDIR=""
 for a in "$@"; do

@@ -37,8 +37,12 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 DRY_RUN=0
 if [[ "${1:-}" == "--dry_run" ]]; then DRY_RUN=1; shift; fi
+quote() {  # one word as a shell reads it back, single-quoted where needed
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+show() { printf '+'; for a in "$@"; do printf ' '; quote "$a"; done; echo; }
 run() {  # every external command goes through here
-  if [[ $DRY_RUN == 1 ]]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
+  if [[ $DRY_RUN == 1 ]]; then show "$@"; else "$@"; fi
 }
 
 gcloud_tpu() {  # gcloud_tpu <group: tpu-vm | queued-resources> <verb> ...
