@@ -35,7 +35,9 @@ def run_tokens(config_name: str) -> int:
 def summary_bounds(config_name: str, batch: int) -> tuple[dict, str]:
     cmd = [sys.executable, "-m", "gpn_jax.summary", f"--config=experiments/configs/{config_name}.py",
            "--device_spec=" + ",".join(DEVICES), f"--batch_size={batch}", "--json"]  # fmt: skip
-    out = json.loads(subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+    out = json.loads(
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    )
     roof = out["roofline"]
     bounds = {k: roof[name]["tokens_per_s"] for k, name in DEVICES.items()}
     return bounds, roof[DEVICES["v5e"]]["bound_by"]
