@@ -181,8 +181,9 @@ def result_file(results: dict, argv: list[str], label: str | None, model_args: s
     rows = []
     for task, metrics in sorted((results.get("results") or {}).items()):
         for key, value in metrics.items():
-            if "stderr" in key or not isinstance(value, int | float) or isinstance(value, bool):
-                continue
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if not numeric or "," not in key or "stderr" in key:
+                continue  # lm-eval's "metric,filter" scores only (not sample_len, alias)
             err = metrics.get(key.replace(",", "_stderr,", 1))
             rows.append({
                 "model": label, "task": task, "metric": key,

@@ -142,8 +142,14 @@ lead_running() {  # the loop runs, on this host (pid check) or elsewhere (its lo
 }
 
 attach() {
+  # this host's job, else (from a login node) process 0's, else the newest in the job directory
+  if [[ ! -f "$LOG" ]]; then
+    LOG="$JOBDIR/0.log"
+    [[ -f "$LOG" ]] || LOG="$(ls -t "$JOBDIR"/*.log 2>/dev/null | head -n 1)"
+    LOOP_PID="${LOG%.log}.loop.pid"
+  fi
   if [[ $DRY_RUN == 1 ]]; then show tail -n +1 -F "$LOG"; return; fi
-  [[ -f "$LOG" ]] || die "no log at $LOG: was the job started with this --workdir?"
+  [[ -f "$LOG" ]] || die "no job log in $JOBDIR: was the job started with this --workdir?"
   tail -n +1 -F "$LOG" 2>/dev/null &
   local tail_pid=$!
   while lead_running; do sleep 1; done

@@ -19,8 +19,10 @@ naming it and what to fix, before any page is written.
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import re
 import string
 import sys
@@ -326,8 +328,9 @@ def print_table(kind: str, data_args: list[str], save: str | None) -> str:
         record = {
             "command": "python tools/render_results.py " + " ".join(
                 [f"--table={kind}"] + [f"--data={d}" for d in data_args]),
-            "date": __import__("datetime").date.today().isoformat(),
-            "machine": "see each --data file", "version": "gpn_jax",
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "version": "as the --data files say (gpn_jax.evaluate / gpn_jax.harness --out)",
             "columns": [[h, s, a] for h, s, a in cols], "rows": rows,
         }  # fmt: skip
         _write(save, json.dumps(record, indent=1) + "\n")
