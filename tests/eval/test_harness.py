@@ -378,3 +378,11 @@ def test_cli_out_is_a_result_file_of_the_scores_that_the_zero_shot_table_renders
     assert lines[0] == "| Model | gpnt_lmb perplexity | gpnt_lmb acc |"
     acc, ppl = scores["gpnt_lmb acc"], scores["gpnt_lmb perplexity"]
     assert lines[2] == f"| GPN+M | {ppl:.2f} | {acc:.3f} |"
+
+
+def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(runs, tasks, tmp_path):
+    """Segments (a training-memory knob) are off for scoring: same scores, any piece length."""
+    seg = save_run(tmp_path, "gpn_m", train_tokenizer(embedded_corpus(), 512), remat_segment=16)
+    res, _ = evaluate(GPNLM(workdir=seg, batch_size=3, window=4), tasks, "gpnt_mc")
+    plain, _ = evaluate(GPNLM(workdir=runs["gpn_m"], batch_size=3, window=4), tasks, "gpnt_mc")
+    assert res["acc,none"] == plain["acc,none"]
