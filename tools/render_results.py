@@ -225,10 +225,10 @@ COLUMNS["chip_hours_130m"] = [
     ("model", "{model}", "l"),
     ("per-chip batch", "{batch_per_chip}", "r"),
     ("tokens per run", "{tokens_per_run:,}", "r"),
-    ("v5e chip-hours", "{v5e_chip_hours:,.0f}", "r"),
-    ("v5p", "{v5p_chip_hours:,.0f}", "r"),
-    ("H100", "{h100_chip_hours:,.0f}", "r"),
-    ("H200", "{h200_chip_hours:,.0f}", "r"),
+    ("v5e chip-hours", "{v5e_chip_hours:,.1f}", "r"),
+    ("v5p", "{v5p_chip_hours:,.1f}", "r"),
+    ("H100", "{h100_chip_hours:,.1f}", "r"),
+    ("H200", "{h200_chip_hours:,.1f}", "r"),
     ("bound by", "{bound_by}", "l"),
 ]
 
