@@ -184,13 +184,18 @@ status() {
   fi
 }
 
-case "$CMD" in
-  start) start "$@" ;;
-  loop)
-    if [[ $DRY_RUN == 1 ]]; then show "$PYTHON" -m gpn_jax.train "$@"; exit 0; fi
-    loop "$@" ;;
-  attach) attach ;;
-  stop) stop ;;
-  status) status ;;
-  *) die "usage: $0 [--dry_run] {start|loop|attach|stop|status} --workdir=W [gpn_jax.train flags...]" ;;
-esac
+# Everything runs from main, called on the last line: bash has then read the whole file,
+# so editing or updating the checkout while a job runs cannot change what runs.
+main() {
+  case "$CMD" in
+    start) start "$@" ;;
+    loop)
+      if [[ $DRY_RUN == 1 ]]; then show "$PYTHON" -m gpn_jax.train "$@"; exit 0; fi
+      loop "$@" ;;
+    attach) attach ;;
+    stop) stop ;;
+    status) status ;;
+    *) die "usage: $0 [--dry_run] {start|loop|attach|stop|status} --workdir=W [gpn_jax.train flags...]" ;;
+  esac
+}
+main "$@"; exit $?

@@ -166,17 +166,22 @@ delete() {
 cmd="${1:-}"
 shift || true
 take_options "$@"
-case "$cmd" in
-  create) create ;;
-  install) install ;;
-  train) train ;;
-  attach) workdir_of && on_workers 0 "$(job attach --workdir="$WORKDIR")" ;;
-  status) workdir_of && on_workers all "$(job status --workdir="$WORKDIR")" ;;
-  stop) workdir_of && on_workers all "$(job stop --workdir="$WORKDIR")" ;;
-  watch) watch ;;
-  delete) delete ;;
-  *)
-    echo "usage: $0 [--dry_run] {create|install|train|attach|status|stop|watch|delete} [--spot] [--queued] [gpn_jax.train flags...]" >&2
-    exit 2
-    ;;
-esac
+# Everything runs from main, called on the last line: bash has then read the whole file,
+# so editing or updating the checkout while a job runs cannot change what runs.
+main() {
+  case "$cmd" in
+    create) create ;;
+    install) install ;;
+    train) train ;;
+    attach) workdir_of && on_workers 0 "$(job attach --workdir="$WORKDIR")" ;;
+    status) workdir_of && on_workers all "$(job status --workdir="$WORKDIR")" ;;
+    stop) workdir_of && on_workers all "$(job stop --workdir="$WORKDIR")" ;;
+    watch) watch ;;
+    delete) delete ;;
+    *)
+      echo "usage: $0 [--dry_run] {create|install|train|attach|status|stop|watch|delete} [--spot] [--queued] [gpn_jax.train flags...]" >&2
+      exit 2
+      ;;
+  esac
+}
+main "$@"; exit $?
