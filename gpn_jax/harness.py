@@ -1,26 +1,108 @@
 """lm-evaluation-harness on a gpn_jax run: lm-eval's own CLI with the "gpn_jax" model registered.
 
     python -m gpn_jax.harness --model_args workdir=/tmp/run[,step=N,batch_size=B] \\
-        --tasks lambada_openai,piqa [--include_path DIR --num_fewshot K --limit N
-        --output_path OUT ...]
+        --tasks zero_shot [--include_path DIR --num_fewshot K --limit N
+        --output_path OUT ...] [--out RESULT.json --label NAME]
 
-Every flag but `--model` (which defaults to gpn_jax) goes to lm-eval unchanged, so they mean
-exactly what lm-eval documents. Why this wrapper: lm-eval's stock CLI only knows the models
-registered by the time it parses the flags, and it does not import other packages' models;
+Every flag but `--model` (which defaults to gpn_jax), `--out` and `--label` goes to lm-eval
+unchanged, so they mean exactly what lm-eval documents. `--tasks zero_shot` stands for the
+zero-shot set that papers on recurrent LMs at this scale report (`ZERO_SHOT`). `--out` also
+writes the scores as a gpn_jax result file (one row per task and metric, the paper's column
+names), which `tools/render_results.py --table=zero_shot` renders. Hugging Face downloads are
+off (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1) unless the environment sets them: gpn_jax never
+calls the network; set HF_DATASETS_OFFLINE=0 for the run that caches the datasets. Why this
+wrapper: lm-eval's stock CLI only knows the models registered by the time it parses the flags;
 importing `gpn_jax.eval.harness_lm` first registers ours. Needs `pip install -e .[eval]`.
 """
 
+import glob
+import json
+import os
+import platform
+import shlex
 import sys
+import tempfile
+import time
 
 from gpn_jax.io import cli
 
 PROG = "gpn-harness"
+# The zero-shot set papers on recurrent LMs at this scale report (Gated DeltaNet, FLA, Mamba):
+# lm-eval task names, `--tasks zero_shot`.
+ZERO_SHOT = (
+    "lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "wikitext",
+)  # fmt: skip
+# (column, task, metric key) as those papers' tables print them; other tasks get
+# "<task> <metric>" columns.
+COLUMNS = (
+    ("Wiki. ppl", "wikitext", "word_perplexity,none"),
+    ("LMB. ppl", "lambada_openai", "perplexity,none"),
+    ("LMB. acc", "lambada_openai", "acc,none"),
+    ("PIQA acc", "piqa", "acc,none"),
+    ("Hella. acc_n", "hellaswag", "acc_norm,none"),
+    ("Wino. acc", "winogrande", "acc,none"),
+    ("ARC-e acc", "arc_easy", "acc,none"),
+    ("ARC-c acc_n", "arc_challenge", "acc_norm,none"),
+)
+USAGE = f"""usage: {PROG} --model_args workdir=RUN[,KEY=VALUE...] --tasks TASKS [lm-eval flags]
+                   [--out RESULT.json] [--label NAME]
+
+lm-evaluation-harness's own CLI with the model `gpn_jax` registered and chosen by default
+(--model gpn_jax): it restores a gpn_jax run (GPN, GPN+M, Gated DeltaNet, Transformer++) and
+scores lm-eval's requests with it. --model_args (comma-separated KEY=VALUE):
+  workdir=DIR        the run's directory; its newest readable checkpoint is loaded (required)
+  step=N             a checkpoint step instead of the newest
+  batch_size=B       rows per forward pass (default 16; lm-eval's --batch_size also works)
+  window=W           tokens per call for the recurrent families (default: training seq_len, <= 256)
+  tokenizer=PATH     a SentencePiece model instead of the run's tokenizer.model
+  max_gen_toks=N     default generation limit (256); seed=S  sampling seed for do_sample tasks
+--tasks zero_shot    = {",".join(ZERO_SHOT)}
+--out FILE           also write the scores as a gpn_jax result file (tools/render_results.py
+                     --table=zero_shot renders it); --label NAME names its row (default: the
+                     workdir's name)
+Datasets: read from the Hugging Face cache; downloads are off (HF_DATASETS_OFFLINE=1,
+HF_HUB_OFFLINE=1) unless the environment sets those variables, e.g. HF_DATASETS_OFFLINE=0
+HF_HUB_OFFLINE=0 for the one run that fills the cache. Local tasks: --include_path DIR of task
+YAMLs. Every other flag is lm-eval's, as its help below says.
+"""
 
 
 def harness_argv(argv: list[str]) -> list[str]:
-    """`argv` (flags only) with `--model gpn_jax` added unless a model is named."""
+    """`argv` (flags only) with `--model gpn_jax` added unless a model is named, and
+    `zero_shot` in the --tasks value expanded to `ZERO_SHOT`."""
     named = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
-    return list(argv) if named else ["--model", "gpn_jax", *argv]
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a.startswith("--tasks="):
+            out[i] = "--tasks=" + _expand(a[len("--tasks=") :])
+        elif a in ("--tasks", "-t") and i + 1 < len(out):
+            out[i + 1] = _expand(out[i + 1])
+    return out if named else ["--model", "gpn_jax", *out]
+
+
+def _expand(value: str) -> str:
+    names = [
+        n for name in value.split(",") for n in (ZERO_SHOT if name == "zero_shot" else (name,))
+    ]
+    return ",".join(dict.fromkeys(names))
+
+
+def own_flags(argv: list[str]) -> tuple[list[str], dict]:
+    """(lm-eval's flags, {'out': ..., 'label': ...}): --out and --label are gpn_jax's."""
+    rest, own, i = [], {"out": None, "label": None}, 0
+    while i < len(argv):
+        a = argv[i]
+        key = next((k for k in own if a == f"--{k}" or a.startswith(f"--{k}=")), None)
+        if key is None:
+            rest.append(a)
+        elif "=" in a:
+            own[key] = a.split("=", 1)[1]
+        elif i + 1 < len(argv):
+            own[key], i = argv[i + 1], i + 1
+        else:
+            raise ValueError(f"--{key} needs a value")
+        i += 1
+    return rest, own
 
 
 def flag_values(argv: list[str], *names: str) -> list[str]:
@@ -41,6 +123,11 @@ def flag_values(argv: list[str], *names: str) -> list[str]:
 
 
 def _cli_evaluate(argv: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # before datasets is imported
+        os.environ.setdefault(var, "1")
+    argv, own = own_flags(argv)
     try:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval.utils import simple_parse_args_string
@@ -53,12 +140,83 @@ def _cli_evaluate(argv: list[str]) -> None:
     if flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
         # before lm-eval's CLI, which indexes every task file (~12 s) before building the model
         harness_lm.check_model_args(simple_parse_args_string(model_args))
-    saved = sys.argv
-    sys.argv = [PROG, *args]
+    with tempfile.TemporaryDirectory(prefix="gpn-harness-") as tmp:
+        if own["out"]:
+            from gpn_jax.io.outputs import check_out_file
+
+            check_out_file(own["out"], "--out")  # before any work
+            if not flag_values(args, "--output_path", "-o"):
+                args += ["--output_path", tmp]
+        started = time.time()
+        saved = sys.argv
+        sys.argv = [PROG, *args]
+        try:
+            cli_evaluate()
+        finally:
+            sys.argv = saved
+        if own["out"]:
+            path = _newest_results(flag_values(args, "--output_path", "-o")[0], started)
+            record = result_file(json.load(open(path)), argv, own["label"], model_args)
+            _write_json(own["out"], record)
+            print(f"results: {own['out']}")
+
+
+def _newest_results(output_path: str, since: float) -> str:
+    """The results_*.json lm-eval wrote under `output_path` during this run."""
+    root = output_path if os.path.isdir(output_path) else os.path.dirname(output_path)
+    found = [p for p in glob.glob(os.path.join(root, "**", "results_*.json"), recursive=True)
+             if os.path.getmtime(p) >= since - 1]  # fmt: skip
+    if not found:
+        raise ValueError(f"lm-eval wrote no results_*.json under {output_path}; nothing for --out")
+    return max(found, key=os.path.getmtime)
+
+
+def result_file(results: dict, argv: list[str], label: str | None, model_args: str) -> dict:
+    """lm-eval's results JSON as a gpn_jax result file: one row per (task, metric)."""
+    from gpn_jax.io.provenance import package_version
+
+    named = {(t, m): c for c, t, m in COLUMNS}
+    workdir = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv).get("workdir")
+    label = label or os.path.basename(os.path.normpath(workdir or "model"))
+    rows = []
+    for task, metrics in sorted((results.get("results") or {}).items()):
+        for key, value in metrics.items():
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if not numeric or "," not in key or "stderr" in key:
+                continue  # lm-eval's "metric,filter" scores only (not sample_len, alias)
+            err = metrics.get(key.replace(",", "_stderr,", 1))
+            rows.append({
+                "model": label, "task": task, "metric": key,
+                "column": named.get((task, key), f"{task} {key.split(',')[0]}"),
+                "value": value, "stderr": err if isinstance(err, int | float) else None,
+            })  # fmt: skip
+    if not rows:
+        raise ValueError("lm-eval returned no numeric scores; nothing for --out")
+    return {
+        "command": shlex.join(["python", "-m", "gpn_jax.harness", *argv]),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "version": f"gpn_jax {package_version()}, lm-eval {_lm_eval_version()}",
+        "label": label,
+        "model_args": model_args,
+        "rows": rows,
+    }
+
+
+def _lm_eval_version() -> str:
+    from importlib import metadata
+
     try:
-        cli_evaluate()
-    finally:
-        sys.argv = saved
+        return metadata.version("lm_eval")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _write_json(path: str, record: dict) -> None:
+    from gpn_jax.io.files import atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1).encode())
 
 
 def run(argv: list[str] | None = None) -> None:

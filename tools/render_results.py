@@ -22,8 +22,10 @@ naming it and what to fix, before any page is written.
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import re
 import string
 import sys
@@ -203,6 +205,143 @@ COLUMNS["aot_130m_limits"] = [
 ]
 
 
+# The paper's run (docs/paper_run.md): a run's evaluation (`gpn_jax.evaluate --out`) beside the
+# paper's Table 1, and a run's zero-shot scores (`gpn_jax.harness --out`), one table per kind;
+# `--table KIND --data ...` prints one from the user's files, `--save` keeps it as a result file.
+PAPER_TABLE1 = {  # held-out PPL on FineWeb-Edu, LAMBADA acc / PPL (the paper's protocol)
+    "gpn_m_1l": ("GPN+M (1L)", 18.06, 0.146, 33.45),
+    "gpn_m_2l": ("GPN+M (2L)", 16.95, 0.160, 27.39),
+    "gpn_1l": ("GPN (1L)", 23.51, 0.015, 263.6),
+    "transformer": ("Transformer++", 16.05, 0.223, 18.99),
+    "gdn": ("Gated DeltaNet", 15.34, 0.208, 17.23),
+}
+COLUMNS["paper_run"] = [
+    ("Model", "{model}", "l"),
+    ("step", "{step}", "r"),
+    ("Held-out PPL", "{ppl}", "r"),
+    ("paper", "{paper_ppl}", "r"),
+    ("LAMBADA acc", "{lambada_acc}", "r"),
+    ("paper", "{paper_lambada_acc}", "r"),
+    ("LAMBADA PPL", "{lambada_ppl}", "r"),
+    ("paper", "{paper_lambada_ppl}", "r"),
+    ("LAMBADA acc / PPL, harness protocol", "{harness_lambada}", "r"),
+]
+COLUMNS["chip_hours_130m"] = [
+    ("model", "{model}", "l"),
+    ("per-chip batch", "{batch_per_chip}", "r"),
+    ("tokens per run", "{tokens_per_run:,}", "r"),
+    ("v5e chip-hours", "{v5e_chip_hours:,.1f}", "r"),
+    ("v5p", "{v5p_chip_hours:,.1f}", "r"),
+    ("H100", "{h100_chip_hours:,.1f}", "r"),
+    ("H200", "{h200_chip_hours:,.1f}", "r"),
+    ("bound by", "{bound_by}", "l"),
+]
+
+
+def _num(value, fmt: str) -> str:
+    return (
+        "—" if not isinstance(value, int | float) or isinstance(value, bool) else format(value, fmt)
+    )
+
+
+def _read_data(path: str) -> dict:
+    """A JSON object from a user's file, checked like a result file (size, JSON, object)."""
+    if not os.path.isfile(path):
+        raise ResultError(f"{path}: no such file; write it with the command's --out")
+    if os.path.getsize(path) > MAX_BYTES:
+        raise ResultError(f"{path}: larger than {MAX_BYTES} bytes; not a results file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ResultError(
+            f"{path}: not valid JSON ({e}); rewrite it with the command's --out"
+        ) from e
+    if not isinstance(data, dict):
+        raise ResultError(f"{path}: top level must be a JSON object")
+    return data
+
+
+def paper_run_rows(specs: list[str]) -> list[dict]:
+    """`KEY=FILE` per run (KEY a row of PAPER_TABLE1, FILE its `gpn_jax.evaluate --out`)."""
+    rows = []
+    for spec in specs:
+        key, _, path = spec.partition("=")
+        if key not in PAPER_TABLE1 or not path:
+            raise ResultError(
+                f"--data {spec!r}: use KEY=FILE with KEY one of {', '.join(PAPER_TABLE1)}"
+            )
+        data = _read_data(path)
+        label, ppl, acc, lppl = PAPER_TABLE1[key]
+        lmb = data.get("lambada") if isinstance(data.get("lambada"), dict) else {}
+        paper, harness = lmb.get("paper") or {}, lmb.get("harness") or {}
+        run = data.get("run") if isinstance(data.get("run"), dict) else {}
+        rows.append({
+            "model": label, "step": _num(run.get("step"), "d"),
+            "ppl": _num((data.get("ppl") or {}).get("ppl"), ".2f"), "paper_ppl": f"{ppl:.2f}",
+            "lambada_acc": _num(paper.get("acc"), ".3f"), "paper_lambada_acc": f"{acc:.3f}",
+            "lambada_ppl": _num(paper.get("ppl"), ".2f"), "paper_lambada_ppl": f"{lppl:.2f}",
+            "harness_lambada": f"{_num(harness.get('acc'), '.3f')} / {_num(harness.get('ppl'), '.2f')}",
+        })  # fmt: skip
+    return rows
+
+
+def zero_shot_rows(paths: list[str]) -> tuple[list[dict], list[tuple[str, str, str]]]:
+    """One row per `gpn_jax.harness --out` file; the columns every file has a score for, the
+    papers' first and in their order, then the average of their six accuracy columns."""
+    order = ["Wiki. ppl", "LMB. ppl", "LMB. acc", "PIQA acc", "Hella. acc_n", "Wino. acc",
+             "ARC-e acc", "ARC-c acc_n"]  # fmt: skip
+    rows, seen = [], []
+    for path in paths:
+        data = _read_data(path)
+        scores = data.get("rows")
+        if not isinstance(scores, list) or not all(isinstance(r, dict) for r in scores):
+            raise ResultError(f"{path}: 'rows' must be a list of objects (gpn_jax.harness --out)")
+        row = {"model": str(data.get("label", os.path.basename(path)))}
+        for r in scores:
+            column, value = str(r.get("column", "?")), r.get("value")
+            row[column] = value
+            seen += [] if column in seen else [column]
+        rows.append(row)
+    columns = [c for c in order if c in seen] + [c for c in seen if c not in order]
+    accs = [c for c in order if "acc" in c and c != "LMB. ppl"]
+    if all(c in seen for c in accs):
+        for row in rows:
+            vals = [row.get(c) for c in accs]
+            ok = all(isinstance(v, int | float) for v in vals)
+            row["Avg."] = sum(vals) / len(vals) if ok else None
+        columns.append("Avg.")
+    keys = [(c, f"c{i}") for i, c in enumerate(columns)]
+    out = [{"model": r["model"]} | {k: _num(r.get(c), ".2f" if "ppl" in c or "perplexity" in c
+                                               else ".3f") for c, k in keys} for r in rows]  # fmt: skip
+    return out, [("Model", "{model}", "l")] + [(c, "{" + k + "}", "r") for c, k in keys]
+
+
+def print_table(kind: str, data_args: list[str], save: str | None) -> str:
+    """The Markdown table of `kind` over the user's files; `save` also writes it as a result file."""
+    if kind == "paper_run":
+        rows, cols = paper_run_rows(data_args), COLUMNS["paper_run"]
+    elif kind == "zero_shot":
+        rows, cols = zero_shot_rows(data_args)
+    else:
+        raise ResultError(f"--table {kind!r}: use paper_run or zero_shot")
+    fmt = _Fields()
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |"]
+    lines.append("|" + "|".join("---:" if a == "r" else "---" for _, _, a in cols) + "|")
+    lines += ["| " + " | ".join(fmt.vformat(s, (), r) for _, s, _ in cols) + " |" for r in rows]
+    if save:
+        record = {
+            "command": "python tools/render_results.py " + " ".join(
+                [f"--table={kind}"] + [f"--data={d}" for d in data_args]),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "version": "as the --data files say (gpn_jax.evaluate / gpn_jax.harness --out)",
+            "columns": [[h, s, a] for h, s, a in cols], "rows": rows,
+        }  # fmt: skip
+        _write(save, json.dumps(record, indent=1) + "\n")
+    return "\n".join(lines) + "\n"
+
+
 class ResultError(Exception):
     """A result file or page that cannot be rendered; the message is the one line to print."""
 
@@ -309,7 +448,8 @@ def _limits(rows: list[dict]) -> list[dict]:
 def table(name: str, data: dict, page_dir: str, root: str) -> str:
     """The Markdown table of one result set, with a line naming its data file and command."""
     rows = data["rows"]
-    cols = COLUMNS.get(name) or [(k, "{" + k + "}", "l") for k in rows[0]]
+    saved = [tuple(c) for c in data.get("columns") or []]  # written by print_table's --save
+    cols = COLUMNS.get(name) or saved or [(k, "{" + k + "}", "l") for k in rows[0]]
     fmt = _Fields()
     cells = []
     for i, row in enumerate(rows):
@@ -395,8 +535,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a table is out of date")
     parser.add_argument("--root", default=ROOT, help="repository root (default: this checkout)")
+    parser.add_argument("--table", help="print one table (paper_run, zero_shot) from --data files")
+    parser.add_argument("--data", action="append", default=[], help="KEY=FILE (paper_run) or FILE")
+    parser.add_argument("--save", help="with --table: also write the table as a result file")
     args = parser.parse_args(argv)
     try:
+        if args.table:
+            print(print_table(args.table, args.data, args.save), end="")
+            return 0
         changed = run(args.root, args.check)
     except ResultError as e:
         print(f"render_results: {e}", file=sys.stderr)

@@ -80,8 +80,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1  # -1: all remaining devices
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
-    # optional: c.mesh.axis_rules = {logical axis: mesh axis, '' never split} over the defaults
-    # (gpn_jax.parallel.sharding), c.mesh.rules = [[regex over leaf paths, spec], ...]
+    # {logical axis a model declares: mesh axis ('' never split)}: how parameters and optimiser
+    # state are sharded (gpn_jax.parallel.sharding.DEFAULT_AXIS_RULES, checked there), e.g.
+    # --config.mesh.axis_rules.heads='' keeps memory heads whole on every device; a config file
+    # may add a new family's axes. Optional in a config file: c.mesh.rules = [[regex over leaf
+    # paths, spec], ...], tried before the axes.
+    c.mesh.axis_rules = ml_collections.ConfigDict(
+        {"embed": "fsdp", "ffn": "tensor", "heads": "tensor", "vocab": "tensor"}
+    )
     return c
 
 

@@ -73,6 +73,21 @@ def check_model_args(args: dict) -> dict:
     return got
 
 
+def scoring_model(run):
+    """The run's model without segmented remat: segments only trade training memory for
+    recomputation (the math is the same), and scoring streams pieces of any length, which
+    need not be a multiple of the segment."""
+    if not run.config.model.get("remat_segment", 0):
+        return run.model
+    import ml_collections
+
+    from gpn_jax.models import factory
+
+    block = ml_collections.ConfigDict(run.config.model.to_dict())
+    block.remat_segment = 0
+    return factory.build_model(block)
+
+
 @register_model("gpn_jax")
 class GPNLM(TemplateLM):
     """A restored gpn_jax run behind lm-eval's `LM` interface.
@@ -93,7 +108,7 @@ class GPNLM(TemplateLM):
         super().__init__()
         given = check_model_args(dict(kwargs, workdir=workdir, run=run))
         self.run = run if run is not None else load_run(str(workdir), given.get("step"))
-        self.model, self.params = self.run.model, self.run.params
+        self.model, self.params = scoring_model(self.run), self.run.params
         self.tok = run_tokenizer(self.run, kwargs.get("tokenizer"))
         self.batch_size = given.get("batch_size", 16)  # 'auto' means the default
         self.window = given.get("window", min(self.run.config.train.get("seq_len", 256), 256))

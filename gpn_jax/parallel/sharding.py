@@ -189,9 +189,20 @@ def rules_from_config(mesh_cfg) -> Rules:
     mesh axis names or None per dimension, or None for replicated) as overrides."""
     get = (lambda k: mesh_cfg.get(k, None)) if hasattr(mesh_cfg, "get") else (lambda k: None)
     axes = dict(DEFAULT_AXIS_RULES)
-    for name, axis in dict(get("axis_rules") or {}).items():
+    given = get("axis_rules") or {}
+    if not hasattr(given, "items"):
+        raise ValueError(
+            f"config.mesh.axis_rules must map logical axes to mesh axes, got {given!r}; "
+            "set one with --config.mesh.axis_rules.<axis>=<data|fsdp|tensor or ''>"
+        )
+    for name, axis in dict(given).items():
+        if axis is not None and not isinstance(axis, str):
+            raise ValueError(f"config.mesh.axis_rules.{name}={axis!r}: a mesh axis name or ''")
         if axis and axis not in MESH_AXES:
-            raise ValueError(f"axis rule {name!r} -> {axis!r}: not a mesh axis {MESH_AXES}")
+            raise ValueError(
+                f"config.mesh.axis_rules.{name}={axis!r} is not a mesh axis; use one of "
+                f"{', '.join(MESH_AXES)} or '' (never split)"
+            )
         axes[name] = axis or None
     parsed = []
     for pattern, spec in get("rules") or ():

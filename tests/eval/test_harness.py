@@ -335,3 +335,54 @@ def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, t
     assert t["missing"]["Avg."].startswith("needs every accuracy column")
     md = pt.markdown(t)
     assert "| GPN+M | — |" in md and "- PIQA acc: not filled: task 'piqa'" in md
+
+
+def test_zero_shot_expands_to_the_papers_tasks_and_own_flags_are_taken_out():
+    argv = harness.harness_argv(["--tasks", "zero_shot,mine", "--output_path", "zero_shot"])
+    assert argv[:2] == ["--model", "gpn_jax"] and argv[-2:] == ["--output_path", "zero_shot"]
+    assert argv[3].split(",") == [*harness.ZERO_SHOT, "mine"]
+    assert harness.harness_argv(["--tasks=zero_shot"])[2] == "--tasks=" + ",".join(
+        harness.ZERO_SHOT
+    )
+    rest, own = harness.own_flags(["--tasks", "t", "--out", "r.json", "--label=GPN+M"])
+    assert rest == ["--tasks", "t"] and own == {"out": "r.json", "label": "GPN+M"}
+    with pytest.raises(ValueError, match="--out needs a value"):
+        harness.own_flags(["--out"])
+
+
+@pytest.mark.slow
+def test_cli_out_is_a_result_file_of_the_scores_that_the_zero_shot_table_renders(
+    runs, tasks, tmp_path
+):
+    """The one-command path (`--tasks` over a local task, `--out`), then the table."""
+    import importlib.util
+
+    out = tmp_path / "zero_shot.json"
+    proc = cli("--model_args", f"workdir={runs['gpn_m']},batch_size=2", "--tasks", "gpnt_lmb",
+               "--include_path", tasks, "--out", str(out), "--label", "GPN+M")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["label"] == "GPN+M" and record["command"].startswith("python -m gpn_jax.harness")
+    scores = {r["column"]: r["value"] for r in record["rows"]}
+    res, _ = evaluate(GPNLM(workdir=runs["gpn_m"], batch_size=2), tasks, "gpnt_lmb")
+    assert scores["gpnt_lmb acc"] == res["acc,none"]
+    bound = math.log(res["perplexity,none"]) * ll_bound(40)  # as in the lambada-style test
+    assert scores["gpnt_lmb perplexity"] == pytest.approx(res["perplexity,none"], rel=bound)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(
+        "rr", os.path.join(root, "tools", "render_results.py")
+    )
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    lines = rr.print_table("zero_shot", [str(out)], None).splitlines()
+    assert lines[0] == "| Model | gpnt_lmb perplexity | gpnt_lmb acc |"
+    acc, ppl = scores["gpnt_lmb acc"], scores["gpnt_lmb perplexity"]
+    assert lines[2] == f"| GPN+M | {ppl:.2f} | {acc:.3f} |"
+
+
+def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(runs, tasks, tmp_path):
+    """Segments (a training-memory knob) are off for scoring: same scores, any piece length."""
+    seg = save_run(tmp_path, "gpn_m", train_tokenizer(embedded_corpus(), 512), remat_segment=16)
+    res, _ = evaluate(GPNLM(workdir=seg, batch_size=3, window=4), tasks, "gpnt_mc")
+    plain, _ = evaluate(GPNLM(workdir=runs["gpn_m"], batch_size=3, window=4), tasks, "gpnt_mc")
+    assert res["acc,none"] == plain["acc,none"]
