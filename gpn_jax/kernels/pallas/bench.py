@@ -15,7 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.kernels.pallas.memory import memory_kernels
+from gpn_jax.kernels.pallas.gpu import memory_kernels
 
 F32 = jnp.float32
 PASSES = ("step", "stack", "grad_reduce", "grad_update")

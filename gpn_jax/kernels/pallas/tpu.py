@@ -1,5 +1,5 @@
 """The memory's four passes as Pallas kernels for the TPU (Mosaic), with the signatures and
-semantics of `gpn_jax.kernels.pallas.memory` (whose docstring holds the layout argument).
+semantics of `gpn_jax.kernels.pallas.gpu` (whose docstring holds the layout argument).
 
 Blocks meet Mosaic's tiling rule (the last two dims of a block divisible by (8, 128) or equal
 to the array's): every program owns one batch row's memories, all H heads, over a (K, bu)
