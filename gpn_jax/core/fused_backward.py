@@ -63,16 +63,17 @@ def layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
 
 
 def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
-    """One predict layer's backward (tp == 1) with the write and the read, the memory's passes
-    through the kernels' `grad_reduce` and `grad_update`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
+    """One predict layer's backward (tp == 1) with the write and the read, the memory's part in
+    one pass, the kernels' `grad`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
 
     With Mi = keep stack[t], the memory entering step t after its reset, and kM = Mi^T k,
     qM = Mi^T q from the recomputation (`memory_stack`), the step's write and read are
         w = beta (v - kM),   M' = eg Mi + k w^T,   o = eg qM + (q . k) w   (= M'^T q),
-    so only (B, H, .) vectors are left to JAX's vjp (`small`); the memory-sized products are
-        from M' (cotangent dM):   dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w,  dMi += eg dM
-        from kM, qM:              dk += Mi dkM,  dq += Mi dqM,  dMi += k dkM^T + q dqM^T
-    (`grad_reduce` before the vjp, `grad_update` after it; dM_prev = keep dMi).
+    so only (B, H, .) vectors are left to JAX's vjp. The read's cotangent do is known before the
+    memory's pass (it needs only the layer's output cotangent), hence its parts dw (through w)
+    and dqM (through qM); `grad` then forms every memory-sized product in one pass:
+        dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w + Mi dkM,  dq += Mi dqM,
+        dM_prev = keep (eg dM + k dkM^T + q dqM^T),  dkM = -beta dw.
     The read's own memory cotangent q dO^T is never formed: it reaches M through qM."""
     t, kM, qM = step
     zw = res.Z0[..., dm.hk : dm.write_cols]
@@ -81,19 +82,24 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
     def keys(zk, Z):
         return write_key(dm, zk), read_query(dm, split_cols(Z, dm.layer_cols())[3])
 
-    def small(k, q, zw, a, Z, kM, qM):
+    def gates(zw, a, kM):
         v, beta, g = write_gates(dm, zw, a)
-        w = beta[..., None] * (v - kM)
-        eg = jnp.exp(g)
+        return beta[..., None] * (v - kM), beta, jnp.exp(g), g
+
+    def read(k, q, eg, qM, w):
         o = eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
-        X2, pg = layer_out(dm, Z, o.reshape(*o.shape[:-2], dm.hu))
-        return X2, pg, w, eg, g
+        return o.reshape(*o.shape[:-2], dm.hu)
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
-    (X2, pg, w, eg, _), small_vjp = jax.vjp(small, k, q, zw, fw["a"], Z, kM, qM)
-    dMk, dMw, inner = dm.kernels.grad_reduce(stack, t, keep_B, dM, k, w)
-    dk, dq, dzw, da, dZ, dkM, dqM = small_vjp((dX2, dpg, dMk, inner, dg_out))
-    dM_prev, Mi_dkM, Mi_dqM = dm.kernels.grad_update(stack, t, keep_B, dM, k, q, dkM, dqM, eg)
+    (w, beta, eg, _), gates_vjp = jax.vjp(gates, zw, fw["a"], kM)
+    o, read_vjp = jax.vjp(read, k, q, eg, qM, w)
+    (X2, pg), out_vjp = jax.vjp(partial(layer_out, dm), Z, o)
+    dZ, do = out_vjp((dX2, dpg))
+    dk, dq, deg, dqM, dw = read_vjp(do)
+    dM_prev, dMk, dMw, inner, Mi_dkM, Mi_dqM = dm.kernels.grad(
+        stack, t, keep_B, dM, k, q, w, beta, eg, dw, dqM
+    )
+    dzw, da, _ = gates_vjp((dw + dMk, jnp.zeros_like(beta), deg + inner, dg_out))
     dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 
