@@ -61,7 +61,9 @@ def grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM):
     dMk = col_sum(k, dM)
     dkM = -_rows(beta, dMk) * (dMk + dw)
     dM_prev = _rows(keep_B, dM) * (
-        _rows(eg, dM) * dM + k[..., :, None] * dkM[..., None, :] + q[..., :, None] * dqM[..., None, :]
+        _rows(eg, dM) * dM
+        + k[..., :, None] * dkM[..., None, :]
+        + q[..., :, None] * dqM[..., None, :]
     )
     inner = jnp.sum(dM * Mi, axis=(-2, -1))
     return dM_prev, dMk, row_sum(dM, w), inner, row_sum(Mi, dkM), row_sum(Mi, dqM)

@@ -173,4 +173,6 @@ def test_step_and_grad_per_shard(kernels):
         check_vma=False,
     )
     want = jax.jit(kernels.grad)(Ms, 3, *rest)
-    assert_rel_close(jax.jit(per_shard)(Ms, *rest), want, EPS32 * (K + U) * MARGIN, "grad per shard")
+    assert_rel_close(
+        jax.jit(per_shard)(Ms, *rest), want, EPS32 * (K + U) * MARGIN, "grad per shard"
+    )

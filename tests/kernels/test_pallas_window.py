@@ -12,7 +12,7 @@ from gpn_jax import kernels
 from gpn_jax.core.kernel_ops import MemoryKernels
 from tests.helpers.window import fused_grad_hlo, pair, random_carry, tokens
 
-PASSES = ("step", "stack", "grad_reduce", "grad_update")
+PASSES = ("step", "stack", "grad")
 
 
 def _counting(real: MemoryKernels, calls: collections.Counter) -> MemoryKernels:

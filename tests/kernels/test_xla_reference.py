@@ -48,9 +48,10 @@ def test_step_writes_the_models_rule_and_reads_the_stored_memory():
     k, q, v, beta, eg = ref.write_inputs(3, DIMS)
     Mn, o = xla.step(M, k, q, v, beta, eg)
     Mf = M.astype(jnp.float32)
-    want = eg[..., None, None] * Mf + k[..., None] * (beta[..., None] * (v - xla.col_sum(k, Mf)))[
-        ..., None, :
-    ]
+    want = (
+        eg[..., None, None] * Mf
+        + k[..., None] * (beta[..., None] * (v - xla.col_sum(k, Mf)))[..., None, :]
+    )
     assert Mn.dtype == jnp.bfloat16
     assert_rel_close(Mn.astype(jnp.float32), want.astype(jnp.bfloat16).astype(jnp.float32), 2.0**-8)
     np.testing.assert_array_equal(o, xla.col_sum(q, Mn.astype(jnp.float32)))

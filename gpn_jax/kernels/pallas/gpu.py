@@ -269,8 +269,23 @@ def _scalar_t():
 
 
 def _grad_kernel(
-    ms_ref, t_ref, keep_ref, dm_ref, k_ref, q_ref, w_ref, beta_ref, eg_ref, dw_ref, dqm_ref,
-    out_ref, dmk_ref, dmw_ref, in_ref, mk_ref, mq_ref,
+    ms_ref,
+    t_ref,
+    keep_ref,
+    dm_ref,
+    k_ref,
+    q_ref,
+    w_ref,
+    beta_ref,
+    eg_ref,
+    dw_ref,
+    dqm_ref,
+    out_ref,
+    dmk_ref,
+    dmw_ref,
+    in_ref,
+    mk_ref,
+    mq_ref,
 ):
     keep = keep_ref[...]
     M = ms_ref[t_ref[0]].astype(F32)

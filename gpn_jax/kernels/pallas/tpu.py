@@ -224,8 +224,23 @@ def _grad_args(Ms, t, keep_B, dM):
 
 
 def _grad_kernel(
-    t_ref, keep_ref, ms_ref, dm_ref, k_ref, q_ref, w_ref, beta_ref, eg_ref, dw_ref, dqm_ref,
-    out_ref, dmk_ref, dmw_ref, in_ref, mk_ref, mq_ref,
+    t_ref,
+    keep_ref,
+    ms_ref,
+    dm_ref,
+    k_ref,
+    q_ref,
+    w_ref,
+    beta_ref,
+    eg_ref,
+    dw_ref,
+    dqm_ref,
+    out_ref,
+    dmk_ref,
+    dmw_ref,
+    in_ref,
+    mk_ref,
+    mq_ref,
 ):
     keep = keep_ref[pl.program_id(0)]
     M = ms_ref[...].astype(F32)
