@@ -36,6 +36,7 @@ from gpn_jax.core.fused_stages import (
     write_inputs,
     write_key,
 )
+from gpn_jax.core.gpn import delta_factored
 from gpn_jax.core.norms import mm, rms
 
 Array = jax.Array
@@ -67,13 +68,12 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
     one pass, the kernels' `grad`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
 
     With Mi = keep stack[t], the memory entering step t after its reset, and kM = Mi^T k,
-    qM = Mi^T q from the recomputation (`memory_stack`), the step's write and read are
-        w = beta (v - kM),   M' = eg Mi + k w^T,   o = eg qM + (q . k) w   (= M'^T q),
-    so only (B, H, .) vectors are left to JAX's vjp. The read's cotangent do is known before the
-    memory's pass (it needs only the layer's output cotangent), hence its parts dw (through w)
-    and dqM (through qM); `grad` then forms every memory-sized product in one pass:
-        dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w + Mi dkM,  dq += Mi dqM,
-        dM_prev = keep (eg dM + k dkM^T + q dqM^T),  dkM = -beta dw.
+    qM = Mi^T q from the recomputation (`memory_stack`), the step's write M' = eg Mi + k w^T and
+    read o = M'^T q are `core.gpn.delta_factored`'s (w, o) of (kM, qM), so only (B, H, .) vectors
+    are left to JAX's vjp. The read's cotangent is known before the memory's pass (it needs only
+    the layer's output cotangent), hence its parts dkM_read and dqM of kM and qM; `grad` then
+    forms every memory-sized product in one pass: dM^T k (w's cotangent from M'), <dM, Mi> (eg's),
+    dM w, Mi dkM and Mi dqM (k's and q's) and dM_prev = keep (eg dM + k dkM^T + q dqM^T).
     The read's own memory cotangent q dO^T is never formed: it reaches M through qM."""
     t, kM, qM = step
     zw = res.Z0[..., dm.hk : dm.write_cols]
@@ -82,24 +82,21 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
     def keys(zk, Z):
         return write_key(dm, zk), read_query(dm, split_cols(Z, dm.layer_cols())[3])
 
-    def gates(zw, a, kM):
+    def gates(zw, a):
         v, beta, g = write_gates(dm, zw, a)
-        return beta[..., None] * (v - kM), beta, jnp.exp(g), g
-
-    def read(k, q, eg, qM, w):
-        o = eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
-        return o.reshape(*o.shape[:-2], dm.hu)
+        return v, beta, jnp.exp(g), g
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
-    (w, beta, eg, _), gates_vjp = jax.vjp(gates, zw, fw["a"], kM)
-    o, read_vjp = jax.vjp(read, k, q, eg, qM, w)
-    (X2, pg), out_vjp = jax.vjp(partial(layer_out, dm), Z, o)
+    (v, beta, eg, _), gates_vjp = jax.vjp(gates, zw, fw["a"])
+    (w, o), fac_vjp = jax.vjp(delta_factored, k, q, v, beta, eg, kM, qM)
+    (X2, pg), out_vjp = jax.vjp(partial(layer_out, dm), Z, o.reshape(*o.shape[:-2], dm.hu))
     dZ, do = out_vjp((dX2, dpg))
-    dk, dq, deg, dqM, dw = read_vjp(do)
+    dk, dq, dv, dbeta, deg, dkM, dqM = fac_vjp((jnp.zeros_like(w), do.reshape(o.shape)))
     dM_prev, dMk, dMw, inner, Mi_dkM, Mi_dqM = dm.kernels.grad(
-        stack, t, keep_B, dM, k, q, w, beta, eg, dw, dqM
+        stack, t, keep_B, dM, k, q, w, beta, eg, dkM, dqM
     )
-    dzw, da, _ = gates_vjp((dw + dMk, jnp.zeros_like(beta), deg + inner, dg_out))
+    _, _, dv_w, dbeta_w, *_ = fac_vjp((dMk, jnp.zeros_like(o)))  # w's cotangent from M'
+    dzw, da = gates_vjp((dv + dv_w, dbeta + dbeta_w, deg + inner, dg_out))
     dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 

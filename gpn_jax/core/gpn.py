@@ -136,6 +136,15 @@ def delta_write(M: Array, k: Array, v: Array, beta: Array, eg: Array) -> Array:
     return (eg[..., None, None] * Mf + delta).astype(M.dtype)
 
 
+def delta_factored(k, q, v, beta, eg, kM, qM):
+    """`delta_write` and the read of the written memory through the memory's products
+    kM = M^T k and qM = M^T q: (w, o) with w = beta (v - kM), so that M' = eg M + k w^T, and
+    o = M'^T q = eg qM + (q . k) w (float32, before M' is stored). The fused window's backward
+    differentiates this, leaving the memory-sized products to its kernels."""
+    w = beta[..., None] * (v - kM)
+    return w, eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
+
+
 def memory_read(lp: Params, c: Array, M: Array, iv: Intervention) -> Array:
     """Per-layer read of the shared memory with the current predicted state as query."""
     h = M.shape[1]

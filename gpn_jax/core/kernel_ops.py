@@ -18,13 +18,14 @@ Shapes (B batch rows, H heads, K key width, U value width, S steps of a segment)
       the step inputs with a leading S axis, keep (S, B): Ms (S, B, H, K, U) in M0's dtype, the
       memory entering each step before its reset; with Mi = keep Ms[t], kM = Mi^T k and
       qM = Mi^T q (S, B, H, U) float32.
-  grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM)
+  grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM)
       -> (dM_prev (B, H, K, U), dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H),
           Mi dkM (B, H, K), Mi dqM (B, H, K))
       the backward of step t's write M' = eg Mi + k w^T, w = beta (v - kM), and its read
-      o = eg qM + (q . k) w, in ONE pass over the memory: dM is the cotangent of M'; dw and dqM
-      the cotangents of w and qM from the read (known before the pass), so that the pass forms
-      dkM = -beta (dM^T k + dw) itself and dM_prev = keep (eg dM + k dkM^T + q dqM^T).
+      o = eg qM + (q . k) w (`core.gpn.delta_factored`), in ONE pass over the memory: dM is
+      the cotangent of M'; dkM_read and dqM the cotangents of kM and qM from the read (known
+      before the pass), so that the pass forms kM's whole cotangent
+      dkM = dkM_read - beta dM^T k itself and dM_prev = keep (eg dM + k dkM^T + q dqM^T).
       t an int32 scalar, keep_B (B,), dM float32; outputs float32.
 JAX-free at import (the model configs read `CHOICES`).
 """

@@ -55,11 +55,11 @@ def stack(M0, k, q, v, beta, eg, keep):
     return jax.lax.scan(body, M0, (k, q, v, beta, eg, keep.astype(F32)))[1]
 
 
-def grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM):
+def grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM):
     """The backward of step t's write and read in one pass over the memory (kernel_ops)."""
     Mi = Ms[t].astype(F32) * _rows(keep_B, dM)
     dMk = col_sum(k, dM)
-    dkM = -_rows(beta, dMk) * (dMk + dw)
+    dkM = dkM_read - _rows(beta, dMk) * dMk  # w = beta (v - kM)
     dM_prev = _rows(keep_B, dM) * (
         _rows(eg, dM) * dM
         + k[..., :, None] * dkM[..., None, :]

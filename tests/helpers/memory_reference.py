@@ -13,10 +13,10 @@ F32 = jnp.float32
 step, stack, grad = xla.step, xla.stack, xla.grad
 
 
-def grad_by_autodiff(Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM):
+def grad_by_autodiff(Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM):
     """`xla.grad` by autodiff: the vjp of (M' = eg Mi + k w^T, kM = Mi^T k, qM = Mi^T q) with
-    Mi = keep Ms[t], at cotangents dM (of M'), dkM = -beta (dM^T k + dw) (w = beta (v - kM)) and
-    dqM, with respect to the memory before its reset, k (through M' and kM), q, w and eg."""
+    Mi = keep Ms[t], at cotangents dM (of M'), dkM = dkM_read - beta dM^T k (w = beta (v - kM))
+    and dqM, with respect to the memory before its reset, k (through M' and kM), q, w and eg."""
     keep = keep_B[:, None, None, None]
 
     def write(k, w, eg):
@@ -24,7 +24,7 @@ def grad_by_autodiff(Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM):
 
     Mi = Ms[t].astype(F32) * keep
     dk_w, dMk, inner = jax.vjp(write, k, w, eg)[1](dM)
-    dkM = -beta[..., None] * (dMk + dw)
+    dkM = dkM_read - beta[..., None] * dMk
 
     def reads(M, k, q):
         Mi = M * keep
@@ -67,13 +67,14 @@ GRAD_OUTPUTS = ("dM_prev", "dM^T k", "dM w", "<dM, Mi>", "Mi dkM", "Mi dqM")
 
 
 def grad_args(dtype, dims, t, keep_B):
-    """The fused pass's arguments at step t: (Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM)."""
+    """The fused pass's arguments at step t: (Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read,
+    dqM)."""
     B, H, K, U, S = dims
     Ms = memory(4, dtype, (S, B, H, K, U))
     dM = memory(5, F32, (B, H, K, U))
     k, q, _, beta, eg = write_inputs(6, dims)
-    w, dw, dqM = jax.random.normal(jax.random.key(7), (3, B, H, U))
-    return Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM
+    w, dkM_read, dqM = jax.random.normal(jax.random.key(7), (3, B, H, U))
+    return Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM
 
 
 def check_grad(kernels, dtype, dims, t, bound_per_term, want_fn=None):

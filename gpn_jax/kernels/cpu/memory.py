@@ -106,12 +106,14 @@ def grad_update(
     return _call("gpn_memory_grad_update", outs, *args, aliases={3: 0})
 
 
-def grad(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, w_BxHxU, beta_BxH, eg_BxH, dw, dqM):
+def grad(
+    Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, w_BxHxU, beta_BxH, eg_BxH, dkM_read, dqM
+):
     """The fused backward pass of `gpn_jax.core.kernel_ops` composed of the two kernels: on a
     CPU the step's memory stays in the cache between them, so one kernel would save no memory
     traffic. (dM_prev, dM^T k, dM w, <dM, Mi>, Mi dkM, Mi dqM)."""
     dMk, dMw, inner = grad_reduce(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU)
-    dkM = -beta_BxH[..., None] * (dMk + dw)
+    dkM = dkM_read - beta_BxH[..., None] * dMk  # w = beta (v - kM)
     dM_prev, Mi_dkM, Mi_dqM = grad_update(
         Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM, dqM, eg_BxH
     )

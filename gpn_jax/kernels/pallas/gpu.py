@@ -9,7 +9,7 @@ M' = eg M + k (beta (v - kM))^T and o = M'^T q needs only column u of M. So `ste
 tile once and writes M' over it (`input_output_aliases`), and `stack` carries its tile through
 a segment's S writes in registers (a loop inside the kernel, the carried-state pattern),
 writing each step's memory once. `grad` is one pass too: dM^T k and the cotangent
-dkM = -beta (dM^T k + dw) are column-local, so each program reads its tiles of Ms[t] and dM
+dkM = dkM_read - beta dM^T k are column-local, so each program reads its tiles of Ms[t] and dM
 once and writes dM_prev over dM. Its row sums (dM w, Mi dkM, Mi dqM) and <dM, Mi>
 span the U tiles: each program writes its tile's partial sum and the wrapper adds the U / bu
 partials ((B, H, U / bu, K) vectors, small beside M).
@@ -278,7 +278,7 @@ def _grad_kernel(
     w_ref,
     beta_ref,
     eg_ref,
-    dw_ref,
+    dkm_ref,
     dqm_ref,
     out_ref,
     dmk_ref,
@@ -296,7 +296,7 @@ def _grad_kernel(
     dmw_ref[...] = _row_sum(D, w_ref[...])
     inner = jnp.sum(D * M, axis=(-2, -1))
     in_ref[...] = _bc(keep, inner.ndim) * inner
-    a = -_bc(beta_ref[...], dMk.ndim) * (dMk + dw_ref[...])  # dkM
+    a = dkm_ref[...] - _bc(beta_ref[...], dMk.ndim) * dMk  # kM's whole cotangent
     c = dqm_ref[...]
     Ma, Mc = _row_sum(M, a), _row_sum(M, c)
     mk_ref[...] = _bc(keep, Ma.ndim) * Ma
@@ -305,15 +305,15 @@ def _grad_kernel(
     out_ref[...] = _bc(keep, D.ndim) * D
 
 
-def grad(cfg: Config, Ms, t, keep_B, dM, k, q, w, beta, eg, dw, dqM):
+def grad(cfg: Config, Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM):
     """The backward's per-token pass (`gpn_jax.core.kernel_ops`): (dM_prev, dM^T k, dM w,
-    <dM, Mi>, Mi dkM, Mi dqM) float32 with Mi = keep Ms[t], dkM = -beta (dM^T k + dw); each tile
+    <dM, Mi>, Mi dkM, Mi dqM) float32 with Mi = keep Ms[t], dkM = dkM_read - beta dM^T k; each tile
     of Ms[t] and dM read once, dM_prev written over dM's buffer."""
     Ms, t1, keep, dM = _grad_args(cfg, Ms, t, keep_B, dM)
     S, B, H, K, U = Ms.shape
     bl = _blocks(cfg, B, H, K, U)
     n = U // bl.bu
-    vecs = [x.astype(F32) for x in (k, q, w, beta, eg, dw, dqM)]
+    vecs = [x.astype(F32) for x in (k, q, w, beta, eg, dkM_read, dqM)]
     call = _call(
         cfg,
         _grad_kernel,

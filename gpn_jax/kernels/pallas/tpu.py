@@ -233,7 +233,7 @@ def _grad_kernel(
     w_ref,
     beta_ref,
     eg_ref,
-    dw_ref,
+    dkm_ref,
     dqm_ref,
     out_ref,
     dmk_ref,
@@ -250,14 +250,14 @@ def _grad_kernel(
     dmk_ref[...] = dMk
     dmw_ref[...] = _row_sum(D, w_ref[...])
     in_ref[...] = keep * jnp.sum(jnp.sum(D * M, axis=-1), axis=-1, keepdims=True)
-    a = -beta_ref[...] * (dMk + dw_ref[...])  # dkM
+    a = dkm_ref[...] - beta_ref[...] * dMk  # kM's whole cotangent
     c = dqm_ref[...]
     mk_ref[...] = keep * _row_sum(M, a)
     mq_ref[...] = keep * _row_sum(M, c)
     out_ref[...] = keep * (eg_ref[...][..., None] * D + _outer(k, a) + _outer(q_ref[...], c))
 
 
-def grad(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k, q, w, beta, eg, dw, dqM):
+def grad(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k, q, w, beta, eg, dkM_read, dqM):
     """The backward's per-token pass as `gpu.grad`: each tile of Ms[t] and dM read once,
     dM_prev written over dM's buffer."""
     t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
@@ -289,6 +289,6 @@ def grad(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k, q, w, beta, eg, dw
         aliases={3: 0},  # (t, keep, Ms, dM, ...): dM's buffer becomes dM_prev
     )
     vecs = [x.astype(F32) for x in (k, q, w)]
-    tail = [_col(beta), _col(eg), dw.astype(F32), dqM.astype(F32)]
+    tail = [_col(beta), _col(eg), dkM_read.astype(F32), dqM.astype(F32)]
     dM_prev, dMk, dMw, inner, mk, mq = call(t1, keep, Ms_SxBxHxKxU, dM, *vecs, *tail)
     return dM_prev, dMk, dMw.sum(axis=1), inner.sum(axis=1)[..., 0], mk.sum(axis=1), mq.sum(axis=1)
