@@ -252,6 +252,8 @@ def window_bwd(dm: Dims, saved, cts):
     fwh = loop_weights(dm, with_halves(dm, fw))
 
     def seg(carry, xs):
+        if _stack_parts(dm) > 1:
+            return _segment_in_parts(dm, fw, fwT, fwh, carry, xs)
         ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         res, Ms, stack = _segment_memories(dm, fw, fwh, start, res, xg_seg, keep_seg)
@@ -277,6 +279,48 @@ def window_bwd(dm: Dims, saved, cts):
     dfw = {k: jax.tree.map(lambda g, w: g.astype(w.dtype), gw[k], fw[k]) for k in gw}
     dfw["a"] = da
     return dfw, ds0, dzk0, dM0, unsegment(dxg)
+
+
+def _stack_parts(dm: Dims) -> int:
+    """How many parts a rerun segment's backward takes with the kernels' passes: two where the
+    segment halves, so that one half's stack of memories (S/2 of them, the backward's largest
+    buffer) is alive at a time; one otherwise."""
+    return 2 if dm.remat and dm.kernel_backward and dm.segment % 2 == 0 else 1
+
+
+def _segment_in_parts(dm: Dims, fw, fwT, fwh, carry, xs):
+    """`window_bwd`'s segment in `_stack_parts` parts, last to first: the forward reruns part by
+    part (the carry between parts is each part's starting memory, so no extra pass over M), then
+    each part's `stack` is built only after the later part's backward is done (an optimization
+    barrier orders them) and read by its reverse scan. Same memory traffic per token as one part."""
+    ds, dzk, dM, Mn, da, gw = carry
+    start, _, dp_seg, dg_seg, xg_seg, keep_seg = xs
+    n = _stack_parts(dm)
+    h = dm.segment // n
+
+    def part(x, i):
+        return None if x is None else x[i * h : (i + 1) * h]
+
+    starts, runs = [start], []
+    for i in range(n):
+        new, (_, res) = scan_steps(dm, fwh, starts[-1], part(xg_seg, i), "res", part(keep_seg, i))
+        starts.append(new)
+        runs.append(res)
+    bc, dxg = (ds, dzk, dM, Mn, da), []
+    for i in reversed(range(n)):
+        M0, bc = jax.lax.optimization_barrier((starts[i][2], bc))
+        stack, kM, qM = memory_stack(dm, fw, M0, runs[i], part(keep_seg, i))
+        bc, e = jax.lax.scan(
+            partial(bstep, dm, fw, fwT, stack),
+            bc,
+            (runs[i], (jnp.arange(h, dtype=jnp.int32), kM, qM))
+            + (part(dp_seg, i), part(dg_seg, i), part(keep_seg, i)),
+            reverse=True,
+            unroll=dm.unroll,
+        )
+        gw = _add_weight_grads(dm, fw, gw, e)
+        dxg.insert(0, e["dxg"])
+    return (*bc, gw), jnp.concatenate(dxg, axis=0)
 
 
 def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
