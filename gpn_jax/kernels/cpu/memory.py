@@ -8,12 +8,13 @@ segment's S steps, from its starting memory and the stored write inputs) four pe
 zero-filled stack; the write's and the read's backward ~11 per step; each over 2 MiB at the
 bench's sizes. The kernels take one (b, h) memory at a time while it is in the cache: `step`
 reads it twice and writes the new one over it, `stack` keeps it through a segment's writes,
-and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it. The
-formulas are in the sources' comments and `gpn_jax.core.kernel_ops`.
+and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it; `grad`
+(the seam's one backward pass, `gpn_jax.core.kernel_ops`) composes those two, since on a CPU
+the step's memory stays in the cache between them. The reference is `gpn_jax.kernels.xla`.
 
 They are built, cached and loaded as `small_matmul`'s kernel is (`load`), and used by the fused
 window with `model.kernels=native` for a memory stored in float32 on one CPU device; the
-backward's passes only for one predict layer without remat. `python experiments/bench/window_ab.py`
+backward's pass only for one predict layer. `python experiments/bench/window_ab.py`
 measures what they gain. Not differentiable (no JVPs): they run inside the fused window's
 custom VJP only.
 """
