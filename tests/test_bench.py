@@ -358,7 +358,7 @@ def test_accel_bench_times_every_pass_with_both_backends_and_storages(tmp_path):
     result = json.loads((out / "accel.json").read_text())
     rows = result["passes"]["rows"]
     keys = {(r["memory_dtype"], r["pass"], r["backend"]) for r in rows}
-    passes = ("step", "stack", "grad_reduce", "grad_update")
+    passes = ("step", "stack", "grad")
     assert keys == {
         (d, n, b) for d in ("float32", "bfloat16") for n in passes for b in ("xla", "pallas")
     }

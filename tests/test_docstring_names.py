@@ -21,7 +21,7 @@ _FILE_SUFFIXES = {"py", "txt", "json", "jsonl", "md", "cc", "h", "so", "npy", "p
 NOT_MODULES = {"data", "train", "model", "mesh", "tokenizer", "stats"}
 NOT_FUNCTIONS = {"_sharding"}  # an orbax checkpoint's file, named in the checkpoint docs
 # The kernels' docstrings are being rewritten with their backends: they join this rule then.
-PENDING = ("gpn_jax.kernels",)
+PENDING: tuple[str, ...] = ()
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -377,8 +377,6 @@ SHARED_BASENAMES = {
     "recall": {"gpn_jax.data.recall", "gpn_jax.eval.recall"},
     "stream": {"gpn_jax.data.stream", "gpn_jax.eval.stream"},
     "report": {"gpn_jax.analysis.report", "gpn_jax.benchmarks.report"},
-    # the memory kernels of each backend
-    "memory": {"gpn_jax.kernels.cpu.memory", "gpn_jax.kernels.pallas.memory"},
 }
 
 

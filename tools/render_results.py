@@ -182,7 +182,7 @@ COLLECTIONS["aot_130m_pallas"] = (
     "aot_130m_v5e_1x1_b32_pallas",
     "aot_130m_v5e_2x2_b32_pallas",
     "aot_130m_v6e_1x1_b64_pallas",
-    "aot_130m_v5p_2x2x1_b192_pallas",
+    "aot_130m_v5p_2x2x1_b256_pallas",
 )
 COLUMNS["aot_130m_pallas"] = _AOT[:5]
 # XLA:CPU's compile of the same schedule at a tiny size: its traffic over M against the minimum

@@ -36,6 +36,7 @@ from gpn_jax.core.fused_stages import (
     write_inputs,
     write_key,
 )
+from gpn_jax.core.gpn import delta_factored
 from gpn_jax.core.norms import mm, rms
 
 Array = jax.Array
@@ -63,16 +64,16 @@ def layer_split_bwd(dm: Dims, fwT: dict, i: int, res: Res, Z, Mn, dc):
 
 
 def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg, dg_out):
-    """One predict layer's backward (tp == 1) with the write and the read, the memory's passes
-    through the kernels' `grad_reduce` and `grad_update`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
+    """One predict layer's backward (tp == 1) with the write and the read, the memory's part in
+    one pass, the kernels' `grad`: (dZ, X2, pg, (dzk_prev, dzw, da, dM_prev)).
 
     With Mi = keep stack[t], the memory entering step t after its reset, and kM = Mi^T k,
-    qM = Mi^T q from the recomputation (`memory_stack`), the step's write and read are
-        w = beta (v - kM),   M' = eg Mi + k w^T,   o = eg qM + (q . k) w   (= M'^T q),
-    so only (B, H, .) vectors are left to JAX's vjp (`small`); the memory-sized products are
-        from M' (cotangent dM):   dw += dM^T k,  d eg += <dM, Mi>,  dk += dM w,  dMi += eg dM
-        from kM, qM:              dk += Mi dkM,  dq += Mi dqM,  dMi += k dkM^T + q dqM^T
-    (`grad_reduce` before the vjp, `grad_update` after it; dM_prev = keep dMi).
+    qM = Mi^T q from the recomputation (`memory_stack`), the step's write M' = eg Mi + k w^T and
+    read o = M'^T q are `core.gpn.delta_factored`'s (w, o) of (kM, qM), so only (B, H, .) vectors
+    are left to JAX's vjp. The read's cotangent is known before the memory's pass (it needs only
+    the layer's output cotangent), hence its parts dkM_read and dqM of kM and qM; `grad` then
+    forms every memory-sized product in one pass: dM^T k (w's cotangent from M'), <dM, Mi> (eg's),
+    dM w, Mi dkM and Mi dqM (k's and q's) and dM_prev = keep (eg dM + k dkM^T + q dqM^T).
     The read's own memory cotangent q dO^T is never formed: it reaches M through qM."""
     t, kM, qM = step
     zw = res.Z0[..., dm.hk : dm.write_cols]
@@ -81,19 +82,21 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
     def keys(zk, Z):
         return write_key(dm, zk), read_query(dm, split_cols(Z, dm.layer_cols())[3])
 
-    def small(k, q, zw, a, Z, kM, qM):
+    def gates(zw, a):
         v, beta, g = write_gates(dm, zw, a)
-        w = beta[..., None] * (v - kM)
-        eg = jnp.exp(g)
-        o = eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
-        X2, pg = layer_out(dm, Z, o.reshape(*o.shape[:-2], dm.hu))
-        return X2, pg, w, eg, g
+        return v, beta, jnp.exp(g), g
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
-    (X2, pg, w, eg, _), small_vjp = jax.vjp(small, k, q, zw, fw["a"], Z, kM, qM)
-    dMk, dMw, inner = dm.kernels.grad_reduce(stack, t, keep_B, dM, k, w)
-    dk, dq, dzw, da, dZ, dkM, dqM = small_vjp((dX2, dpg, dMk, inner, dg_out))
-    dM_prev, Mi_dkM, Mi_dqM = dm.kernels.grad_update(stack, t, keep_B, dM, k, q, dkM, dqM, eg)
+    (v, beta, eg, _), gates_vjp = jax.vjp(gates, zw, fw["a"])
+    (w, o), fac_vjp = jax.vjp(delta_factored, k, q, v, beta, eg, kM, qM)
+    (X2, pg), out_vjp = jax.vjp(partial(layer_out, dm), Z, o.reshape(*o.shape[:-2], dm.hu))
+    dZ, do = out_vjp((dX2, dpg))
+    dk, dq, dv, dbeta, deg, dkM, dqM = fac_vjp((jnp.zeros_like(w), do.reshape(o.shape)))
+    dM_prev, dMk, dMw, inner, Mi_dkM, Mi_dqM = dm.kernels.grad(
+        stack, t, keep_B, dM, k, q, w, beta, eg, dkM, dqM
+    )
+    _, _, dv_w, dbeta_w, *_ = fac_vjp((dMk, jnp.zeros_like(o)))  # w's cotangent from M'
+    dzw, da = gates_vjp((dv + dv_w, dbeta + dbeta_w, deg + inner, dg_out))
     dzk_prev, dZ_q = keys_vjp((dk + dMw + Mi_dkM, dq + Mi_dqM))
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 
@@ -249,6 +252,8 @@ def window_bwd(dm: Dims, saved, cts):
     fwh = loop_weights(dm, with_halves(dm, fw))
 
     def seg(carry, xs):
+        if _stack_parts(dm) > 1:
+            return _segment_in_parts(dm, fw, fwT, fwh, carry, xs)
         ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         res, Ms, stack = _segment_memories(dm, fw, fwh, start, res, xg_seg, keep_seg)
@@ -274,6 +279,48 @@ def window_bwd(dm: Dims, saved, cts):
     dfw = {k: jax.tree.map(lambda g, w: g.astype(w.dtype), gw[k], fw[k]) for k in gw}
     dfw["a"] = da
     return dfw, ds0, dzk0, dM0, unsegment(dxg)
+
+
+def _stack_parts(dm: Dims) -> int:
+    """How many parts a rerun segment's backward takes with the kernels' passes: two where the
+    segment halves, so that one half's stack of memories (S/2 of them, the backward's largest
+    buffer) is alive at a time; one otherwise."""
+    return 2 if dm.remat and dm.kernel_backward and dm.segment % 2 == 0 else 1
+
+
+def _segment_in_parts(dm: Dims, fw, fwT, fwh, carry, xs):
+    """`window_bwd`'s segment in `_stack_parts` parts, last to first: the forward reruns part by
+    part (the carry between parts is each part's starting memory, so no extra pass over M), then
+    each part's `stack` is built only after the later part's backward is done (an optimization
+    barrier orders them) and read by its reverse scan. Same memory traffic per token as one part."""
+    ds, dzk, dM, Mn, da, gw = carry
+    start, _, dp_seg, dg_seg, xg_seg, keep_seg = xs
+    n = _stack_parts(dm)
+    h = dm.segment // n
+
+    def part(x, i):
+        return None if x is None else x[i * h : (i + 1) * h]
+
+    starts, runs = [start], []
+    for i in range(n):
+        new, (_, res) = scan_steps(dm, fwh, starts[-1], part(xg_seg, i), "res", part(keep_seg, i))
+        starts.append(new)
+        runs.append(res)
+    bc, dxg = (ds, dzk, dM, Mn, da), []
+    for i in reversed(range(n)):
+        M0, bc = jax.lax.optimization_barrier((starts[i][2], bc))
+        stack, kM, qM = memory_stack(dm, fw, M0, runs[i], part(keep_seg, i))
+        bc, e = jax.lax.scan(
+            partial(bstep, dm, fw, fwT, stack),
+            bc,
+            (runs[i], (jnp.arange(h, dtype=jnp.int32), kM, qM))
+            + (part(dp_seg, i), part(dg_seg, i), part(keep_seg, i)),
+            reverse=True,
+            unroll=dm.unroll,
+        )
+        gw = _add_weight_grads(dm, fw, gw, e)
+        dxg.insert(0, e["dxg"])
+    return (*bc, gw), jnp.concatenate(dxg, axis=0)
 
 
 def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):

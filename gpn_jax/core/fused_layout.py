@@ -105,7 +105,7 @@ class Dims:
         recomputation takes); with remat the kernels' `stack` rebuilds each rerun segment's
         memories."""
         ops = self.kernels
-        has_passes = ops is not None and None not in (ops.grad_reduce, ops.grad_update)
+        has_passes = ops is not None and ops.grad is not None
         return self.kernel_passes and has_passes and self.n_layers == 1
 
     def layer_cols(self) -> list[int]:

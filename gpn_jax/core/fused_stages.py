@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from gpn_jax.core.fused_layout import Dims
 from gpn_jax.core.fused_products import rows
+from gpn_jax.core.gpn import delta_write
 from gpn_jax.core.norms import RMS_EPS, l2n, rms
 
 Array = jax.Array
@@ -55,11 +56,8 @@ def write(dm: Dims, zk_prev, zw, a, M):
     (per block of heads: every head's write is local to it).
 
     Computed in float32, returned in M's dtype (`memory_dtype` storage)."""
-    M_in, M = M, M.astype(jnp.float32)
     k, v, beta, g = write_inputs(dm, zk_prev, zw, a)
-    k_M = jnp.einsum("...hk,...hku->...hu", k, M)
-    delta = jnp.einsum("...hk,...hu->...hku", k, beta[..., None] * (v - k_M))
-    return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
+    return delta_write(M, k, v, beta, jnp.exp(g)), g
 
 
 def write_read(dm: Dims, zk_prev, zw, a, zq, M):

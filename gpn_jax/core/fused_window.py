@@ -21,7 +21,7 @@ recurrent. The window is in parts, each a module of its own:
   in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
 * Kernels. The window is handed the resolved `model.kernels` (`core.kernel_ops.MemoryKernels`,
   never imported from a backend): where they cover the window (`dims_of`) the memory's passes
-  call their `step`, `stack`, `grad_reduce` and `grad_update`, and the loops multiply by weights
+  call their `step`, `stack` and `grad`, and the loops multiply by weights
   packed once per window for their product kernel; everywhere else the XLA formulas run.
 * `fused_loss`: the cross-entropy with its gradients computed in the forward pass.
 

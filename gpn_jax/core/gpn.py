@@ -117,15 +117,32 @@ def memory_write(wp: Params, s_prev: Array, s: Array, M: Array) -> tuple[Array, 
     computed in float32 and stored back in M's dtype (`GPNConfig.memory_dtype`).
     """
     h = wp["A_log"].shape[0]
-    M_in, M = M, M.astype(jnp.float32)
     a, b = rms_norm(s_prev, wp["norm"]), rms_norm(s, wp["norm"])
     k = l2n(jax.nn.relu(_heads(mm(a, wp["wk"]) + wp["bk"], h)))  # (B, H, K)
     v = _heads(mm(b, wp["wv"]), h)  # (B, H, U)
     beta = jax.nn.sigmoid(mm(b, wp["wbeta"]))  # (B, H)
     g = -jnp.exp(wp["A_log"]) * jax.nn.softplus(mm(b, wp["wa"]) + wp["dt_bias"])  # (B, H)
-    k_M = jnp.einsum("bhk,bhku->bhu", k, M)  # prediction from the old, undecayed memory
-    delta = jnp.einsum("bhk,bhu->bhku", k, beta[..., None] * (v - k_M))
-    return (jnp.exp(g)[..., None, None] * M + delta).astype(M_in.dtype), g
+    return delta_write(M, k, v, beta, jnp.exp(g)), g
+
+
+def delta_write(M: Array, k: Array, v: Array, beta: Array, eg: Array) -> Array:
+    """The memory's update rule per head: M' = eg M + k (beta (v - M^T k))^T, computed in
+    float32 and stored in M's dtype. M (..., H, K, U), k (..., H, K), v (..., H, U), beta and
+    the decay eg = exp(g) (..., H). The fused window and every kernel backend compute this
+    rule (`gpn_jax.kernels.xla` is their reference)."""
+    Mf = M.astype(jnp.float32)
+    k_M = jnp.einsum("...hk,...hku->...hu", k, Mf)  # prediction from the old, undecayed memory
+    delta = jnp.einsum("...hk,...hu->...hku", k, beta[..., None] * (v - k_M))
+    return (eg[..., None, None] * Mf + delta).astype(M.dtype)
+
+
+def delta_factored(k, q, v, beta, eg, kM, qM):
+    """`delta_write` and the read of the written memory through the memory's products
+    kM = M^T k and qM = M^T q: (w, o) with w = beta (v - kM), so that M' = eg M + k w^T, and
+    o = M'^T q = eg qM + (q . k) w (float32, before M' is stored). The fused window's backward
+    differentiates this, leaving the memory-sized products to its kernels."""
+    w = beta[..., None] * (v - kM)
+    return w, eg[..., None] * qM + jnp.sum(q * k, axis=-1, keepdims=True) * w
 
 
 def memory_read(lp: Params, c: Array, M: Array, iv: Intervention) -> Array:

@@ -1,25 +1,32 @@
 """The seam between the fused window and the kernel backends: the operations core is handed.
 
 `core` never imports a backend. A model resolves `model.kernels` once (`gpn_jax.kernels.resolve`)
-and hands the resulting `MemoryKernels` (or None: the XLA formulas) to the fused window, which
-calls `step`, `stack`, `grad_reduce` and `grad_update` where it would otherwise run the same
-passes as XLA operations. Where the kernels do not cover a case (a memory dtype outside
-`memory_dtypes`, no `grad_reduce` / `grad_update`, more than one predict layer for the
-backward's per-token passes, a window split over an automatic mesh axis such as tensor
-parallelism) the window uses its XLA formulas; under `shard_map` they run per shard.
+and hands the resulting `MemoryKernels` to the fused window, which calls `step`, `stack` and
+`grad` for the memory's passes; `model.kernels=xla` hands it the reference backend
+(`gpn_jax.kernels.xla`, the passes as XLA operations, against which every other backend is
+tested). Where the kernels do not cover a case (a memory dtype outside `memory_dtypes`, more
+than one predict layer for the backward's per-token pass, a window split over an automatic mesh
+axis such as tensor parallelism) the window differentiates the model's write
+(`core.gpn.delta_write`) itself; under `shard_map` the kernels run per shard.
 
 Shapes (B batch rows, H heads, K key width, U value width, S steps of a segment):
   step(M, k, q, v, beta, eg) -> (M_new, o)
       M (B, H, K, U) in the storage dtype; k, q (B, H, K); v (B, H, U); beta, eg (B, H).
-      M_new = eg M + k (beta (v - M^T k))^T in M's dtype, o = M_new^T q (B, H, U) float32.
+      M_new = the model's write (`core.gpn.delta_write`) in M's dtype, o = M_new^T q (B, H, U)
+      float32 from the stored M_new.
   stack(M0, k, q, v, beta, eg, keep) -> (Ms, kM, qM)
       the step inputs with a leading S axis, keep (S, B): Ms (S, B, H, K, U) in M0's dtype, the
       memory entering each step before its reset; with Mi = keep Ms[t], kM = Mi^T k and
       qM = Mi^T q (S, B, H, U) float32.
-  grad_reduce(Ms, t, keep_B, dM, k, w) -> (dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H))
-  grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg)
-      -> (keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K))
-      t an int32 scalar, keep_B (B,), dM the memory's float32 cotangent; outputs float32.
+  grad(Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM)
+      -> (dM_prev (B, H, K, U), dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H),
+          Mi dkM (B, H, K), Mi dqM (B, H, K))
+      the backward of step t's write M' = eg Mi + k w^T, w = beta (v - kM), and its read
+      o = eg qM + (q . k) w (`core.gpn.delta_factored`), in ONE pass over the memory: dM is
+      the cotangent of M'; dkM_read and dqM the cotangents of kM and qM from the read (known
+      before the pass), so that the pass forms kM's whole cotangent
+      dkM = dkM_read - beta dM^T k itself and dM_prev = keep (eg dM + k dkM^T + q dqM^T).
+      t an int32 scalar, keep_B (B,), dM float32; outputs float32.
 JAX-free at import (the model configs read `CHOICES`).
 """
 
@@ -42,11 +49,10 @@ class MemoryKernels(NamedTuple):
     """A backend's implementation of the memory's passes (module doc); hashable, so that it
     can sit in the window's static `Dims`."""
 
-    name: str  # "native" | "pallas"
+    name: str  # "xla" | "native" | "pallas"
     step: Callable
     stack: Callable
-    grad_reduce: Callable | None
-    grad_update: Callable | None
+    grad: Callable
     memory_dtypes: tuple[str, ...]  # storage dtypes the kernels take
     matmul: ProductKernel | None = None  # the CPU product kernel, or None
 

@@ -1,12 +1,12 @@
 """The kernel backends behind one seam: `resolve` turns `model.kernels` into the operations the
-fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`), or None for the XLA formulas.
+fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`).
 
   auto    Pallas on a GPU; XLA on a TPU (the Pallas TPU kernels are an explicit choice, for
           per-chip batches whose memory XLA moves through HBM; see `resolve`); the C++
           kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where they
           build; XLA otherwise. A backend that cannot be used falls back to XLA with one
           warning.
-  xla     the XLA formulas everywhere.
+  xla     the reference backend (`gpn_jax.kernels.xla`, the passes as XLA operations) everywhere.
   native  the C++ CPU kernels (`gpn_jax.kernels.cpu`), on any CPU where they build.
   pallas  the Pallas kernels (`gpn_jax.kernels.pallas`, imported only here and only then):
           Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU.
@@ -34,17 +34,18 @@ class KernelsUnavailable(ValueError):
     ValueError, so the entry points report it as a config error)."""
 
 
-def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> MemoryKernels | None:
+def resolve(choice: str, platform: str, memory_dtype: str = "float32") -> MemoryKernels:
     """The kernels `model.kernels=choice` means on `platform` (`jax.default_backend()`, or the
-    platform a step is compiled for) with the memory stored in `memory_dtype`; None: the XLA
-    formulas. Cached: each choice is resolved (and built, and warned about) once per process.
+    platform a step is compiled for) with the memory stored in `memory_dtype`, the reference
+    backend `xla` where no other is chosen or usable. Cached: each choice is resolved (and
+    built, and warned about) once per process.
 
     On a TPU `auto` keeps XLA. The choice is per platform, not per batch, and which moves
     less of the memory through HBM depends on the per-chip batch: XLA:TPU keeps M in VMEM at
     small batches and moves it ever more often at large ones, while the Pallas TPU kernels
     move a fixed amount per token and cell (the train step's two forward steps, the
-    recomputation's writes, and the backward's two passes each reading Ms[t] and dM: 7m + 12
-    bytes in m-byte storage, `benchmarks.traffic` for the minimum 5m + 8). So
+    recomputation's writes, and the backward's one pass reading Ms[t] and dM and writing dM:
+    6m + 8 bytes in m-byte storage, `benchmarks.traffic` for the minimum 5m + 8). So
     `model.kernels=pallas` is for per-chip batches where XLA's traffic over M exceeds that
     (compare both with `python -m gpn_jax.aot ... --json`). The fused window runs kernels
     per shard, inside the batch axes' `shard_map`; with tensor parallelism it keeps the XLA
@@ -65,18 +66,24 @@ def name(kernels: MemoryKernels | None) -> str:
 
 
 @functools.cache
-def _resolve(choice: str, platform: str, memory_dtype: str) -> MemoryKernels | None:
-    if choice == "xla":
-        return None
+def _resolve(choice: str, platform: str, memory_dtype: str) -> MemoryKernels:
     if choice == "native":
-        return _native(platform, explicit=True)
-    if choice == "pallas":
-        return _pallas(platform, memory_dtype, explicit=True)
-    if platform in GPU_PLATFORMS:
-        return _pallas(platform, memory_dtype, explicit=False)
-    if platform == "cpu" and _cpu_measured_faster():
-        return _native(platform, explicit=False)
-    return None
+        found = _native(platform, explicit=True)
+    elif choice == "pallas":
+        found = _pallas(platform, memory_dtype, explicit=True)
+    elif choice == "auto" and platform in GPU_PLATFORMS:
+        found = _pallas(platform, memory_dtype, explicit=False)
+    elif choice == "auto" and platform == "cpu" and _cpu_measured_faster():
+        found = _native(platform, explicit=False)
+    else:
+        found = None
+    return _xla() if found is None else found
+
+
+def _xla() -> MemoryKernels:
+    from gpn_jax.kernels import xla
+
+    return xla.memory_kernels()
 
 
 def _cpu_measured_faster() -> bool:
@@ -117,18 +124,10 @@ def _pallas(platform: str, memory_dtype: str, explicit: bool) -> MemoryKernels |
     try:
         from gpn_jax.kernels import pallas
 
-        passes = pallas.memory_kernels(platform=platform)
+        return pallas.memory_kernels(platform=platform)
     except (ImportError, AttributeError, ValueError, RuntimeError, NotImplementedError) as e:
         _unavailable("pallas", f"the Pallas kernels cannot be used ({_one_line(e)})", explicit)
         return None
-    return MemoryKernels(
-        "pallas",
-        passes.step,
-        passes.stack,
-        passes.grad_reduce,
-        passes.grad_update,
-        pallas.MEMORY_DTYPES,
-    )
 
 
 @functools.cache

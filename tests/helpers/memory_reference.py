@@ -1,62 +1,32 @@
-"""Plain-jnp references for the memory's four passes (`gpn_jax.kernels.cpu.memory`'s semantics), for
-checking the kernels: the forward's write and read as `fused_window._write` / `_read_out` compute
-them (float32 arithmetic, the new memory rounded to M's dtype, the read from the stored memory),
-the recomputation as `fused_window._recompute_memory`'s scan, and the backward's passes as
-`jax.vjp` of those formulas (autodiff, not the kernels' hand-derived products)."""
+"""The memory's passes for checking the kernels: the reference backend `gpn_jax.kernels.xla` (the
+one place their XLA formulas live), the autodiff form of its backward pass (`grad_by_autodiff`,
+`jax.vjp` of the write and the read, which checks the reference's hand-derived products), the
+pass inputs in their real ranges and one check of a backend's `grad` against the reference."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpn_jax.kernels import xla
+
 F32 = jnp.float32
+step, stack, grad = xla.step, xla.stack, xla.grad
 
 
-def write(Mi_f32, k, v, beta, eg):
-    """M' = eg Mi + k (beta (v - Mi^T k))^T per (b, h), float32."""
-    kM = jnp.einsum("bhk,bhku->bhu", k, Mi_f32)
-    w = beta[..., None] * (v - kM)
-    return eg[..., None, None] * Mi_f32 + jnp.einsum("bhk,bhu->bhku", k, w)
-
-
-def step(M, k, q, v, beta, eg):
-    """(M' in M's dtype, o = M'^T q from the stored M')."""
-    Mn = write(M.astype(F32), k, v, beta, eg).astype(M.dtype)
-    return Mn, jnp.einsum("bhk,bhku->bhu", q, Mn.astype(F32))
-
-
-def stack(M0, k, q, v, beta, eg, keep):
-    """(Ms, kM, qM): a scan of the stored-dtype writes, Ms[t] before step t's reset."""
-
-    def body(M, x):
-        kt, qt, vt, bt, et, kp = x
-        Mi = M.astype(F32) * kp[:, None, None, None]
-        kM = jnp.einsum("bhk,bhku->bhu", kt, Mi)
-        qM = jnp.einsum("bhk,bhku->bhu", qt, Mi)
-        return write(Mi, kt, vt, bt, et).astype(M.dtype), (M, kM, qM)
-
-    return jax.lax.scan(body, M0, (k, q, v, beta, eg, keep))[1]
-
-
-def grad_reduce(Ms, t, keep_B, dM, k, w):
-    """(dM^T k, dM w, <dM, Mi>) as the vjp of M' = eg Mi + k w^T (Mi = keep Ms[t]) with respect
-    to w, k and eg, at cotangent dM."""
-    Mi = Ms[t].astype(F32) * keep_B[:, None, None, None]
-    eg = jnp.ones(w.shape[:2], F32)
-
-    def f(k, w, eg):
-        return eg[..., None, None] * Mi + jnp.einsum("bhk,bhu->bhku", k, w)
-
-    dk, dw, deg = jax.vjp(f, k, w, eg)[1](dM)
-    return dw, dk, deg
-
-
-def grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg):
-    """(dM_prev, Mi dkM, Mi dqM) as the vjp, with respect to the memory before its reset and to
-    k and q, of (M' = eg Mi + ..., kM = Mi^T k, qM = Mi^T q) with Mi = keep Ms[t], at
-    cotangents (dM, dkM, dqM); the k and q parts from kM and qM only."""
+def grad_by_autodiff(Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM):
+    """`xla.grad` by autodiff: the vjp of (M' = eg Mi + k w^T, kM = Mi^T k, qM = Mi^T q) with
+    Mi = keep Ms[t], at cotangents dM (of M'), dkM = dkM_read - beta dM^T k (w = beta (v - kM))
+    and dqM, with respect to the memory before its reset, k (through M' and kM), q, w and eg."""
     keep = keep_B[:, None, None, None]
 
-    def f(M, k, q):
+    def write(k, w, eg):
+        return eg[..., None, None] * Mi + jnp.einsum("bhk,bhu->bhku", k, w)
+
+    Mi = Ms[t].astype(F32) * keep
+    dk_w, dMk, inner = jax.vjp(write, k, w, eg)[1](dM)
+    dkM = dkM_read - beta[..., None] * dMk
+
+    def reads(M, k, q):
         Mi = M * keep
         return (
             eg[..., None, None] * Mi,
@@ -64,12 +34,12 @@ def grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg):
             jnp.einsum("bhk,bhku->bhu", q, Mi),
         )
 
-    dMprev, dk, dq = jax.vjp(f, Ms[t].astype(F32), k, q)[1]((dM, dkM, dqM))
-    return dMprev, dk, dq
+    dM_prev, Mi_dkM, Mi_dqM = jax.vjp(reads, Ms[t].astype(F32), k, q)[1]((dM, dkM, dqM))
+    return dM_prev, dMk, dk_w, inner, Mi_dkM, Mi_dqM
 
 
 # ------------------------------------------------------------------ inputs and pass checks
-# Shared by the Pallas kernels' tests of each variant (GPU grid, TPU); dims = (B, H, K, U, S).
+# Shared by the kernels' tests of each backend; dims = (B, H, K, U, S).
 
 
 def unit(x):
@@ -93,38 +63,52 @@ def memory(seed, dtype, shape):
     return jax.random.normal(jax.random.key(seed), shape).astype(dtype)
 
 
-def check_grad_reduce(kernels, dtype, dims, t, bound_per_term):
-    """`kernels.grad_reduce` against `grad_reduce` (Ms read from storage by both: float32
-    round-off only, `bound_per_term` per term of each output's reduction)."""
-    from tests.tolerance import assert_rel_close
+GRAD_OUTPUTS = ("dM_prev", "dM^T k", "dM w", "<dM, Mi>", "Mi dkM", "Mi dqM")
 
+
+def grad_args(dtype, dims, t, keep_B):
+    """The fused pass's arguments at step t: (Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read,
+    dqM)."""
     B, H, K, U, S = dims
     Ms = memory(4, dtype, (S, B, H, K, U))
     dM = memory(5, F32, (B, H, K, U))
-    k = write_inputs(6, dims)[0]
-    w = jax.random.normal(jax.random.key(7), (B, H, U))
-    keep_B = jnp.array([1.0, 0.0])  # row 1 starts a document at step t
-    got = jax.jit(kernels.grad_reduce)(Ms, t, keep_B, dM, k, w)
-    want = grad_reduce(Ms, t, keep_B, dM, k, w)
-    for name, a, b, n in zip(("dM^T k", "dM w", "<dM, Mi>"), got, want, (K, U, K * U), strict=True):
-        assert a.dtype == F32 and a.shape == b.shape, name
-        assert_rel_close(a, b, bound_per_term * n, name)
-    np.testing.assert_array_equal(got[2][1], 0.0)  # the reset row's memory is zero
+    k, q, _, beta, eg = write_inputs(6, dims)
+    w, dkM_read, dqM = jax.random.normal(jax.random.key(7), (3, B, H, U))
+    return Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM
 
 
-def check_grad_update(kernels, dtype, dims, bound_per_term):
-    """`kernels.grad_update` against `grad_update` at t = 2, row 0 reset there."""
+def check_grad(kernels, dtype, dims, t, bound_per_term, want_fn=None):
+    """`kernels.grad` against the reference (`want_fn`, default `xla.grad`; Ms read from
+    storage by both: float32 round-off only) at step t, row 1 reset there."""
     from tests.tolerance import assert_rel_close
 
-    B, H, K, U, S = dims
-    Ms = memory(8, dtype, (S, B, H, K, U))
-    dM = memory(9, F32, (B, H, K, U))
-    k, q, _, _, eg = write_inputs(10, dims)
-    dkM, dqM = jax.random.normal(jax.random.key(11), (2, B, H, U))
-    keep_B = jnp.array([0.0, 1.0])
-    got = jax.jit(kernels.grad_update)(Ms, 2, keep_B, dM, k, q, dkM, dqM, eg)
-    want = grad_update(Ms, 2, keep_B, dM, k, q, dkM, dqM, eg)
-    for name, a, b, n in zip(("dM_prev", "Mi dkM", "Mi dqM"), got, want, (3, U, U), strict=True):
+    keep_B = jnp.array([1.0, 0.0])
+    args = grad_args(dtype, dims, t, keep_B)
+    got = jax.jit(kernels.grad)(*args)
+    want = (want_fn or grad)(*args)
+    _, _, K, U, _ = dims
+    n = {"dM_prev": K, "dM^T k": K, "dM w": U, "<dM, Mi>": K * U, "Mi dkM": K + U, "Mi dqM": U}
+    for name, a, b in zip(GRAD_OUTPUTS, got, want, strict=True):
         assert a.dtype == F32 and a.shape == b.shape, name
-        assert_rel_close(a, b, bound_per_term * n, name)
-    np.testing.assert_array_equal(got[0][0], 0.0)  # reset row: no cotangent flows past it
+        assert_rel_close(a, b, bound_per_term * n[name], name)
+    # the reset row: no cotangent flows past it and its memory reads zero
+    for name, a in zip(GRAD_OUTPUTS, got, strict=True):
+        if name in ("dM_prev", "<dM, Mi>", "Mi dkM", "Mi dqM"):
+            np.testing.assert_array_equal(a[1], 0.0, err_msg=name)
+
+
+def shapes_130m(dtype, b):
+    """The passes' arguments at 130M with b batch rows per device: H = 15, K = 128, U = 256,
+    segment S = 64."""
+    h, k, u, s = 15, 128, 256, 64
+    f, sd = jnp.float32, jax.ShapeDtypeStruct
+    i32 = sd((), jnp.int32)
+    return {
+        "step": (sd((b, h, k, u), dtype), sd((b, h, k), f), sd((b, h, k), f), sd((b, h, u), f))
+        + (sd((b, h), f),) * 2,
+        "stack": (sd((b, h, k, u), dtype), sd((s, b, h, k), f), sd((s, b, h, k), f))
+        + (sd((s, b, h, u), f), sd((s, b, h), f), sd((s, b, h), f), sd((s, b), f)),
+        "grad": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
+        + (sd((b, h, k), f),) * 2
+        + (sd((b, h, u), f), sd((b, h), f), sd((b, h), f), sd((b, h, u), f), sd((b, h, u), f)),
+    }

@@ -1,6 +1,6 @@
 """The C++ memory kernels (`gpn_jax.kernels.cpu.memory`, `model.kernels=native`): the
-recomputation gives the memories XLA's scan of writes gives, the backward's two passes compute
-their formulas, and the fused window's gradients through them equal plain autodiff's, with
+recomputation gives the memories XLA's scan of writes gives, the backward's pass (the two C++
+passes composed) matches the reference backend, and the fused window's gradients through them equal plain autodiff's, with
 document resets and the log-decay output's cotangent. The window uses them for a float32 memory
 (the backward's passes: one predict layer, with or without remat); the XLA formulas otherwise."""
 
@@ -13,6 +13,7 @@ import pytest
 from gpn_jax import kernels
 from gpn_jax.core import fused_backward, fused_forward, fused_layout, fused_stages, fused_window
 from gpn_jax.kernels.cpu import memory
+from tests.helpers import memory_reference
 from tests.helpers.window import (
     f32_bound,
     fused_grad_hlo,
@@ -79,36 +80,12 @@ def _random(shapes, seed=0):
     return [jax.random.normal(key, s) for key, s in zip(keys, shapes, strict=True)]
 
 
-@pytest.mark.parametrize("S,B,H,K,U,t", [(4, 3, 2, 5, 13, 2), (2, 2, 4, 64, 128, 0)])
-def test_the_backward_passes_compute_their_formulas(native, S, B, H, K, U, t):
-    """`grad_reduce` and `grad_update` at step t of a stack, a reset row included, against the
-    formulas (`core.kernel_ops`) as einsums. Each output relative to its norm: the longest
-    reduction is <dM, Mi> over K * U products (values up to ~100 at K * U = 8192, so an absolute
-    bound would be meaningless); a wrong row, step or reset errs by O(1)."""
-    Ms, dM, k, q, w, dkM, dqM, eg = _random(
-        [(S, B, H, K, U), (B, H, K, U), *[(B, H, K)] * 2, *[(B, H, U)] * 3, (B, H)]
-    )
-    keep = jnp.ones((B,)).at[1].set(0.0)
-    Mi = keep[:, None, None, None] * Ms[t]
-    got = jax.jit(native.grad_reduce)(Ms, t, keep, dM, k, w)
-    want = (
-        jnp.einsum("bhku,bhk->bhu", dM, k),
-        jnp.einsum("bhku,bhu->bhk", dM, w),
-        jnp.sum(dM * Mi, axis=(-2, -1)),
-    )
-    assert_rel_close(got, want, f32_bound(K * U), "grad_reduce")
-    got = jax.jit(native.grad_update)(Ms, t, keep, dM, k, q, dkM, dqM, eg)
-    dMi = (
-        eg[..., None, None] * dM
-        + k[..., None] * dkM[..., None, :]
-        + q[..., None] * dqM[..., None, :]
-    )
-    want = (
-        keep[:, None, None, None] * dMi,
-        jnp.einsum("bhku,bhu->bhk", Mi, dkM),
-        jnp.einsum("bhku,bhu->bhk", Mi, dqM),
-    )
-    assert_rel_close(got, want, f32_bound(U), "grad_update")
+@pytest.mark.parametrize("S,B,H,K,U,t", [(4, 2, 2, 5, 13, 2), (2, 2, 4, 64, 128, 0)])
+def test_the_backward_pass_matches_the_reference(native, S, B, H, K, U, t):
+    """`grad` (the two C++ passes composed) at step t of a stack, a reset row included, against
+    the reference backend (`gpn_jax.kernels.xla`), each output relative to its norm with the
+    float32 bound of its reduction length (`memory_reference.check_grad`)."""
+    memory_reference.check_grad(native, "float32", (B, H, K, U, S), t, f32_bound(1))
 
 
 def test_fused_window_gradients_through_the_memory_kernels_equal_autodiff(native, monkeypatch):

@@ -1,5 +1,5 @@
 """The Pallas memory kernels (interpret mode on this CPU, with the CPU's blocks and with the
-GPU's grid of (b, h, U tile) programs) against plain-jnp formulas and autodiff
+GPU's grid of (b, h, U tile) programs) against the reference backend `gpn_jax.kernels.xla`
 (`tests/helpers/memory_reference.py`), for float32 and bfloat16 storage with document resets,
 per shard under `shard_map`, and their Triton lowering for CUDA at the 130M shapes (jaxlib
 carries the Triton dialect, so this needs no GPU and no CUDA plugin). The TPU variant has its
@@ -8,7 +8,7 @@ own tests (`test_pallas_tpu.py`).
 Tolerances are norm-relative (`tests/tolerance.py`):
 - float32 arithmetic: a sum of n products in another order differs by at most ~n eps32 relative
   to the sum of magnitudes, so each output's bound is eps32 x n x MARGIN, n its reduction length
-  (K for M^T x, U for M y, K U for <dM, M>), and the stack's S chained writes add theirs (each
+  (K for M^T x, U for M y, K U for <dM, M>, K + U for M (-beta (dM^T k + dw))), and the stack's S chained writes add theirs (each
   write, (eg I - beta k k^T) Mi + beta k v^T with |k| = 1, eg <= 1, beta < 1, is non-expansive);
 - bfloat16 storage: kernel and reference round the same float32 values, which may differ in the
   last bits, so a stored value may land one bfloat16 step (eps_bf16 = 2^-7 relative) apart:
@@ -102,19 +102,15 @@ def test_stack_matches_scan_with_resets(kernels, dtype):
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 @pytest.mark.parametrize("t", [1, 3])
-def test_grad_reduce_matches_autodiff(kernels, dtype, t):
-    ref.check_grad_reduce(kernels, dtype, (B, H, K, U, S), t, EPS32 * MARGIN)
-
-
-@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
-def test_grad_update_matches_autodiff(kernels, dtype):
-    ref.check_grad_update(kernels, dtype, (B, H, K, U, S), EPS32 * MARGIN)
+def test_grad_matches_reference(kernels, dtype, t):
+    ref.check_grad(kernels, dtype, (B, H, K, U, S), t, EPS32 * MARGIN)
 
 
 def test_default_tile_and_interpret_choice():
     """interpret=None on this CPU: the interpreter, with the default U tile (one tile here)."""
     mk = memory_kernels()
-    assert mk.config.interpret and mk.config.platform == "cpu"
+    cfg = mk.step.args[0]
+    assert mk.name == "pallas" and cfg.interpret and cfg.platform == "cpu"
     M = _memory(12, jnp.float32)
     args = (M, *_inputs(13))
     Mn, o = jax.jit(mk.step)(*args)
@@ -136,42 +132,23 @@ def test_refusals_name_the_xla_alternative():
         )
 
 
-def _shapes_130m(dtype):
-    """The passes' arguments at 130M: B = 8, H = 15, K = 128, U = 256, segment S = 64."""
-    b, h, k, u, s = 8, 15, 128, 256, 64
-    f, sd = jnp.float32, jax.ShapeDtypeStruct
-    i32 = sd((), jnp.int32)
-    return {
-        "step": (sd((b, h, k, u), dtype), sd((b, h, k), f), sd((b, h, k), f), sd((b, h, u), f))
-        + (sd((b, h), f),) * 2,
-        "stack": (sd((b, h, k, u), dtype), sd((s, b, h, k), f), sd((s, b, h, k), f))
-        + (sd((s, b, h, u), f), sd((s, b, h), f), sd((s, b, h), f), sd((s, b), f)),
-        "grad_reduce": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
-        + (sd((b, h, k), f), sd((b, h, u), f)),
-        "grad_update": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
-        + (sd((b, h, k), f),) * 2
-        + (sd((b, h, u), f),) * 2
-        + (sd((b, h), f),),
-    }
-
-
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 def test_lowers_for_cuda_at_130m(dtype):
     """Triton lowering from this CPU host (jaxlib carries the Triton dialect; PTX is compiled on
-    the GPU): each pass becomes one Triton custom call; step and grad_update alias their
-    memory operand to their first result."""
+    the GPU): each pass becomes one Triton custom call (the backward's `grad` one pass); step
+    and grad alias their memory operand to their first result."""
     mk = memory_kernels(interpret=False, platform="cuda")
-    for name, args in _shapes_130m(jnp.dtype(dtype)).items():
+    for name, args in ref.shapes_130m(jnp.dtype(dtype), 8).items():
         text = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("xla.gpu.triton") == 1, name
         # one program per (b, h, U tile of 64): grid (8, 15, 4), 8 warps each
         for attr in ("grid_x = 8 ", "grid_y = 15 ", "grid_z = 4 ", "num_warps = 8 "):
             assert attr in text, (name, attr)
-        if name in ("step", "grad_update"):
+        if name in ("step", "grad"):
             assert "output_operand_aliases" in text, name
 
 
-def test_step_and_grad_update_per_shard(kernels):
+def test_step_and_grad_per_shard(kernels):
     """Under `shard_map` with the batch split over two devices (how the fused window runs them
     per shard, `check_vma=False` as `gpn_jax.parallel.spmd` maps) each shard's kernels give the
     unsharded result: the passes are per (b, h)."""
@@ -187,16 +164,15 @@ def test_step_and_grad_update_per_shard(kernels):
     )
     bound = EPS32 * K * MARGIN * 2  # same formulas; only the summation order may differ
     assert_rel_close(sharded(*args), jax.jit(kernels.step)(*args), bound, "step per shard")
-    Ms = _memory(16, jnp.float32, (S, B, H, K, U))
-    k, q, _, _, eg = _inputs(17)
-    dkM, dqM = jax.random.normal(jax.random.key(18), (2, B, H, U))
-    rest = (jnp.array([1.0, 0.0]), M, k, q, dkM, dqM, eg)
-    upd = jax.shard_map(
-        lambda Ms, *r: kernels.grad_update(Ms, 3, *r),
+    Ms, _, *rest = ref.grad_args(jnp.float32, (B, H, K, U, S), 3, jnp.array([1.0, 0.0]))
+    per_shard = jax.shard_map(
+        lambda Ms, *r: kernels.grad(Ms, 3, *r),
         mesh=mesh,
         in_specs=(P(None, "data"),) + (P("data"),) * len(rest),
         out_specs=P("data"),
         check_vma=False,
     )
-    want = jax.jit(kernels.grad_update)(Ms, 3, *rest)
-    assert_rel_close(jax.jit(upd)(Ms, *rest), want, EPS32 * U * MARGIN, "grad_update per shard")
+    want = jax.jit(kernels.grad)(Ms, 3, *rest)
+    assert_rel_close(
+        jax.jit(per_shard)(Ms, *rest), want, EPS32 * (K + U) * MARGIN, "grad per shard"
+    )

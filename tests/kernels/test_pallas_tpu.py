@@ -1,6 +1,6 @@
 """The Pallas memory kernels' TPU (Mosaic) variant (`gpn_jax.kernels.pallas.tpu`): each pass in
 Pallas's TPU interpreter (the TPU grid, blocks and scalar prefetch, run on this CPU) against
-plain-jnp formulas and autodiff (`tests/helpers/memory_reference.py`), for float32 and bfloat16
+the reference backend `gpn_jax.kernels.xla` (`tests/helpers/memory_reference.py`), for float32 and bfloat16
 storage with document resets, at small shapes that meet Mosaic's tiling (H whole, K a
 multiple of 8, U tiles of 128); then the lowering for TPU at the 130M shapes and, where libtpu
 is installed, the Mosaic compile for a v5e chip (which rejects blocks over the VMEM limit).
@@ -31,7 +31,8 @@ B, H, K, U, S = 2, 3, 8, 256, 5  # U = two tiles of 128: the partial row sums ar
 @pytest.fixture(scope="module")
 def kernels():
     mk = memory_kernels(interpret=True, platform="tpu")
-    assert mk.config.platform == "tpu" and mk.config.interpret
+    cfg = mk.step.args[0]
+    assert cfg.platform == "tpu" and cfg.interpret
     assert mk.step.func is tpu_kernels.step  # the Mosaic variant, interpreted
     return mk
 
@@ -88,18 +89,13 @@ def test_stack_matches_scan_with_resets(kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
-def test_grad_reduce_matches_autodiff(kernels, dtype):
+def test_grad_matches_reference(kernels, dtype):
     # t = 3: the stack's block is chosen by the prefetched t
-    ref.check_grad_reduce(kernels, dtype, (B, H, K, U, S), 3, EPS32 * MARGIN)
-
-
-@pytest.mark.parametrize("dtype", MEMORY_DTYPES)
-def test_grad_update_matches_autodiff(kernels, dtype):
-    ref.check_grad_update(kernels, dtype, (B, H, K, U, S), EPS32 * MARGIN)
+    ref.check_grad(kernels, dtype, (B, H, K, U, S), 3, EPS32 * MARGIN)
 
 
 def test_tile_rules_and_refusals():
-    cfg = memory_kernels(interpret=False, platform="tpu").config
+    cfg = memory_kernels(interpret=False, platform="tpu").step.args[0]
     assert tpu_kernels.tile_u(cfg, 256) == 128 and tpu_kernels.tile_u(cfg, 96) == 96
     for block_u, u in ((64, 256), (384, 256)):
         bad = cfg._replace(block_u=block_u)
@@ -110,34 +106,20 @@ def test_tile_rules_and_refusals():
 
 
 def _shapes_130m(dtype):
-    """The passes' arguments at 130M for one v5e chip: B = 32, H = 15, K = 128, U = 256, S = 64."""
-    b, h, k, u, s = 32, 15, 128, 256, 64
-    f, sd = jnp.float32, jax.ShapeDtypeStruct
-    i32 = sd((), jnp.int32)
-    return {
-        "step": (sd((b, h, k, u), dtype), sd((b, h, k), f), sd((b, h, k), f), sd((b, h, u), f))
-        + (sd((b, h), f),) * 2,
-        "stack": (sd((b, h, k, u), dtype), sd((s, b, h, k), f), sd((s, b, h, k), f))
-        + (sd((s, b, h, u), f), sd((s, b, h), f), sd((s, b, h), f), sd((s, b), f)),
-        "grad_reduce": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
-        + (sd((b, h, k), f), sd((b, h, u), f)),
-        "grad_update": (sd((s, b, h, k, u), dtype), i32, sd((b,), f), sd((b, h, k, u), f))
-        + (sd((b, h, k), f),) * 2
-        + (sd((b, h, u), f),) * 2
-        + (sd((b, h), f),),
-    }
+    """The passes' arguments at 130M for one v5e chip: B = 32 rows."""
+    return ref.shapes_130m(dtype, 32)
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 def test_lowers_for_tpu_at_130m(dtype):
-    """Each pass is one Mosaic custom call; step and grad_update alias their memory operand
-    (M, dM) to their first result."""
+    """Each pass is one Mosaic custom call (the backward's `grad` one pass); step and grad
+    alias their memory operand (M, dM) to their first result."""
     mk = memory_kernels(platform="tpu")
-    assert not mk.config.interpret
+    assert not mk.step.args[0].interpret
     for name, args in _shapes_130m(jnp.dtype(dtype)).items():
         text = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
         assert text.count("tpu_custom_call") == 1, name
-        assert ("output_operand_aliases" in text) == (name in ("step", "grad_update")), name
+        assert ("output_operand_aliases" in text) == (name in ("step", "grad")), name
 
 
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)

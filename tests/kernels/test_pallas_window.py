@@ -12,7 +12,7 @@ from gpn_jax import kernels
 from gpn_jax.core.kernel_ops import MemoryKernels
 from tests.helpers.window import fused_grad_hlo, pair, random_carry, tokens
 
-PASSES = ("step", "stack", "grad_reduce", "grad_update")
+PASSES = ("step", "stack", "grad")
 
 
 def _counting(real: MemoryKernels, calls: collections.Counter) -> MemoryKernels:
@@ -43,6 +43,21 @@ def test_which_passes_the_window_calls(kw, used, monkeypatch):
     params = model.init(jax.random.PRNGKey(0))
     fused_grad_hlo(model, params, tokens(9), random_carry(model))
     assert set(calls) == used
+
+
+@pytest.mark.parametrize("segment,T,parts", [(4, 8, 2), (3, 9, 1)])
+def test_a_rerun_segment_builds_its_stack_in_halves(segment, T, parts, monkeypatch):
+    """With remat and the kernels' backward, an even segment's backward runs in two halves,
+    each with its own stack (one half's memories alive at a time): `stack` and `grad` are
+    traced once per half; an odd segment keeps one part. The gradients are the window tests'
+    (`tests/core/test_fused_window.py`, remat 4)."""
+    model = pair(kernels="pallas", n_layers=1, remat_segment=segment)[1]
+    real = kernels.resolve("pallas", "cpu", model.config.memory_dtype)
+    calls = collections.Counter()
+    monkeypatch.setattr(type(model), "kernels", lambda self: _counting(real, calls))
+    params = model.init(jax.random.PRNGKey(0))
+    fused_grad_hlo(model, params, tokens(T), random_carry(model))
+    assert calls["stack"] == parts and calls["grad"] == parts
 
 
 def test_the_window_takes_kernels_per_shard_only():

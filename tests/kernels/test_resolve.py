@@ -35,7 +35,7 @@ def _fake_pallas(monkeypatch, module):
         monkeypatch.setattr(kernels, "pallas", module, raising=False)
 
 
-FAKE = MemoryKernels("pallas", print, print, None, None, ("float32", "bfloat16"))
+FAKE = MemoryKernels("pallas", print, print, None, ("float32", "bfloat16"))
 
 
 def test_an_unknown_choice_lists_the_choices():
@@ -49,15 +49,18 @@ def test_an_unknown_choice_lists_the_choices():
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
-def test_xla_is_none_everywhere(platform):
-    assert kernels.resolve("xla", platform) is None
+def test_xla_is_the_reference_backend_everywhere(platform):
+    from gpn_jax.kernels import xla
+
+    got = kernels.resolve("xla", platform)
+    assert got.name == "xla" and got.grad is xla.grad and kernels.name(got) == "xla"
     assert kernels.name(None) == "xla"
 
 
 def test_auto_keeps_xla_on_tpu_and_on_cpus_the_kernels_were_not_measured_on(monkeypatch):
-    assert kernels.resolve("auto", "tpu") is None
+    assert kernels.resolve("auto", "tpu").name == "xla"
     monkeypatch.setattr(kernels, "_cpu_measured_faster", lambda: False)
-    assert kernels.resolve("auto", "cpu") is None
+    assert kernels.resolve("auto", "cpu").name == "xla"
 
 
 def test_auto_picks_the_cpp_kernels_on_a_cpu_they_were_measured_faster_on(monkeypatch):
@@ -88,8 +91,8 @@ def test_without_a_compiler_native_is_an_error_and_auto_falls_back(monkeypatch, 
     msg = str(e.value)
     assert "\n" not in msg and "no C++ compiler" in msg and msg.endswith("kernels=xla")
     with caplog.at_level(logging.WARNING):
-        assert kernels.resolve("auto", "cpu") is None
-        assert kernels.resolve("auto", "cpu") is None
+        assert kernels.resolve("auto", "cpu").name == "xla"
+        assert kernels.resolve("auto", "cpu").name == "xla"
     warned = [r for r in caplog.records if "native kernels unavailable" in r.getMessage()]
     assert len(warned) == 1 and "no C++ compiler" in warned[0].getMessage()
 
@@ -97,24 +100,25 @@ def test_without_a_compiler_native_is_an_error_and_auto_falls_back(monkeypatch, 
 def test_pallas_is_imported_lazily_and_an_import_failure_falls_back_once(monkeypatch, caplog):
     _fake_pallas(monkeypatch, None)
     with caplog.at_level(logging.WARNING):
-        assert kernels.resolve("auto", "gpu") is None
-        assert kernels.resolve("auto", "gpu") is None
+        assert kernels.resolve("auto", "gpu").name == "xla"
+        assert kernels.resolve("auto", "gpu").name == "xla"
     assert len([r for r in caplog.records if "pallas kernels unavailable" in r.getMessage()]) == 1
     with pytest.raises(kernels.KernelsUnavailable, match=r"^model.kernels=pallas: .*kernels=xla$"):
         kernels.resolve("pallas", "gpu")
 
 
-def test_pallas_is_built_for_the_platform_and_handed_over_as_memory_kernels(monkeypatch):
+def test_pallas_is_built_for_the_platform_and_handed_over_as_its_memory_kernels(monkeypatch):
     calls = []
+    built = MemoryKernels("pallas", print, len, max, ("float32",))
 
     def memory_kernels(platform):
         calls.append(platform)
-        return types.SimpleNamespace(step=print, stack=len, grad_reduce=max, grad_update=min)
+        return built
 
     fake = types.SimpleNamespace(memory_kernels=memory_kernels, MEMORY_DTYPES=("float32",))
     _fake_pallas(monkeypatch, fake)
     got = kernels.resolve("auto", "gpu", "bfloat16")
-    assert got == MemoryKernels("pallas", print, len, max, min, ("float32",))
+    assert got is built  # every backend returns a MemoryKernels: nothing to repackage
     assert kernels.resolve("pallas", "cpu") == got
     assert calls == ["gpu", "cpu"]
 
@@ -126,28 +130,28 @@ def test_the_real_pallas_kernels_resolve_on_cpu_and_on_tpu():
 
     got = kernels.resolve("pallas", "cpu", "bfloat16")
     assert got.name == "pallas" and got.memory_dtypes == ("float32", "bfloat16")
-    assert got.grad_reduce is not None and got.grad_update is not None
+    assert isinstance(got, MemoryKernels) and got.grad is not None
     on_tpu = kernels.resolve("pallas", "tpu", "bfloat16")
     assert on_tpu.name == "pallas" and on_tpu.memory_dtypes == ("float32", "bfloat16")
-    for name in ("step", "stack", "grad_reduce", "grad_update"):
+    for name in ("step", "stack", "grad"):
         fn = getattr(on_tpu, name)
         assert fn.func is getattr(tpu, name) and not fn.args[0].interpret, name
-    assert kernels.resolve("auto", "tpu") is None
+    assert kernels.resolve("auto", "tpu").name == "xla"
 
 
 def test_gpn_jax_native_is_ignored_with_one_warning(monkeypatch, caplog):
     monkeypatch.setenv("GPN_JAX_NATIVE", "1")
     monkeypatch.setattr(kernels, "_cpu_measured_faster", lambda: False)
     with caplog.at_level(logging.WARNING):
-        assert kernels.resolve("auto", "cpu") is None
-        assert kernels.resolve("xla", "cpu") is None
+        assert kernels.resolve("auto", "cpu").name == "xla"
+        assert kernels.resolve("xla", "cpu").name == "xla"
     warned = [r.getMessage() for r in caplog.records if "GPN_JAX_NATIVE" in r.getMessage()]
     assert len(warned) == 1 and "--config.model.kernels=" in warned[0]
 
 
 def test_the_model_resolves_its_config_for_its_platform(monkeypatch):
     model = factory.build_model({"family": "gpn", **BASE, "kernels": "xla"})
-    assert model.kernels() is None
+    assert model.kernels().name == "xla"
     with pytest.raises(kernels.KernelsUnavailable, match="not tpu"):
         factory.build_model({"family": "gpn", **BASE, "kernels": "native"}).on_platform(
             "tpu"

@@ -28,8 +28,7 @@ def memory_kernels() -> MemoryKernels:
         name="native",
         step=memory.step,
         stack=memory.stack,
-        grad_reduce=memory.grad_reduce,
-        grad_update=memory.grad_update,
+        grad=memory.grad,
         memory_dtypes=("float32",),
         matmul=ProductKernel(small_matmul.pack, small_matmul.matmul),
     )

@@ -1,6 +1,6 @@
 """What this CPU offers, from /proc/cpuinfo (Linux; elsewhere nothing is known): read by the
 kernels' builds and policy (`small_matmul`) and by the bench's header
-(`gpn_jax.benchmarks.common.cpu_vector_extensions`)."""
+(`gpn_jax.benchmarks.measure.cpu_vector_extensions`)."""
 
 from pathlib import Path
 

@@ -8,12 +8,13 @@ segment's S steps, from its starting memory and the stored write inputs) four pe
 zero-filled stack; the write's and the read's backward ~11 per step; each over 2 MiB at the
 bench's sizes. The kernels take one (b, h) memory at a time while it is in the cache: `step`
 reads it twice and writes the new one over it, `stack` keeps it through a segment's writes,
-and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it. The
-formulas are in the sources' comments and `gpn_jax.core.kernel_ops`.
+and `grad_reduce` and `grad_update` pass over the step's memory where `stack` wrote it; `grad`
+(the seam's one backward pass, `gpn_jax.core.kernel_ops`) composes those two, since on a CPU
+the step's memory stays in the cache between them. The reference is `gpn_jax.kernels.xla`.
 
 They are built, cached and loaded as `small_matmul`'s kernel is (`load`), and used by the fused
 window with `model.kernels=native` for a memory stored in float32 on one CPU device; the
-backward's passes only for one predict layer without remat. `python experiments/bench/window_ab.py`
+backward's pass only for one predict layer. `python experiments/bench/window_ab.py`
 measures what they gain. Not differentiable (no JVPs): they run inside the fused window's
 custom VJP only.
 """
@@ -104,3 +105,17 @@ def grad_update(
     args = (Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)
     outs = [(B, H, K, U), (B, H, K), (B, H, K)]
     return _call("gpn_memory_grad_update", outs, *args, aliases={3: 0})
+
+
+def grad(
+    Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, w_BxHxU, beta_BxH, eg_BxH, dkM_read, dqM
+):
+    """The fused backward pass of `gpn_jax.core.kernel_ops` composed of the two kernels: on a
+    CPU the step's memory stays in the cache between them, so one kernel would save no memory
+    traffic. (dM_prev, dM^T k, dM w, <dM, Mi>, Mi dkM, Mi dqM)."""
+    dMk, dMw, inner = grad_reduce(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU)
+    dkM = dkM_read - beta_BxH[..., None] * dMk  # w = beta (v - kM)
+    dM_prev, Mi_dkM, Mi_dqM = grad_update(
+        Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM, dqM, eg_BxH
+    )
+    return dM_prev, dMk, dMw, inner, Mi_dkM, Mi_dqM

@@ -1,5 +1,5 @@
 // The memories entering each step of a segment, recomputed for the fused window's backward
-// (gpn_jax/core/fast_window.py, `_recompute_memory`): from the segment's starting memory and
+// (the reference: gpn_jax/kernels/xla.py, `stack`): from the segment's starting memory and
 // its S stored write inputs, the gated delta write
 //   Mi = keep M,  M' = e^g Mi + k (beta (v - Mi^T k))^T
 // run S times per (batch row, head), with Mi^T k and Mi^T q (the read's query) of every step,

@@ -1,5 +1,5 @@
 // One token's write and read of the memory in the fused window's forward loop
-// (gpn_jax/core/fast_window.py, `_step`), per (batch row, head):
+// (the reference: gpn_jax/kernels/xla.py, `step`), per (batch row, head):
 //   kM = M^T k,  w = beta (v - kM),  M' = e^g M + k w^T,  o = M'^T q   (layer 0's read)
 // M' is written over M's buffer (each entry from the same entry of M), the loop's carry.
 //

@@ -1,10 +1,11 @@
-"""Microbenchmark of the memory's passes: the XLA formulas against the Pallas kernels, as
+"""Microbenchmark of the memory's passes: the reference backend (`gpn_jax.kernels.xla`, the XLA
+formulas) against the Pallas kernels, as
 microseconds per token and the bytes over M-sized arrays that each pass must move at least
 (for an accelerator script to turn into GB/s; `time_passes`).
 
 Each pass runs `reps` times inside one jitted loop whose carry chains the calls (the memory for
-`step`, the segment's last memory for `stack`, the cotangent for `grad_update`; `grad_reduce`
-takes a different t each time), so neither dispatch nor loop-invariant hoisting hides the pass.
+`step`, the segment's last memory for `stack`, the cotangent for `grad`, which also takes a
+different t each time), so neither dispatch nor loop-invariant hoisting hides the pass.
 On the CPU the kernels run in Pallas's interpreter: slow, and no measure of the GPU kernels.
 """
 
@@ -15,49 +16,11 @@ import time
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.kernels.pallas.memory import memory_kernels
+from gpn_jax.kernels import xla as xla_reference
+from gpn_jax.kernels.pallas.gpu import memory_kernels
 
 F32 = jnp.float32
-PASSES = ("step", "stack", "grad_reduce", "grad_update")
-
-
-def _einsum_col(x, M):
-    return jnp.einsum("bhk,bhku->bhu", x, M)
-
-
-def xla_step(M, k, q, v, beta, eg):
-    """The forward's write and read as XLA operations (`fast_window._write`, `_read_out`)."""
-    Mf = M.astype(F32)
-    w = beta[..., None] * (v - _einsum_col(k, Mf))
-    Mn = (eg[..., None, None] * Mf + k[..., :, None] * w[..., None, :]).astype(M.dtype)
-    return Mn, _einsum_col(q, Mn.astype(F32))
-
-
-def xla_stack(M0, k, q, v, beta, eg, keep):
-    """The recomputation as a scan of XLA writes (`fast_window._recompute_memory`)."""
-
-    def body(M, x):
-        kt, qt, vt, bt, et, kp = x
-        Mi = M.astype(F32) * kp[:, None, None, None]
-        kM, qM = _einsum_col(kt, Mi), _einsum_col(qt, Mi)
-        w = bt[..., None] * (vt - kM)
-        Mn = et[..., None, None] * Mi + kt[..., :, None] * w[..., None, :]
-        return Mn.astype(M.dtype), (M, kM, qM)
-
-    return jax.lax.scan(body, M0, (k, q, v, beta, eg, keep))[1]
-
-
-def xla_grad_reduce(Ms, t, keep_B, dM, k, w):
-    Mi = Ms[t].astype(F32) * keep_B[:, None, None, None]
-    return _einsum_col(k, dM), jnp.einsum("bhku,bhu->bhk", dM, w), jnp.sum(dM * Mi, axis=(2, 3))
-
-
-def xla_grad_update(Ms, t, keep_B, dM, k, q, dkM, dqM, eg):
-    keep = keep_B[:, None, None, None]
-    Mi = Ms[t].astype(F32) * keep
-    outer = k[..., :, None] * dkM[..., None, :] + q[..., :, None] * dqM[..., None, :]
-    dM_new = keep * (eg[..., None, None] * dM + outer)
-    return dM_new, jnp.einsum("bhku,bhu->bhk", Mi, dkM), jnp.einsum("bhku,bhu->bhk", Mi, dqM)
+PASSES = ("step", "stack", "grad")
 
 
 def _inputs(B, H, K, U, S, dtype, key):
@@ -97,19 +60,13 @@ def _loops(ops: dict, x: dict, reps: int) -> dict:
 
         return jax.lax.fori_loop(0, reps, body, (M0, jnp.zeros((), F32)))
 
-    def grad_reduce(dM):
-        def body(i, acc):
-            a, b, c = ops["grad_reduce"](x["Ms"], i % S, keep_B, dM, one["k"], one["v"])
-            return acc + a[0, 0, 0] + b[0, 0, 0] + c[0, 0]
-
-        return jax.lax.fori_loop(0, reps, body, jnp.zeros((), F32))
-
-    def grad_update(dM):
+    def grad(dM):
         def body(i, c):
-            d, mk, mq = ops["grad_update"](
-                x["Ms"], i % S, keep_B, c[0], one["k"], one["q"], one["v"], one["v"], one["eg"]
+            v = one["v"]
+            d, dMk, dMw, inner, mk, mq = ops["grad"](
+                x["Ms"], i % S, keep_B, c[0], one["k"], one["q"], v, one["beta"], one["eg"], v, v
             )
-            return d, c[1] + mk[0, 0, 0] + mq[0, 0, 0]
+            return d, c[1] + dMk[0, 0, 0] + dMw[0, 0, 0] + inner[0, 0] + mk[0, 0, 0] + mq[0, 0, 0]
 
         return jax.lax.fori_loop(0, reps, body, (dM, jnp.zeros((), F32)))
 
@@ -117,8 +74,7 @@ def _loops(ops: dict, x: dict, reps: int) -> dict:
     return {
         "step": (step, "M", True),
         "stack": (stack, "M", True),
-        "grad_reduce": (grad_reduce, "dM", False),
-        "grad_update": (grad_update, "dM", True),
+        "grad": (grad, "dM", True),
     }
 
 
@@ -137,10 +93,10 @@ def _seconds(fn, arg, donate: bool, device) -> float:
 def min_bytes_per_token(K: int, U: int, H: int, memory_dtype) -> dict:
     """Bytes over M-sized arrays each pass must move per token (one (H, K, U) memory per token):
     step reads and writes M; stack writes each step's memory (its reads stay on chip);
-    grad_reduce reads Ms[t] and dM (float32); grad_update reads both and writes dM."""
+    grad reads Ms[t] and dM (float32) and writes dM."""
     m = H * K * U * jnp.dtype(memory_dtype).itemsize
     d = H * K * U * 4
-    return {"step": 2 * m, "stack": m, "grad_reduce": m + d, "grad_update": m + 2 * d}
+    return {"step": 2 * m, "stack": m, "grad": m + 2 * d}
 
 
 def time_passes(
@@ -154,7 +110,7 @@ def time_passes(
     reps: int = 8,
     passes: tuple[str, ...] = PASSES,
 ) -> dict:
-    """{pass: {"xla_us_per_token", "pallas_us_per_token", "min_bytes_per_token"}} for the four
+    """{pass: {"xla_us_per_token", "pallas_us_per_token", "min_bytes_per_token"}} for the three
     passes at (B, H, K, U), the memory stored in `memory_dtype`, on JAX platform `backend`
     (None: the default; Pallas runs interpreted on 'cpu'), for `passes`. A token is one sequence's step:
     B per `step` call, S B per `stack` call."""
@@ -162,14 +118,12 @@ def time_passes(
     platform = device.platform
     kern = memory_kernels(interpret=platform == "cpu", platform=platform)
     pallas = {n: getattr(kern, n) for n in PASSES}
-    xla = {"step": xla_step, "stack": xla_stack, "grad_reduce": xla_grad_reduce} | {
-        "grad_update": xla_grad_update
-    }
+    xla = {n: getattr(xla_reference, n) for n in PASSES}
     with jax.default_device(device):
         x = jax.device_put(
             _inputs(B, H, K, U, S, jnp.dtype(memory_dtype), jax.random.key(0)), device
         )
-        tokens = {"step": B, "stack": S * B, "grad_reduce": B, "grad_update": B}
+        tokens = {"step": B, "stack": S * B, "grad": B}
         minimum = min_bytes_per_token(K, U, H, memory_dtype)
         out = {n: {"min_bytes_per_token": minimum[n]} for n in passes}
         for label, ops in (("xla", xla), ("pallas", pallas)):

@@ -1,4 +1,4 @@
-"""What the Pallas memory kernels' GPU / CPU-interpreter variant (`memory`) and TPU variant
+"""What the Pallas memory kernels' GPU / CPU-interpreter variant (`gpu`) and TPU variant
 (`tpu`) share: the build configuration, the storage dtypes and the per-tile products."""
 
 from typing import NamedTuple

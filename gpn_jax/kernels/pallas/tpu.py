@@ -1,5 +1,5 @@
-"""The memory's four passes as Pallas kernels for the TPU (Mosaic), with the signatures and
-semantics of `gpn_jax.kernels.pallas.memory` (whose docstring holds the layout argument).
+"""The memory's three passes as Pallas kernels for the TPU (Mosaic), with the signatures and
+semantics of `gpn_jax.kernels.pallas.gpu` (whose docstring holds the layout argument).
 
 Blocks meet Mosaic's tiling rule (the last two dims of a block divisible by (8, 128) or equal
 to the array's): every program owns one batch row's memories, all H heads, over a (K, bu)
@@ -16,8 +16,9 @@ in the index map, so the grads read Ms[t] from HBM and nothing else of the stack
 - `stack`: grid (B, U / bu, S), the S axis sequential ('arbitrary'): the memory is carried
   through the segment in a float32 VMEM scratch (rounded to storage at every write, as stored),
   M0's block is fetched once per (b, tile) and each step's Ms block written once.
-- `grad_reduce`, `grad_update`: grid (B, U / bu); the row sums over U and <dM, Mi> are written
-  per U tile and the wrapper adds the U / bu partials; `grad_update` writes over dM's buffer.
+- `grad`: grid (B, U / bu), one pass over Ms[t] and dM (dM^T k and dkM are column-local);
+  the row sums over U and <dM, Mi> are written per U tile and the wrapper adds the U / bu
+  partials; dM_prev is written over dM's buffer.
 
 Arithmetic is float32 on the vector units (no MXU: the reductions are over K or U of one
 (b, h) memory, elementwise products and sums), so the kernels' round-off is that of the float32
@@ -222,81 +223,72 @@ def _grad_args(Ms, t, keep_B, dM):
     return t1, keep_B.astype(F32), dM.astype(F32)
 
 
-def _grad_reduce_kernel(t_ref, keep_ref, ms_ref, dm_ref, k_ref, w_ref, dmk_ref, dmw_ref, in_ref):
-    M = ms_ref[...].astype(F32)
-    D = dm_ref[...]
-    dmk_ref[...] = _col_sum(k_ref[...], D)
-    dmw_ref[...] = _row_sum(D, w_ref[...])
-    inner = jnp.sum(jnp.sum(D * M, axis=-1), axis=-1, keepdims=True)
-    in_ref[...] = keep_ref[pl.program_id(0)] * inner
-
-
-def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
-    """(dM^T k, dM w, <dM, Mi>) as `memory.grad_reduce`."""
-    t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
-    S, B, H, K, U = Ms_SxBxHxKxU.shape
-    bu = tile_u(cfg, U)
-    n = U // bu
-    spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(B, n),
-        in_specs=[_tile_at_t(H, K, bu), _tile(H, K, bu), _vec(H, K), _vec(H, bu, tiled=True)],
-        out_specs=[_vec(H, bu, tiled=True), _partial(H, K), _partial(H, 1)],
-    )
-    call = _call(
-        cfg,
-        _grad_reduce_kernel,
-        spec,
-        [
-            jax.ShapeDtypeStruct((B, H, U), F32),
-            jax.ShapeDtypeStruct((B, n, H, K), F32),
-            jax.ShapeDtypeStruct((B, n, H, 1), F32),
-        ],
-        ("parallel", "parallel"),
-    )
-    dMk, dMw, inner = call(t1, keep, Ms_SxBxHxKxU, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
-    return dMk, dMw.sum(axis=1), inner.sum(axis=1)[..., 0]
-
-
-def _grad_update_kernel(
-    t_ref, keep_ref, ms_ref, dm_ref, k_ref, q_ref, dkm_ref, dqm_ref, eg_ref, out_ref, mk_ref, mq_ref
+def _grad_kernel(
+    t_ref,
+    keep_ref,
+    ms_ref,
+    dm_ref,
+    k_ref,
+    q_ref,
+    w_ref,
+    beta_ref,
+    eg_ref,
+    dkm_ref,
+    dqm_ref,
+    out_ref,
+    dmk_ref,
+    dmw_ref,
+    in_ref,
+    mk_ref,
+    mq_ref,
 ):
     keep = keep_ref[pl.program_id(0)]
     M = ms_ref[...].astype(F32)
-    a, c = dkm_ref[...], dqm_ref[...]
+    D = dm_ref[...]
+    k = k_ref[...]
+    dMk = _col_sum(k, D)  # column-local: this tile's columns of dM^T k
+    dmk_ref[...] = dMk
+    dmw_ref[...] = _row_sum(D, w_ref[...])
+    in_ref[...] = keep * jnp.sum(jnp.sum(D * M, axis=-1), axis=-1, keepdims=True)
+    a = dkm_ref[...] - beta_ref[...] * dMk  # kM's whole cotangent
+    c = dqm_ref[...]
     mk_ref[...] = keep * _row_sum(M, a)
     mq_ref[...] = keep * _row_sum(M, c)
-    D = eg_ref[...][..., None] * dm_ref[...] + _outer(k_ref[...], a) + _outer(q_ref[...], c)
-    out_ref[...] = keep * D
+    out_ref[...] = keep * (eg_ref[...][..., None] * D + _outer(k, a) + _outer(q_ref[...], c))
 
 
-def grad_update(
-    cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
-):
-    """(dM_prev, Mi dkM, Mi dqM) as `memory.grad_update`; dM_prev written over dM's buffer."""
+def grad(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k, q, w, beta, eg, dkM_read, dqM):
+    """The backward's per-token pass as `gpu.grad`: each tile of Ms[t] and dM read once,
+    dM_prev written over dM's buffer."""
     t1, keep, dM = _grad_args(Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
     S, B, H, K, U = Ms_SxBxHxKxU.shape
     bu = tile_u(cfg, U)
     n = U // bu
+    cols = _vec(H, bu, tiled=True)
     spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
         grid=(B, n),
-        in_specs=[_tile_at_t(H, K, bu), _tile(H, K, bu), _vec(H, K), _vec(H, K)]
-        + [_vec(H, bu, tiled=True), _vec(H, bu, tiled=True), _vec(H, 1)],
-        out_specs=[_tile(H, K, bu), _partial(H, K), _partial(H, K)],
+        in_specs=[_tile_at_t(H, K, bu), _tile(H, K, bu), _vec(H, K), _vec(H, K), cols]
+        + [_vec(H, 1), _vec(H, 1), cols, cols],
+        out_specs=[_tile(H, K, bu), cols, _partial(H, K), _partial(H, 1)]
+        + [_partial(H, K), _partial(H, K)],
     )
     call = _call(
         cfg,
-        _grad_update_kernel,
+        _grad_kernel,
         spec,
         [
             jax.ShapeDtypeStruct((B, H, K, U), F32),
+            jax.ShapeDtypeStruct((B, H, U), F32),
+            jax.ShapeDtypeStruct((B, n, H, K), F32),
+            jax.ShapeDtypeStruct((B, n, H, 1), F32),
             jax.ShapeDtypeStruct((B, n, H, K), F32),
             jax.ShapeDtypeStruct((B, n, H, K), F32),
         ],
         ("parallel", "parallel"),
         aliases={3: 0},  # (t, keep, Ms, dM, ...): dM's buffer becomes dM_prev
     )
-    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU)]
-    dM_new, mk, mq = call(t1, keep, Ms_SxBxHxKxU, dM, *vecs, _col(eg_BxH))
-    return dM_new, mk.sum(axis=1), mq.sum(axis=1)
+    vecs = [x.astype(F32) for x in (k, q, w)]
+    tail = [_col(beta), _col(eg), dkM_read.astype(F32), dqM.astype(F32)]
+    dM_prev, dMk, dMw, inner, mk, mq = call(t1, keep, Ms_SxBxHxKxU, dM, *vecs, *tail)
+    return dM_prev, dMk, dMw.sum(axis=1), inner.sum(axis=1)[..., 0], mk.sum(axis=1), mq.sum(axis=1)

@@ -1,21 +1,23 @@
 """The fused window's passes over the (B, H, K, U) memory as Pallas kernels: each token's write
 and read (`step`), the backward's per-segment recomputation (`stack`) and the backward's
-per-token passes (`grad_reduce`, `grad_update`), with the signatures and semantics of the C++
-kernels (`gpn_jax.kernels.cpu.memory`, whose sources' comments hold the formulas).
+per-token pass (`grad`), with the signatures of `gpn_jax.core.kernel_ops` and the semantics of
+the reference backend `gpn_jax.kernels.xla`.
 
 Every program owns one (b, h) memory's (K, bu) column tile (grid (B, H, U / bu)). The write
 and the reads are local to a column of M: with kM = M^T k, column u of
 M' = eg M + k (beta (v - kM))^T and o = M'^T q needs only column u of M. So `step` reads its
 tile once and writes M' over it (`input_output_aliases`), and `stack` carries its tile through
 a segment's S writes in registers (a loop inside the kernel, the carried-state pattern),
-writing each step's memory once. The backward's row sums (dM w, Mi dkM, Mi dqM) and <dM, Mi>
+writing each step's memory once. `grad` is one pass too: dM^T k and the cotangent
+dkM = dkM_read - beta dM^T k are column-local, so each program reads its tiles of Ms[t] and dM
+once and writes dM_prev over dM. Its row sums (dM w, Mi dkM, Mi dqM) and <dM, Mi>
 span the U tiles: each program writes its tile's partial sum and the wrapper adds the U / bu
 partials ((B, H, U / bu, K) vectors, small beside M).
 
 Arithmetic is float32; M and the stack Ms are stored in M's dtype (`MEMORY_DTYPES`). A stored
 memory is rounded once, where it is written, and read back from storage: `stack` carries the
 rounded memory, so it recomputes exactly the memories the forward's `step` stored, and `step`'s
-read o = M'^T q uses the stored M' as the XLA formulas (`fast_window._read_out`) do.
+read o = M'^T q uses the stored M' as the reference (`gpn_jax.kernels.xla`) does.
 
 Block sizes: on GPU (the Triton lowering) every loaded block must have a power-of-two size, so
 K and bu must be powers of two; bu = 64 keeps a float32 (128, 64) tile at 32 KiB, 32 registers
@@ -35,13 +37,13 @@ same passes with blocks that meet Mosaic's tiling (all H heads of one batch row 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from gpn_jax.core.kernel_ops import MemoryKernels
 from gpn_jax.kernels.pallas.common import F32, MEMORY_DTYPES, Config
 from gpn_jax.kernels.pallas.common import XLA_HINT as _XLA_HINT
 from gpn_jax.kernels.pallas.common import col_sum as _col_sum
@@ -266,87 +268,71 @@ def _scalar_t():
     return pl.BlockSpec((1,), lambda b, h, j: (0,))
 
 
-def _grad_reduce_kernel(ms_ref, t_ref, keep_ref, dm_ref, k_ref, w_ref, dmk_ref, dmw_ref, in_ref):
-    M = ms_ref[t_ref[0]].astype(F32)
-    D = dm_ref[...]
-    dmk_ref[...] = _col_sum(k_ref[...], D)
-    dmw_ref[...] = _row_sum(D, w_ref[...])
-    inner = jnp.sum(D * M, axis=(-2, -1))
-    in_ref[...] = _bc(keep_ref[...], inner.ndim) * inner
-
-
-def grad_reduce(cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, w_BxHxU):
-    """(dM^T k (B, H, U), dM w (B, H, K), <dM, Mi> (B, H)) with Mi = keep Ms[t], float32."""
-    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
-    S, B, H, K, U = Ms.shape
-    bl = _blocks(cfg, B, H, K, U)
-    n = U // bl.bu
-    call = _call(
-        cfg,
-        _grad_reduce_kernel,
-        bl.grid(B, H, U),
-        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_u()],
-        [bl.vec_u(), bl.partial_k(), bl.partial()],
-        [
-            jax.ShapeDtypeStruct((B, H, U), F32),
-            jax.ShapeDtypeStruct((B, H, n, K), F32),
-            jax.ShapeDtypeStruct((B, H, n), F32),
-        ],
-    )
-    dMk, dMw, inner = call(Ms, t1, keep, dM, k_BxHxK.astype(F32), w_BxHxU.astype(F32))
-    return dMk, dMw.sum(axis=2), inner.sum(axis=2)
-
-
-def _grad_update_kernel(
-    ms_ref, t_ref, keep_ref, dm_ref, k_ref, q_ref, dkm_ref, dqm_ref, eg_ref, out_ref, mk_ref, mq_ref
+def _grad_kernel(
+    ms_ref,
+    t_ref,
+    keep_ref,
+    dm_ref,
+    k_ref,
+    q_ref,
+    w_ref,
+    beta_ref,
+    eg_ref,
+    dkm_ref,
+    dqm_ref,
+    out_ref,
+    dmk_ref,
+    dmw_ref,
+    in_ref,
+    mk_ref,
+    mq_ref,
 ):
     keep = keep_ref[...]
     M = ms_ref[t_ref[0]].astype(F32)
-    a, c = dkm_ref[...], dqm_ref[...]
+    D = dm_ref[...]
+    k = k_ref[...]
+    dMk = _col_sum(k, D)  # column-local: this tile's columns of dM^T k
+    dmk_ref[...] = dMk
+    dmw_ref[...] = _row_sum(D, w_ref[...])
+    inner = jnp.sum(D * M, axis=(-2, -1))
+    in_ref[...] = _bc(keep, inner.ndim) * inner
+    a = dkm_ref[...] - _bc(beta_ref[...], dMk.ndim) * dMk  # kM's whole cotangent
+    c = dqm_ref[...]
     Ma, Mc = _row_sum(M, a), _row_sum(M, c)
     mk_ref[...] = _bc(keep, Ma.ndim) * Ma
     mq_ref[...] = _bc(keep, Mc.ndim) * Mc
-    D = dm_ref[...]
-    D = _bc(eg_ref[...], D.ndim) * D + _outer(k_ref[...], a) + _outer(q_ref[...], c)
+    D = _bc(eg_ref[...], D.ndim) * D + _outer(k, a) + _outer(q_ref[...], c)
     out_ref[...] = _bc(keep, D.ndim) * D
 
 
-def grad_update(
-    cfg: Config, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU, k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH
-):
-    """(keep (eg dM + k dkM^T + q dqM^T) (B, H, K, U), Mi dkM, Mi dqM (B, H, K)), float32, with
-    Mi = keep Ms[t]; the first written over dM's buffer."""
-    Ms, t1, keep, dM = _grad_args(cfg, Ms_SxBxHxKxU, t, keep_B, dM_BxHxKxU)
+def grad(cfg: Config, Ms, t, keep_B, dM, k, q, w, beta, eg, dkM_read, dqM):
+    """The backward's per-token pass (`gpn_jax.core.kernel_ops`): (dM_prev, dM^T k, dM w,
+    <dM, Mi>, Mi dkM, Mi dqM) float32 with Mi = keep Ms[t], dkM = dkM_read - beta dM^T k; each tile
+    of Ms[t] and dM read once, dM_prev written over dM's buffer."""
+    Ms, t1, keep, dM = _grad_args(cfg, Ms, t, keep_B, dM)
     S, B, H, K, U = Ms.shape
     bl = _blocks(cfg, B, H, K, U)
     n = U // bl.bu
-    vecs = [x.astype(F32) for x in (k_BxHxK, q_BxHxK, dkM_BxHxU, dqM_BxHxU, eg_BxH)]
+    vecs = [x.astype(F32) for x in (k, q, w, beta, eg, dkM_read, dqM)]
     call = _call(
         cfg,
-        _grad_update_kernel,
+        _grad_kernel,
         bl.grid(B, H, U),
-        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_k()]
-        + [bl.vec_u(), bl.vec_u(), bl.per_bh()],
-        [bl.tile(), bl.partial_k(), bl.partial_k()],
+        [bl.tile(S), _scalar_t(), bl.per_b(), bl.tile(), bl.vec_k(), bl.vec_k(), bl.vec_u()]
+        + [bl.per_bh(), bl.per_bh(), bl.vec_u(), bl.vec_u()],
+        [bl.tile(), bl.vec_u(), bl.partial_k(), bl.partial(), bl.partial_k(), bl.partial_k()],
         [
             jax.ShapeDtypeStruct((B, H, K, U), F32),
+            jax.ShapeDtypeStruct((B, H, U), F32),
+            jax.ShapeDtypeStruct((B, H, n, K), F32),
+            jax.ShapeDtypeStruct((B, H, n), F32),
             jax.ShapeDtypeStruct((B, H, n, K), F32),
             jax.ShapeDtypeStruct((B, H, n, K), F32),
         ],
         aliases={3: 0},
     )
-    dM_new, mk, mq = call(Ms, t1, keep, dM, *vecs)
-    return dM_new, mk.sum(axis=2), mq.sum(axis=2)
-
-
-class PallasMemory(NamedTuple):
-    """The four passes, each with `gpn_jax.kernels.cpu.memory`'s signature."""
-
-    step: Callable
-    stack: Callable
-    grad_reduce: Callable
-    grad_update: Callable
-    config: Config
+    dM_prev, dMk, dMw, inner, mk, mq = call(Ms, t1, keep, dM, *vecs)
+    return dM_prev, dMk, dMw.sum(axis=2), inner.sum(axis=2), mk.sum(axis=2), mq.sum(axis=2)
 
 
 def memory_kernels(
@@ -354,7 +340,7 @@ def memory_kernels(
     platform: str | None = None,
     block_u: int | None = None,
     num_warps: int = 8,
-) -> PallasMemory:
+) -> MemoryKernels:
     """The passes built for `platform` (None: JAX's default backend, 'gpu' read as 'cuda'):
     Triton kernels for 'cuda' / 'rocm', Mosaic kernels (`pallas.tpu`) for 'tpu'. `interpret`
     None: Pallas's interpreter exactly when that platform is the CPU; with 'tpu' and
@@ -369,9 +355,9 @@ def memory_kernels(
             f"pallas memory kernels compile for GPU or TPU, not {platform!r}; run them with interpret=True or {_XLA_HINT}"
         )
     cfg = Config(bool(interpret), platform, block_u, num_warps)
-    passes = (step, stack, grad_reduce, grad_update)
+    passes = (step, stack, grad)
     if platform == "tpu":  # the Mosaic variant (interpreted: Pallas's TPU interpreter)
         from gpn_jax.kernels.pallas import tpu
 
-        passes = (tpu.step, tpu.stack, tpu.grad_reduce, tpu.grad_update)
-    return PallasMemory(*(functools.partial(f, cfg) for f in passes), cfg)
+        passes = (tpu.step, tpu.stack, tpu.grad)
+    return MemoryKernels("pallas", *(functools.partial(f, cfg) for f in passes), MEMORY_DTYPES)
