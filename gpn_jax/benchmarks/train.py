@@ -130,6 +130,9 @@ def run(spec: dict) -> dict:
     """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
     compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
     one, model, compile_s, rss0, compiled = compiled_step(spec, spec["model"])
+    if spec.get("hlo_path"):  # the optimised HLO, for a caller to read (the accelerator run)
+        with open(spec["hlo_path"], "w") as f:
+            f.write(compiled.as_text())
     B, T = spec["batch_size"], spec["seq_len"]
     times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
     return (
