@@ -331,30 +331,6 @@ def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
         window_ab.compiled_steps(["worktree"], "gpn_m", [{"xla_cpu_no_such_option": True}])
 
 
-def test_accel_bench_times_every_pass_with_both_backends_and_storages(tmp_path):
-    """Part (a) on this CPU (the Pallas kernels interpreted): a row per storage dtype, pass
-    and backend, each with its time and its bytes' share of the copy bandwidth."""
-    out = tmp_path / "accel"
-    p = subprocess.run(
-        [
-            sys.executable, "experiments/bench/accel_bench.py", f"--out={out}", "--parts=passes",
-            "--config=experiments/bench/bench_accel.py:tiny",
-        ],
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-2000:]
-    result = json.loads((out / "accel.json").read_text())
-    rows = result["passes"]["rows"]
-    keys = {(r["memory_dtype"], r["pass"], r["backend"]) for r in rows}
-    passes = ("step", "stack", "grad_reduce", "grad_update")
-    assert keys == {
-        (d, n, b) for d in ("float32", "bfloat16") for n in passes for b in ("xla", "pallas")
-    }
-    assert all(r["us_per_token"] > 0 and r["fraction_of_copy_bandwidth"] > 0 for r in rows)
-    assert "step" not in result and result["batch"] == 4
-
-
 def test_accel_bench_config_is_the_papers_130m_model_at_2048():
     from experiments.bench import bench_accel
     from experiments.configs import gpn_m_1l_130m

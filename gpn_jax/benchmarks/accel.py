@@ -140,6 +140,9 @@ def run(settings: dict, out: str, budget_s: float, parts=PARTS, smoke_settings=N
         runs[part] = run_part(part, paths["settings"], path, scratch, timeout, env)
         carry = max(0.0, timeout - (time.monotonic() - start))
     _amend(vpath, parts=runs)
+    for name in os.listdir(out):  # a part killed while saving leaves its temporary file
+        if name.endswith(".tmp"):
+            os.unlink(os.path.join(out, name))
     return runs
 
 
