@@ -147,3 +147,32 @@ def test_one_mode_is_required():
     )  # fmt: skip
     assert p.returncode != 0
     assert "pass exactly one of --device (the accelerator run) and --rehearse" in p.stderr
+
+
+def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
+    """A part that ends no line and hangs cannot hold the run: its process group is killed at
+    the deadline (return code None: 'timeout'), the lines it printed are kept."""
+    import time
+
+    from gpn_jax.benchmarks import accel
+
+    code = "import sys, time; print('row 1', flush=True); sys.stdout.write('half'); "
+    code += "sys.stdout.flush(); time.sleep(120)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    assert accel._follow(proc, time.monotonic() + 5) == ["row 1"]
+    assert proc.returncode is None and proc.poll() is not None
+
+
+def test_each_row_is_saved_as_it_comes(tmp_path):
+    from gpn_jax.benchmarks.accel_parts import Out
+
+    out = Out(str(tmp_path / "part.json"), part="step")
+    out.add("records", {"tokens_per_s": 1.0})
+    assert json.loads((tmp_path / "part.json").read_text()) == {
+        "part": "step",
+        "records": [{"tokens_per_s": 1.0}],
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part.json"]

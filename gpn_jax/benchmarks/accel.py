@@ -62,7 +62,7 @@ def run_part(
     print(f"== {part} (budget {timeout:.0f} s)", flush=True)
     with subprocess.Popen(
         cmd + [out_path, scratch], env=env, cwd=_ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stderr=subprocess.STDOUT, start_new_session=True,
     ) as proc:  # fmt: skip
         tail = _follow(proc, t0 + timeout)
     status = {0: "ok", None: "timeout"}.get(proc.returncode, "failed")
@@ -74,12 +74,14 @@ def run_part(
 
 
 def _follow(proc, deadline: float) -> list[str]:
-    """Prints the part's output line by line; kills its process group at `deadline` (the
-    return code then reads None)."""
+    """Prints the part's output as it comes (read in chunks: a line the part has not ended
+    cannot hold this loop past `deadline`); kills its process group at `deadline` (the return
+    code then reads None). The last lines, for the run's record."""
     import selectors
 
-    tail, sel = [], selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    fd, buf, tail = proc.stdout.fileno(), b"", []
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -87,13 +89,17 @@ def _follow(proc, deadline: float) -> list[str]:
             proc.wait()
             proc.returncode = None
             return tail
-        if sel.select(timeout=min(left, 1.0)):
-            line = proc.stdout.readline()
-            if not line:
-                proc.wait()
-                return tail
-            print("   " + line.rstrip(), flush=True)
-            tail = (tail + [line.rstrip()[-300:]])[-20:]
+        if not sel.select(timeout=min(left, 1.0)):
+            continue
+        chunk = os.read(fd, 1 << 16)
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in lines + ([buf] if not chunk and buf else []):
+            text = line.decode(errors="replace").rstrip()
+            print("   " + text, flush=True)
+            tail = (tail + [text[-300:]])[-20:]
+        if not chunk:
+            proc.wait()
+            return tail
 
 
 def smoke(settings_path: str, scratch: str, budget: float, env=None) -> dict:
