@@ -193,13 +193,18 @@ def _kernel_sources_digest() -> str:
 def cache_key(device, memory_dtype: str) -> str:
     """What a cached outcome holds for: device kind, storage dtype, jax / jaxlib versions and
     the kernels' sources."""
-    import jax
-    import jaxlib
+    import importlib.metadata
 
+    import jax
+
+    try:
+        jaxlib = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        jaxlib = "?"
     kind = getattr(device, "device_kind", device.platform)
     return (
-        f"{device.platform}|{kind}|{memory_dtype}|jax {jax.__version__}|"
-        f"jaxlib {getattr(jaxlib, '__version__', '?')}|src {_kernel_sources_digest()}"
+        f"{device.platform}|{kind}|{memory_dtype}|jax {jax.__version__}|jaxlib {jaxlib}|"
+        f"src {_kernel_sources_digest()}"
     )
 
 
