@@ -96,6 +96,7 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
         for spec in runner.build_specs(config, ["train"], str(tmp_path), profile=False):
             (record,) = runner.run_spec(spec, isolate=False)["records"]
             assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
+            assert record["ops_per_token"] > 0  # its per-token loops (the roofline's latency)
             losses[record["model"], dtype] = record["loss"]
             if record["model"] == "gpn_m":  # 2 x 8 x 8 memory cells, float32: 5 x 4 + 8 bytes
                 assert record["memory_bytes_per_token_min"] == 2 * 8 * 8 * 28
@@ -186,10 +187,15 @@ def test_roofline_table_from_a_record():
         memory_bf16_saves=5e5,
     )
     # this machine: 8e6 / 4e9 = 2 ms vs 4e6 / 1e9 = 4 ms -> memory-bound, 250 tokens/s, all of it
-    text = roofline.table([rec], 4e9, 1e9, roofline.parse_device_specs("v5e"))
+    specs = roofline.parse_device_specs("v5e")
+    text = roofline.table([rec], 4e9, 1e9, specs)
     assert "| gpn_m | 8.0M | 3.81 MiB | 2.0 | this machine | 250 | memory | 1.00 |" in text
     # v5e: 8e6 / 197e12 s vs 2e6 / 819e9 s -> memory-bound at 409,500 tokens/s
     assert "| TPU v5e (data sheet, bf16) | 409,500 | memory | unmeasured |" in text
+    # with 100 sequential operations per time step over 4 sequences: 25 per token at 1 µs each
+    # on a TPU, 40,000 tokens/s, under the bytes' bound (`roofline.OP_LATENCY_S`)
+    slow = roofline.table([rec | {"ops_per_token": 100, "batch_size": 4}], 4e9, 1e9, specs)
+    assert "| TPU v5e (data sheet, bf16) | 40,000 | latency | unmeasured |" in slow
     (line,) = roofline.byte_lines([rec])
     assert line.endswith("memory_dtype=bfloat16 saves 488.3 KiB/token (12 %)")
 

@@ -188,7 +188,7 @@ def table(records: list[dict], peak_flops: float, bandwidth: float, specs=()) ->
         )
         for s in specs:
             byt16 = r["bytes_per_token_bf16"]["train"]
-            seq_ops = (r.get("ops_per_token") or 0.0) / r["batch_size"]  # module docstring
+            seq_ops = (r.get("ops_per_token") or 0.0) / (r.get("batch_size") or 1)  # see top
             tps16, by16 = bound(
                 flops, byt16, s.peak_flops, s.bandwidth, seq_ops, OP_LATENCY_S[s.platform]
             )

@@ -14,7 +14,7 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import common, op_profile, traffic
+from gpn_jax.benchmarks import common, op_profile, roofline, traffic
 from gpn_jax.configs import common as recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
@@ -156,7 +156,14 @@ def run(spec: dict) -> dict:
         | _throughput(spec, model, times)
         | byte_accounting(model, B, T)
         | traffic.step_fields(model.config, compiled.as_text(), B, T)
+        | _loop_op_fields(compiled.as_text(), T)
     )
+
+
+def _loop_op_fields(hlo_text: str, T: int) -> dict:
+    """Operations per token of the step's per-token loops (the roofline's latency term)."""
+    ops = roofline.loop_ops(hlo_text, T)
+    return {k: ops[k] for k in ("ops_per_token", "forward_ops_per_token", "backward_ops_per_token")}
 
 
 def rotated(names: list, r: int) -> list:
