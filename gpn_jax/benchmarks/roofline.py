@@ -91,8 +91,8 @@ def bound(
 def loop_ops(hlo_text: str, seq_len: int) -> dict:
     """Operations per token in the per-token loop bodies of a compiled step's optimised HLO:
     the innermost while loops (whose bodies run no loop), each body's operations (every
-    instruction but shape plumbing and control flow: on a GPU each is a kernel launch; fusions
-    and custom calls counted apart) times the times the body runs (its trip count times those
+    instruction with an array result but shape plumbing and control flow: on a GPU each is a
+    kernel launch; scalar bookkeeping left out; fusions and custom calls counted apart) times the times the body runs (its trip count times those
     of the loops around it), over `seq_len`. Backward loops are those whose JAX op_name holds
     `transpose` (the vjp); forward the others. Unknown trip counts count once."""
     from gpn_jax.benchmarks import traffic
@@ -105,6 +105,7 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
         if any(i.opcode == "while" for i in instrs):
             continue  # an outer loop (per segment): its own operations are not per token
         ops = [i for i in instrs if i.opcode not in traffic.FREE and i.opcode not in _CONTROL]
+        ops = [i for i in ops if not _scalar(i.result)]  # the loop's counter and bookkeeping
         loops.append(
             {
                 "body": body,
@@ -125,6 +126,13 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
 
 
 _CONTROL = {"while", "call", "conditional"}
+
+
+def _scalar(shape_text: str) -> bool:
+    """Whether a result holds only scalars (a loop counter, a flag): no array operation."""
+    from gpn_jax.benchmarks import traffic
+
+    return all(not dims for _, dims, _ in traffic._SHAPE.findall(shape_text))
 
 
 def _body_runs(comps: dict, entry: str | None) -> dict:
