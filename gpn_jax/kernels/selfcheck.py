@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 PASSES = ("step", "stack", "grad_reduce", "grad_update")
+STORAGE = ("float32", "bfloat16")  # the kernels' storage dtypes (`pallas.MEMORY_DTYPES`)
 DIMS = (2, 2, 32, 64, 4)  # B, H, K, U, S: K and U's 64-column tile powers of two (Triton)
 EPS32 = 2.0**-23
 EPS_BF16 = 2.0**-7
@@ -277,6 +278,8 @@ def ensure(platform: str, passes, memory_dtype: str = "float32") -> dict:
     """The self-check of `passes` on `platform`'s device (from the cache, or run and cached):
     a record with status 'passed', 'failed' (failed_pass, stage, reason) or 'skipped' (no
     such device in this process), kept for `recorded`."""
+    if memory_dtype not in STORAGE:  # the window keeps its XLA formulas for such a memory
+        memory_dtype = "float32"
     device = device_for(platform)
     record = {"platform": platform, "memory_dtype": memory_dtype}
     if device is None:
@@ -306,10 +309,11 @@ def ensure(platform: str, passes, memory_dtype: str = "float32") -> dict:
 
 def reason(record: dict) -> str:
     """One line: why a failed check keeps the kernels off this device."""
-    return (
+    text = (
         f"the self-check of pass {record['failed_pass']} failed at {record['stage']} on "
         f"{record.get('device_kind', record['platform'])} ({record['reason']})"
     )
+    return " ".join(text.split())[:600]  # a cached reason is untrusted text: one line
 
 
 def recorded() -> list[dict]:

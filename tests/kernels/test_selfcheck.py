@@ -160,3 +160,16 @@ def test_the_check_inside_a_trace_runs_eagerly(interpreted):
         return x + 1
 
     assert jax.jit(traced)(jnp.zeros(())) == 1
+
+
+def test_a_cached_failure_is_trusted_only_as_one_line(monkeypatch, interpreted):
+    """A cached outcome is read, not rerun; its reason is untrusted text and the error stays
+    one line."""
+    _as_gpu(monkeypatch, interpreted)
+    key = selfcheck.cache_key(jax.devices("cpu")[0], "float32")
+    entry = {"status": "failed", "failed_pass": "stack", "stage": "run", "reason": "a\nb\rc"}
+    selfcheck.store(selfcheck.cache_path(), key, entry)
+    monkeypatch.setattr(selfcheck, "_run", lambda *a: pytest.fail("the cache was not read"))
+    with pytest.raises(kernels.KernelsUnavailable) as e:
+        kernels.resolve("pallas", "gpu", "float16")  # a storage the kernels lack: float32's check
+    assert "\n" not in str(e.value) and "\r" not in str(e.value) and "(a b c)" in str(e.value)
