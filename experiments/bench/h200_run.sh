@@ -3,7 +3,8 @@
 #   run(command="bash experiments/bench/h200_run.sh", carry=[".whl"], timeout_s=540)
 # It installs the carried wheels and the project (--no-deps: the image's jax 0.11.2 stays),
 # prints versions, then runs accel_bench.py --device (versions, smoke test, parts a-e, about
-# 7 minutes at most) into $OUT, with its whole output in $OUT/log.txt.
+# 7 minutes at most) into $OUT, with its whole output in $OUT/log.txt. Rehearsed here with
+#   OUT=/tmp/x ACCEL_ARGS="--rehearse --parts=passes" bash experiments/bench/h200_run.sh
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/accel_device}
 mkdir -p "$OUT" /tmp/site
@@ -16,4 +17,4 @@ export PYTHONPATH=$PWD:/tmp/site
 python3 -c "import sys, jax, flax, optax, ml_collections; print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 set -o pipefail
-timeout 470 python3 experiments/bench/accel_bench.py --device --out="$OUT" 2>&1 | tee "$OUT/log.txt"
+timeout 470 python3 experiments/bench/accel_bench.py ${ACCEL_ARGS:---device} --out="$OUT" 2>&1 | tee "$OUT/log.txt"
