@@ -114,6 +114,7 @@ def test_the_hlo_part_writes_the_optimised_hlo_its_loop_ops_and_a_profile(rehear
     assert text.startswith("HloModule") and hlo["hlo_chars"] == len(text)
     assert hlo["ops_per_token"] == hlo["forward_ops_per_token"] + hlo["backward_ops_per_token"]
     assert hlo["per_token_loops"] and "| inside |" in hlo["profile_ops_md"]
+    assert hlo["hlo_source"] == "the step part's first record"  # saved, not recompiled
 
 
 def test_device_settings_are_the_130m_models_in_order_of_value_within_8_minutes():
