@@ -124,6 +124,49 @@ def check_record(record: dict) -> None:
     json.dumps(record)  # plain JSON types
 
 
+def _scan_hlo(n_matmuls: int, outer: int = 1, inner: int = 16) -> str:
+    """A compiled scan (nested in an `outer` one when outer > 1) whose body chains
+    `n_matmuls` products x <- tanh(x @ W)."""
+    import jax.numpy as jnp
+
+    def body(x, w):
+        for _ in range(n_matmuls):
+            x = jnp.tanh(x @ w)
+        return x, None
+
+    def f(x, w):
+        run = lambda x, _: jax.lax.scan(lambda c, _: body(c, w), x, None, length=inner)
+        return jax.lax.scan(run, x, None, length=outer)[0] if outer > 1 else run(x, None)[0]
+
+    x, w = jnp.ones((4, 8)), jnp.eye(8) * 0.5
+    return jax.jit(f).lower(x, w).compile().as_text()
+
+
+def test_loop_ops_counts_the_operations_of_the_per_token_bodies():
+    """Each extra product in the body is a fixed number of extra operations per run; the body
+    runs its trip count times its enclosing loop's, and per token is over the window."""
+    from gpn_jax.benchmarks import roofline
+
+    one, three = (roofline.loop_ops(_scan_hlo(n), 16) for n in (1, 3))
+    (a,), (b,) = one["loops"], three["loops"]
+    assert a["runs"] == b["runs"] == 16 and a["direction"] == "forward"
+    per_product = (b["ops"] - a["ops"]) / 2
+    assert per_product >= 1 and per_product == int(per_product)
+    assert one["ops_per_token"] == a["ops"] and one["backward_ops_per_token"] == 0
+    nested = roofline.loop_ops(_scan_hlo(1, outer=4, inner=8), 32)
+    (inner,) = nested["loops"]  # the outer body runs a loop: not a per-token body
+    assert inner["runs"] == 32 and nested["ops_per_token"] == inner["ops"]
+
+
+def test_the_latency_floor_binds_when_ops_outlast_the_bytes():
+    from gpn_jax.benchmarks import roofline
+
+    plain = roofline.bound(1e6, 1e6, 1e12, 1e12)
+    assert plain == (1e6, "compute")
+    assert roofline.bound(1e6, 1e6, 1e12, 1e12, 80 / 16, 4e-6) == (1 / (80 / 16 * 4e-6), "latency")
+    assert roofline.bound(1e6, 1e6, 1e12, 1e12, 80 / 16, 0.0) == plain
+
+
 def test_cpu_record_has_traffic_fields():
     """XLA:CPU keeps every array in memory: the step moves at least the schedule's minimum."""
     config = tiny_config()
@@ -133,6 +176,11 @@ def test_cpu_record_has_traffic_fields():
     check_record(record)
     assert record["fits"] and record["batch_per_device"] == 4
     assert record["memory_bytes_per_token_hlo"] >= record["memory_bytes_per_token_min"]
+    # the fused window's per-token loops: forward, and the backward's (custom vjp) loops
+    assert record["forward_ops_per_token"] > 0 and record["backward_ops_per_token"] > 0
+    assert record["ops_per_token"] == pytest.approx(
+        record["forward_ops_per_token"] + record["backward_ops_per_token"]
+    )
 
 
 def test_tpu_topology_compile(tmp_path):

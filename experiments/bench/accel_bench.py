@@ -1,49 +1,59 @@
-"""The prepared accelerator run, one command for a lent GPU (or TPU) machine:
+"""The prepared accelerator run: one command for a lent GPU machine, and its rehearsal here.
 
-    python experiments/bench/accel_bench.py --out=runs/accel [--parts=passes,step] [--budget_s=420]
+    python experiments/bench/accel_bench.py --device --out=DIR      # on the GPU (under 8 min)
+    python experiments/bench/accel_bench.py --rehearse --out=DIR    # here: toy shapes, CPU
 
-(a) `passes`: the memory's passes at the 130M shapes (15 heads x 128 x 256, batch 128), XLA
-against Pallas, with float32 and bfloat16 storage: microseconds per token and GB/s against a
-copy bandwidth measured in the same run; (b) `step`: the 130M training step
-(`experiments/bench/bench_accel.py`: bfloat16 compute, T = 2048) at batch 128 with
-`model.kernels=xla` and `=pallas`, each in its own process with a timeout. It writes
-<out>/accel.json after each part, and each step's tables and optimised HLO under
-<out>/step_<kernels>/. Everything runs within `--budget_s` seconds (compiles included), so a
-caller's 8-minute limit leaves the JSON of every part that finished. What each figure means:
-`gpn_jax/benchmarks/accel.py`.
+Versions first, then (with --device) a smoke test of every part at toy shapes, then the parts
+in order of value, each in its own process under its own budget, each writing its result file
+as it goes: (a) `check`, the Pallas passes against the XLA formulas and 5 training steps pallas
+against xla; (b) `passes`, µs per token and GB/s against a copy bandwidth; (c) `step`, the 130M
+GPN+M step at B = 128 (xla / pallas, float32 / bfloat16 memory), then smaller batches; (d)
+`baselines`, Transformer++ and Gated DeltaNet at 130M at the same tokens per step; (e) `hlo`,
+the optimised HLO and a one-step profile. What runs: `experiments/bench/bench_accel.py`
+(settings), `gpn_jax/benchmarks/accel.py` (the files), `gpn_jax/benchmarks/accel_parts.py`
+(the parts). The exact command for a lent H200: `experiments/bench/h200_run.sh`.
 """
 
 import os
 import sys
 
+# before anything could start a JAX client, in this process or the parts it starts
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from gpn_jax.io import cli  # noqa: E402 - after the path to this checkout
 
 PROG = "accel_bench"
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_HERE, "bench_accel.py"), "Bench config (bench_accel.py)."
+_OUT = flags.DEFINE_string("out", None, "Results folder (at most 8 files).")
+_DEVICE = flags.DEFINE_bool("device", False, "The full run on this machine's accelerator.")
+_REHEARSE = flags.DEFINE_bool("rehearse", False, "Every part at toy shapes (a CPU is enough).")
+_PARTS = flags.DEFINE_list(
+    "parts", ["check", "passes", "step", "baselines", "hlo"], "Parts to run, in this order."
 )
-_OUT = flags.DEFINE_string("out", None, "Output folder: accel.json, tables, HLO.")
-_PARTS = flags.DEFINE_list("parts", ["passes", "step"], "Parts to run: passes, step.")
-_BUDGET = flags.DEFINE_float("budget_s", 420.0, "Seconds the whole run may take.")
+_BUDGET = flags.DEFINE_float(
+    "budget_s", None, "Seconds the run may take (default: 430 with --device, 900 rehearsing)."
+)
 flags.mark_flags_as_required(["out"])
 
 
 def _body():
+    from experiments.bench import bench_accel
     from gpn_jax.benchmarks import accel
 
-    unknown = sorted(set(_PARTS.value) - {"passes", "step"})
+    if _DEVICE.value == _REHEARSE.value:
+        raise ValueError("pass exactly one of --device (the accelerator run) and --rehearse")
+    unknown = sorted(set(_PARTS.value) - set(accel.PARTS))
     if unknown:
-        raise ValueError(f"unknown --parts {unknown}; choose from passes, step")
-    config = cli.config_or_exit(_CONFIG, PROG)
-    result = accel.run(config, _OUT.value, _BUDGET.value, _PARTS.value)
-    print(f"{PROG}: wrote {os.path.join(_OUT.value, 'accel.json')}", flush=True)
-    return result
+        raise ValueError(f"unknown --parts {unknown}; choose from {', '.join(accel.PARTS)}")
+    mode = "device" if _DEVICE.value else "rehearse"
+    budget = _BUDGET.value or (430.0 if _DEVICE.value else 900.0)
+    smoke = bench_accel.settings("rehearse") if _DEVICE.value else None
+    runs = accel.run(bench_accel.settings(mode), _OUT.value, budget, _PARTS.value, smoke)
+    summary = ", ".join(f"{p} {r['status']}" for p, r in runs.items())
+    print(f"{PROG}: {summary}", flush=True)
+    print(f"{PROG}: results in {_OUT.value}", flush=True)
 
 
 main, entry = cli.absl_entry(_body, PROG, quiet=False)

@@ -1,18 +1,35 @@
-"""The prepared accelerator run (`experiments/bench/accel_bench.py`): the paper's 130M GPN+M training
-step (`gpn_m_1l_130m.py`'s model, T = 2048, its remat segment of 64) in bfloat16 on a GPU / TPU
-at batch 128. `:tiny` is a toy version of the same run for CPU tests.
+"""What the prepared accelerator run measures (`experiments/bench/accel_bench.py`): the paper's 130M
+GPN+M training step (`gpn_m_1l_130m.py`'s model, T = 2048, its remat segment of 64), Transformer++
+and Gated DeltaNet at 130M at the same tokens per step, and the memory's passes at the 130M
+shapes (15 heads x 128 x 256). `settings("device")` is the GPU run, `settings("rehearse")` the
+same parts at toy sizes for a CPU (the Pallas kernels interpreted), `get_config()` the bench
+config of the 130M step (`python -m gpn_jax.bench --config=experiments/bench/bench_accel.py`).
 
-    python experiments/bench/accel_bench.py --out=runs/accel
-
-XLA:CPU's memory analysis of this step (`python -m gpn_jax.aot --devices=1 --mesh=1,1,1`) gives
-about 39 GiB per device at B = 128, which an 80 GB+ GPU holds.
+XLA:CPU's memory analysis of the 130M step (`python -m gpn_jax.aot --devices=1 --mesh=1,1,1`)
+gives about 39 GiB per device at B = 128, which an 80 GB+ GPU holds.
 """
 
 import ml_collections
 
 from experiments.bench import bench_tiny
-from experiments.configs import gpn_m_1l_130m
+from experiments.configs import gdn_130m, gpn_m_1l_130m, transformer_130m
 from gpn_jax.benchmarks import bench_config
+
+MODES = ("device", "rehearse")
+# The 130M step records in order of value: each kernel choice in both storages at B = 128,
+# then smaller batches as the budget allows (each 130M compile costs tens of seconds).
+STEP_RECORDS = (
+    ("pallas", "bfloat16", 128),
+    ("xla", "bfloat16", 128),
+    ("pallas", "float32", 128),
+    ("xla", "float32", 128),
+    ("pallas", "bfloat16", 32),
+    ("xla", "bfloat16", 32),
+    ("pallas", "bfloat16", 8),
+    ("xla", "bfloat16", 8),
+)
+# Seconds of each part (in order); time a part leaves unused passes to the next ones.
+DEVICE_BUDGETS = dict(smoke=60, check=45, passes=45, step=150, baselines=80, hlo=40)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -28,3 +45,52 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.peak = tiny.peak
         c.train.update(dict(seq_len=32, warmup=1, steps=1, batch_size=4))
     return c
+
+
+def _small_gpn_m() -> dict:
+    """The correctness check's model: bench_tiny's GPN+M with power-of-two K and U (Triton's
+    blocks), float32 compute."""
+    m = bench_tiny.get_config().models.gpn_m.to_dict()
+    return m | dict(d_key=16, d_value=32, compute_dtype="float32")
+
+
+def settings(mode: str) -> dict:
+    """Everything the parts need, as plain data (the part processes read it as JSON)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    if mode == "rehearse":
+        tiny = bench_tiny.get_config().models
+        models = {k: tiny[k].to_dict() for k in ("gpn_m", "transformer", "gdn")}
+        batch, seq_len, peak_size = 2, 16, 256
+        check_dims, pass_dims, reps = (2, 2, 8, 16, 3), (2, 2, 8, 16, 4), 2
+        # the first and the last of the kinds of record (the HLO part compiles the first
+        # again: a persistent compilation cache serves it)
+        records = [(k, d, batch) for k, d, _ in (STEP_RECORDS[0], STEP_RECORDS[3])]
+        budgets = {k: 300 for k in DEVICE_BUDGETS} | {"smoke": 0}
+        train_check = {"model": _small_gpn_m(), "batch_size": 2, "seq_len": 16, "steps": 5}
+        env = {"JAX_PLATFORMS": "cpu"}  # no accelerator plugin probes the machine
+    else:
+        models = {
+            "gpn_m": gpn_m_1l_130m.get_config().model.to_dict(),
+            "transformer": transformer_130m.get_config().model.to_dict(),
+            "gdn": gdn_130m.get_config().model.to_dict(),
+        }
+        batch, seq_len, peak_size = 128, 2048, 0  # 0: an 8192 square matmul off a CPU
+        check_dims, pass_dims, reps = (4, 15, 128, 256, 16), (128, 15, 128, 256, 16), 8
+        records, budgets = list(STEP_RECORDS), dict(DEVICE_BUDGETS)
+        train_check = {"model": _small_gpn_m(), "batch_size": 4, "seq_len": 64, "steps": 5}
+        env = {}
+    return {
+        "mode": mode,
+        "models": models,
+        "batch_size": batch,
+        "seq_len": seq_len,
+        "peak_size": peak_size,
+        "check_dims": check_dims,
+        "pass_dims": pass_dims,
+        "pass_reps": reps,
+        "train_check": train_check,
+        "step_records": records,
+        "budgets": budgets,
+        "env": env,
+    }

@@ -1,54 +1,41 @@
-"""The prepared accelerator run (`experiments/bench/accel_bench.py`): the memory's passes XLA
-against Pallas, the 130M training step with each kernel choice, JSON and HLO in one folder.
+"""The prepared accelerator run (`experiments/bench/accel_bench.py`): versions, a smoke test of
+every part, then the parts in order of value, each in its own process under its own time
+budget, each writing its own result file as it goes.
 
-Every part runs under the time left of one budget and writes `accel.json` when it ends, so a
-run cut off by its caller still leaves what it measured. Part (a) times
-each of the memory's four passes with `gpn_jax.kernels.pallas.bench.time_passes`; its GB/s is
-the pass's minimum bytes per token over the measured time, against the copy bandwidth measured
-in the same run (`measure.memory_bandwidth`). Part (b) runs the bench's train suite
-(`benchmarks.orchestrate`) at one batch for each `model.kernels` choice, each record in its own
-process with a timeout, with `--profile`'s optimised HLO (`profile/<model>/train_step.hlo.txt`).
+This process never starts a JAX client (the parts do, one at a time), and it sets
+`XLA_PYTHON_CLIENT_PREALLOCATE=false` for all of them before any starts: no process reserves
+most of the device's memory up front. A part's budget is its share (`settings["budgets"]`)
+plus what the parts before it left unused, never past the run's deadline; a part cut off by
+its timeout keeps the rows it saved (`accel_parts.Out`). Outputs, in `out` (at most 8 files,
+each under 16 MiB, as a lent machine returns):
+
+  versions.json    versions, device, and the smoke test's outcome per part (--device)
+  check.json       (a) Pallas against the XLA formulas; 5 training steps pallas against xla
+  passes.json      (b) µs per token and GB/s of the memory's passes against a copy bandwidth
+  step.json        (c) the GPN+M step per kernels x memory dtype x batch
+  baselines.json   (d) Transformer++ and Gated DeltaNet at the same tokens per step
+  hlo.json         (e) the per-token loops' operations and a one-step profile table
+  train_step.hlo.txt  (e) the optimised HLO of the Pallas step
+(the eighth, `log.txt`, is the caller's copy of the output: `experiments/bench/h200_run.sh`).
+Everything else (workers' HLO, traces) goes to a scratch folder outside `out`.
 """
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
-from gpn_jax.benchmarks import workdirs
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # inherited by every part
+
+PARTS = ("check", "passes", "step", "baselines", "hlo")
+FILES = {p: f"{p}.json" for p in PARTS} | {"versions": "versions.json"}
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _save(out_dir: str, result: dict) -> None:
-    with workdirs.open_new(os.path.join(out_dir, "accel.json")) as f:
-        json.dump(result, f, indent=1)
-
-
-def passes_part(model_cfg, batch: int) -> dict:
-    """Part (a): microseconds per token of each of the memory's passes, XLA against Pallas, per
-    storage dtype, and the GB/s of its minimum bytes against the copy bandwidth."""
-    try:
-        from gpn_jax.kernels.pallas import bench as pallas_bench
-    except ImportError as e:
-        return {"skipped": f"gpn_jax.kernels.pallas.bench cannot be imported ({e})"}
-    from gpn_jax.benchmarks import measure
-
-    H, K, U = (int(model_cfg[k]) for k in ("n_heads", "d_key", "d_value"))
-    copy_bw = measure.memory_bandwidth()
-    rows = []
-    for dtype in ("float32", "bfloat16"):
-        try:
-            timed = pallas_bench.time_passes(batch, H, K, U, dtype)
-        except Exception as e:  # noqa: BLE001 - one failed dtype must not lose the other
-            rows.append({"memory_dtype": dtype, "error": str(e).strip().splitlines()[0][:300]})
-            continue
-        rows += [
-            _pass_row(dtype, name, backend, r, copy_bw)
-            for name, r in timed.items()
-            for backend in ("xla", "pallas")
-        ]
-    return {"batch": batch, "copy_bandwidth_gb_per_s": copy_bw / 1e9, "rows": rows}
-
-
-def _pass_row(dtype: str, name: str, backend: str, timed: dict, copy_bw: float) -> dict:
+def pass_row(dtype: str, name: str, backend: str, timed: dict, copy_bw: float) -> dict:
+    """One pass's timing as µs per token and GB/s of its minimum bytes against `copy_bw`."""
     us = timed[f"{backend}_us_per_token"]
     bytes_per_s = timed["min_bytes_per_token"] / (us * 1e-6)
     return {
@@ -61,36 +48,118 @@ def _pass_row(dtype: str, name: str, backend: str, timed: dict, copy_bw: float) 
     }
 
 
-def step_part(config, out_dir: str, choices, deadline: float) -> list[dict]:
-    """Part (b): the train suite once per `model.kernels` choice, within `deadline`."""
-    from gpn_jax.benchmarks import orchestrate
+def run_part(
+    part: str, settings_path: str, out_path: str, scratch: str, timeout: float, extra_env=None
+) -> dict:
+    """Runs `part` in its own process within `timeout` seconds: {"part", "status" (ok,
+    failed, timeout), "seconds", "tail"}; its output is printed as it comes."""
+    env = dict(os.environ) | dict(extra_env or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
+    env["GPN_JAX_ACCEL_DEADLINE"] = str(time.time() + timeout)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "gpn_jax.benchmarks.accel_parts", part, settings_path]
+    t0 = time.monotonic()
+    print(f"== {part} (budget {timeout:.0f} s)", flush=True)
+    with subprocess.Popen(
+        cmd + [out_path, scratch], env=env, cwd=_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    ) as proc:  # fmt: skip
+        tail = _follow(proc, t0 + timeout)
+    status = {0: "ok", None: "timeout"}.get(proc.returncode, "failed")
+    rec = {"part": part, "status": status, "seconds": round(time.monotonic() - t0, 1)}
+    if status != "ok":
+        rec["tail"] = tail[-5:]
+    print(f"== {part}: {status} in {rec['seconds']} s", flush=True)
+    return rec
 
-    records = []
-    name = config.train.models
-    for choice in choices:
+
+def _follow(proc, deadline: float) -> list[str]:
+    """Prints the part's output as it comes (read in chunks: a line the part has not ended
+    cannot hold this loop past `deadline`); kills its process group at `deadline` (the return
+    code then reads None). The last lines, for the run's record."""
+    import selectors
+
+    fd, buf, tail = proc.stdout.fileno(), b"", []
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    while True:
         left = deadline - time.monotonic()
-        if left < 60:
-            records.append({"kernels": choice, "skipped": "out of time"})
+        if left <= 0:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            proc.returncode = None
+            return tail
+        if not sel.select(timeout=min(left, 1.0)):
             continue
-        c = config.copy_and_resolve_references()
-        c.models[name].kernels = choice
-        c.train.timeout_s = int(left)
-        workdir = os.path.join(out_dir, f"step_{choice}")
-        for r in orchestrate.run(c, workdir, "", ["train"], True, True):
-            records.append(r | {"kernels": choice})
-    return records
+        chunk = os.read(fd, 1 << 16)
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in lines + ([buf] if not chunk and buf else []):
+            text = line.decode(errors="replace").rstrip()
+            print("   " + text, flush=True)
+            tail = (tail + [text[-300:]])[-20:]
+        if not chunk:
+            proc.wait()
+            return tail
 
 
-def run(config, out_dir: str, budget_s: float, parts) -> dict:
-    """Runs `parts` ('passes', 'step') of the accelerator run into `out_dir`."""
+def smoke(settings_path: str, scratch: str, budget: float, env=None) -> dict:
+    """Every part at the rehearsal's toy shapes on this device, in `budget` seconds all
+    together: {part: "ok" | what failed}."""
+    folder = os.path.join(scratch, "smoke")
+    os.makedirs(folder, exist_ok=True)
+    deadline, outcome = time.monotonic() + budget, {}
+    for part in PARTS:
+        left = deadline - time.monotonic()
+        if left < 5:
+            outcome[part] = "not run: out of time"
+            continue
+        r = run_part(part, settings_path, os.path.join(folder, FILES[part]), folder, left, env)
+        outcome[part] = "ok" if r["status"] == "ok" else f"{r['status']}: {r.get('tail', [])}"
+    return outcome
+
+
+def run(settings: dict, out: str, budget_s: float, parts=PARTS, smoke_settings=None) -> dict:
+    """The run into folder `out` within `budget_s` seconds; {part: its run record}."""
     deadline = time.monotonic() + budget_s
-    out_dir = workdirs.prepare(out_dir, "accel_bench")
-    result = {"config": config.name, "batch": int(config.train.batch_size)}
-    model_cfg = config.models[config.train.models]
-    if "passes" in parts:
-        result["passes"] = passes_part(model_cfg, int(config.train.batch_size))
-        _save(out_dir, result)
-    if "step" in parts:
-        result["step"] = step_part(config, out_dir, ("xla", "pallas"), deadline)
-        _save(out_dir, result)
-    return result
+    os.makedirs(out, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="accel-scratch-")
+    paths = {}
+    for name, s in (("settings", settings), ("smoke_settings", smoke_settings)):
+        if s is not None:
+            paths[name] = os.path.join(scratch, f"{name}.json")
+            with open(paths[name], "w") as f:
+                json.dump(s, f)
+    vpath = os.path.join(out, FILES["versions"])
+    env = settings.get("env")
+    runs = {"versions": run_part("versions", paths["settings"], vpath, scratch, 120, env)}
+    if smoke_settings is not None:
+        budget = min(settings["budgets"]["smoke"], deadline - time.monotonic())
+        _amend(vpath, smoke=smoke(paths["smoke_settings"], scratch, budget, env))
+    carry = 0.0
+    for part in (p for p in PARTS if p in parts):
+        start = time.monotonic()
+        timeout = min(settings["budgets"][part] + carry, deadline - start)
+        if timeout < 5:
+            runs[part] = {"part": part, "status": "skipped: out of time"}
+            continue
+        path = os.path.join(out, FILES[part])
+        runs[part] = run_part(part, paths["settings"], path, scratch, timeout, env)
+        carry = max(0.0, timeout - (time.monotonic() - start))
+    _amend(vpath, parts=runs)
+    for name in os.listdir(out):  # a part killed while saving leaves its temporary file
+        if name.endswith(".tmp"):
+            os.unlink(os.path.join(out, name))
+    return runs
+
+
+def _amend(path: str, **fields) -> None:
+    """Adds `fields` to the JSON object at `path` (our own versions file; atomically)."""
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    data.update(fields)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)

@@ -295,6 +295,21 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         rec["unknown_trip_counts"] = t.unknown_trip_counts
         rec["m_in_vmem"] = m_in_vmem(text, micro * cells)
         rec["m_in_vmem_per_token_loops"] = m_in_vmem(text, micro * cells, innermost=True)
+    rec.update(loop_op_fields(text, int(config.train.seq_len)))
     for key in ("arguments", "temporaries", "outputs", "aliased"):
         rec[key + "_bytes"] = report[key]
     return rec
+
+
+def loop_op_fields(hlo_text: str, seq_len: int) -> dict:
+    """Operations per token in the compiled step's per-token loop bodies, forward and
+    backward (`roofline.loop_ops`; the latency term of the roofline)."""
+    from gpn_jax.benchmarks import roofline
+
+    ops = roofline.loop_ops(hlo_text, seq_len)
+    return {
+        "ops_per_token": ops["ops_per_token"],
+        "forward_ops_per_token": ops["forward_ops_per_token"],
+        "backward_ops_per_token": ops["backward_ops_per_token"],
+        "per_token_loops": ops["loops"],
+    }

@@ -6,6 +6,13 @@ memory bandwidth both measured in the same run) and for accelerators named with
 `--device_spec`, from the vendors' public data sheets (below; never measured here). The bytes
 come from the model's analytic byte count (`accounting.bytes_per_token`), which assumes no
 reuse through caches: on a CPU whose caches hold the weights, the achieved fraction can exceed 1.
+
+Latency: the fused window runs each token's cell as a chain of small operations, one after
+another for the whole batch (`loop_ops` reads how many off the compiled step: the innermost
+while loops' bodies). Each takes at least `OP_LATENCY_S` of its platform (stated and sourced
+below), so a step of T tokens for B sequences takes at least T x ops x latency, i.e.
+ops x latency / B per token: a third floor next to FLOPs / peak and bytes / bandwidth, and the
+one that binds at small per-device batches.
 """
 
 from typing import NamedTuple
@@ -16,6 +23,7 @@ class DeviceSpec(NamedTuple):
     peak_flops: float  # dense bfloat16 matmul FLOP/s per chip
     bandwidth: float  # HBM bytes/s per chip
     source: str
+    platform: str = "gpu"  # its per-operation latency: OP_LATENCY_S
 
 
 # Vendors' public data-sheet numbers, dense (no 2:4 sparsity) bfloat16, one chip:
@@ -28,10 +36,10 @@ DEVICE_SPECS = {
     "h200": DeviceSpec("H200 SXM", 989e12, 4.8e12, "NVIDIA H200 data sheet (SXM)"),
     # Google Cloud TPU v5e documentation (cloud.google.com/tpu/docs/v5e), key chip
     # specifications: 197 TFLOPs bf16, HBM2 16 GB at 819 GBps.
-    "v5e": DeviceSpec("TPU v5e", 197e12, 819e9, "cloud.google.com/tpu/docs/v5e"),
+    "v5e": DeviceSpec("TPU v5e", 197e12, 819e9, "cloud.google.com/tpu/docs/v5e", "tpu"),
     # Google Cloud TPU v5p documentation (cloud.google.com/tpu/docs/v5p), key chip
     # specifications: 459 TFLOPs bf16, HBM 95 GB at 2,765 GBps.
-    "v5p": DeviceSpec("TPU v5p", 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
+    "v5p": DeviceSpec("TPU v5p", 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p", "tpu"),
 }
 
 
@@ -44,11 +52,118 @@ def parse_device_specs(csv: str) -> list[DeviceSpec]:
     return [DEVICE_SPECS[n] for n in names]
 
 
-def bound(flops_per_token: float, bytes_per_token: float, peak_flops: float, bandwidth: float):
-    """(tokens/s bound, 'compute' | 'memory'): the roofline of one token's FLOPs and bytes."""
-    t_compute = flops_per_token / peak_flops
-    t_memory = bytes_per_token / bandwidth
-    return 1.0 / max(t_compute, t_memory), ("compute" if t_compute >= t_memory else "memory")
+# Per-operation latency: the least time one operation of a per-token loop body takes however
+# little it moves, since the body's operations run one after another, token after token.
+OP_LATENCY_S = {
+    # NVIDIA Technical Blog, "Getting Started with CUDA Graphs": short kernels launched back to
+    # back cost a few microseconds each (launch overhead included); XLA:GPU launches each
+    # fusion and custom call of a while body as its own kernel.
+    "gpu": 4e-6,
+    # No published per-operation figure for a TPU program's sequential operations was found:
+    # an assumption (operations run from one compiled program, no host launch), to be replaced
+    # by a measurement.
+    "tpu": 1e-6,
+}
+
+
+def bound(
+    flops_per_token: float,
+    bytes_per_token: float,
+    peak_flops: float,
+    bandwidth: float,
+    sequential_ops_per_token: float = 0.0,
+    op_latency_s: float = 0.0,
+):
+    """(tokens/s bound, 'compute' | 'memory' | 'latency'): the roofline of one token's FLOPs
+    and bytes, and the latency floor of its sequential operations. `sequential_ops_per_token`:
+    the operations a time step runs one after another for the whole batch, divided by the
+    batch (a step of T tokens for B sequences runs T x ops operations in sequence), so each
+    costs `op_latency_s` at least; 0 leaves the plain roofline."""
+    times = {
+        "compute": flops_per_token / peak_flops,
+        "memory": bytes_per_token / bandwidth,
+        "latency": sequential_ops_per_token * op_latency_s,
+    }
+    which = max(times, key=times.get)
+    return 1.0 / times[which], which
+
+
+def loop_ops(hlo_text: str, seq_len: int) -> dict:
+    """Operations per token in the per-token loop bodies of a compiled step's optimised HLO:
+    the innermost while loops (whose bodies run no loop), each body's operations (every
+    instruction with an array result but shape plumbing and control flow: on a GPU each is a
+    kernel launch; scalar bookkeeping left out; fusions and custom calls counted apart) times the times the body runs (its trip count times those
+    of the loops around it), over `seq_len`. Backward loops are those whose JAX op_name holds
+    `transpose` (the vjp); forward the others. Unknown trip counts count once."""
+    from gpn_jax.benchmarks import traffic
+
+    comps, entry = traffic.parse(hlo_text)
+    runs = _body_runs(comps, entry)
+    loops, totals = [], {"forward": 0.0, "backward": 0.0}
+    for (body, direction), times in runs.items():
+        instrs = comps.get(body, [])
+        if any(i.opcode == "while" for i in instrs):
+            continue  # an outer loop (per segment): its own operations are not per token
+        ops = [i for i in instrs if i.opcode not in traffic.FREE and i.opcode not in _CONTROL]
+        ops = [i for i in ops if not _scalar(i.result)]  # the loop's counter and bookkeeping
+        loops.append(
+            {
+                "body": body,
+                "direction": direction,
+                "runs": times,
+                "ops": len(ops),
+                "fusions": sum(i.opcode == "fusion" for i in ops),
+                "custom_calls": sum(i.opcode == "custom-call" for i in ops),
+            }
+        )
+        totals[direction] += len(ops) * times / seq_len
+    return {
+        "loops": loops,
+        "forward_ops_per_token": totals["forward"],
+        "backward_ops_per_token": totals["backward"],
+        "ops_per_token": totals["forward"] + totals["backward"],
+    }
+
+
+_CONTROL = {"while", "call", "conditional"}
+
+
+def _scalar(shape_text: str) -> bool:
+    """Whether a result holds only scalars (a loop counter, a flag): no array operation."""
+    from gpn_jax.benchmarks import traffic
+
+    return all(not dims for _, dims, _ in traffic._SHAPE.findall(shape_text))
+
+
+def _body_runs(comps: dict, entry: str | None) -> dict:
+    """{(while body, 'forward' | 'backward'): times it runs in one execution of `entry`}."""
+    import re
+
+    from gpn_jax.benchmarks import traffic
+
+    out: dict = {}
+
+    def walk(name: str, times: int, backward: bool, seen: tuple) -> None:
+        if name in seen or name not in comps:
+            return
+        for ins in comps[name]:
+            callees = re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", ins.attrs)
+            if ins.opcode == "while":
+                m = traffic._WHILE.search(ins.attrs)
+                if not m:
+                    continue
+                trips = traffic._trip_count(ins, comps, m.group(1)) or 1
+                back = backward or "transpose" in ins.attrs
+                key = (m.group(2), "backward" if back else "forward")
+                out[key] = out.get(key, 0) + times * trips
+                walk(m.group(2), times * trips, back, seen + (name,))
+            elif ins.opcode in ("call", "conditional"):
+                for c in callees:
+                    walk(c, times, backward, seen + (name,))
+
+    if entry:
+        walk(entry, 1, False, ())
+    return out
 
 
 def _fmt_bytes(b: float) -> str:
@@ -81,7 +196,10 @@ def table(records: list[dict], peak_flops: float, bandwidth: float, specs=()) ->
         )
         for s in specs:
             byt16 = r["bytes_per_token_bf16"]["train"]
-            tps16, by16 = bound(flops, byt16, s.peak_flops, s.bandwidth)
+            seq_ops = (r.get("ops_per_token") or 0.0) / (r.get("batch_size") or 1)  # see top
+            tps16, by16 = bound(
+                flops, byt16, s.peak_flops, s.bandwidth, seq_ops, OP_LATENCY_S[s.platform]
+            )
             out.append(
                 f"| {name} | {flops / 1e6:.1f}M | {_fmt_bytes(byt16)} | {flops / byt16:.1f} "
                 f"| {s.name} (data sheet, bf16) | {tps16:,.0f} | {by16} | unmeasured |"

@@ -14,7 +14,7 @@ import time
 import jax
 import ml_collections
 
-from gpn_jax.benchmarks import measure, op_profile, traffic
+from gpn_jax.benchmarks import measure, op_profile, roofline, traffic
 from gpn_jax.configs import recipe
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
@@ -130,6 +130,9 @@ def run(spec: dict) -> dict:
     """spec: name, config, model (config block), batch_size, seq_len, steps, warmup,
     compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
     one, model, compile_s, rss0, compiled = compiled_step(spec, spec["model"])
+    if spec.get("hlo_path"):  # the optimised HLO, for a caller to read (the accelerator run)
+        with open(spec["hlo_path"], "w") as f:
+            f.write(compiled.as_text())
     B, T = spec["batch_size"], spec["seq_len"]
     times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
     return (
@@ -153,7 +156,14 @@ def run(spec: dict) -> dict:
         | _throughput(spec, model, times)
         | byte_accounting(model, B, T)
         | traffic.step_fields(model.config, compiled.as_text(), B, T)
+        | _loop_op_fields(compiled.as_text(), T)
     )
+
+
+def _loop_op_fields(hlo_text: str, T: int) -> dict:
+    """Operations per token of the step's per-token loops (the roofline's latency term)."""
+    ops = roofline.loop_ops(hlo_text, T)
+    return {k: ops[k] for k in ("ops_per_token", "forward_ops_per_token", "backward_ops_per_token")}
 
 
 def rotated(names: list, r: int) -> list:

@@ -25,7 +25,7 @@ _EXPORTS = {
     "iter_path_documents": "gpn_jax.data.text_sources",
     "iter_tfds_documents": "gpn_jax.data.tfds_source",
     "load_tokenizer": "gpn_jax.data.tokenizer",
-    "loss_mask": "gpn_jax.data.pipeline",
+    "loss_mask": "gpn_jax.data.masks",
     "open_bin": "gpn_jax.data.bin_source",
     "parse_spec": "gpn_jax.data.spec",
     "read": "gpn_jax.data.pipeline",

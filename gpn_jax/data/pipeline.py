@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpn_jax.data.bin_source import ShardedTokens, list_shards, memmap_shard, open_bin
+from gpn_jax.data.masks import loss_mask  # noqa: F401 - re-exported (its former home)
 from gpn_jax.data.prepare.manifest import MANIFEST, PreparedCorpus, read_prepared
 from gpn_jax.data.shard_check import check_disjoint, check_ids, digest_key, scan_shards
 from gpn_jax.data.sources import load_documents
@@ -263,18 +264,6 @@ def build_data(
         process_index=process_index,
         process_count=process_count,
     )
-
-
-def loss_mask(config) -> np.ndarray | None:
-    """(seq_len,) bool: the positions the training loss of `config`'s data is taken on (the
-    answers of `recall:` data with targets=answers), or None for every position. Known from
-    the config alone, so the train step can be built before the data."""
-    source = parse_spec(config.get("data", {}).get("source", "embedded"))
-    if source.kind != "recall":
-        return None
-    from gpn_jax.data import recall
-
-    return recall.loss_mask(recall.parse_recall_params(source.name), config.train.seq_len)
 
 
 def _text_parts(source, vocab_size, tokenizer_path, heldout_fraction, workdir, cache_dir, **read):

@@ -1,15 +1,17 @@
 """The kernel backends behind one seam: `resolve` turns `model.kernels` into the operations the
 fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`).
 
-  auto    Pallas on a GPU; XLA on a TPU (the Pallas TPU kernels are an explicit choice, for
-          per-chip batches whose memory XLA moves through HBM; see `resolve`); the C++
+  auto    Pallas on a GPU (once they pass their first-use self-check there,
+          `gpn_jax.kernels.selfcheck`); XLA on a TPU (the Pallas TPU kernels are an explicit
+          choice, for per-chip batches whose memory XLA moves through HBM; see `resolve`); the C++
           kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where they
           build; XLA otherwise. A backend that cannot be used falls back to XLA with one
           warning.
   xla     the reference backend (`gpn_jax.kernels.xla`, the passes as XLA operations) everywhere.
   native  the C++ CPU kernels (`gpn_jax.kernels.cpu`), on any CPU where they build.
   pallas  the Pallas kernels (`gpn_jax.kernels.pallas`, imported only here and only then):
-          Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU.
+          Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU. On a GPU or TPU each
+          pass is first checked against the XLA formulas on that device (`selfcheck`).
 An explicit choice that cannot be honoured is a one-line error naming `model.kernels=xla`.
 
 Importing this package loads no JAX (the model configs import it).
@@ -124,10 +126,18 @@ def _pallas(platform: str, memory_dtype: str, explicit: bool) -> MemoryKernels |
     try:
         from gpn_jax.kernels import pallas
 
-        return pallas.memory_kernels(platform=platform)
+        kernels = pallas.memory_kernels(platform=platform)
     except (ImportError, AttributeError, ValueError, RuntimeError, NotImplementedError) as e:
         _unavailable("pallas", f"the Pallas kernels cannot be used ({_one_line(e)})", explicit)
         return None
+    if platform != "cpu":  # compiled for this GPU / TPU: checked on it first (`selfcheck`)
+        from gpn_jax.kernels import selfcheck
+
+        check = selfcheck.ensure(platform, kernels, memory_dtype)
+        if check["status"] == "failed":
+            _unavailable("pallas", selfcheck.reason(check), explicit)
+            return None
+    return kernels
 
 
 @functools.cache

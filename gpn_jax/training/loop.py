@@ -24,6 +24,7 @@ from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.checkpoints.restore import tokenizer_sha256
 from gpn_jax.io import paths
 from gpn_jax.io.errors import TrainingError
+from gpn_jax.kernels import selfcheck
 from gpn_jax.models import accounting, factory
 from gpn_jax.models import configs as model_configs
 from gpn_jax.parallel import mesh as meshlib
@@ -406,7 +407,8 @@ def _metric_writer(run: _Run) -> MetricWriter:
         run.workdir,
         writers=parse_writers(run.config),
         info=run_info(run.config, run.workdir)
-        | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels},
+        | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels}
+        | {"kernel_checks": selfcheck.recorded()},  # the Pallas self-checks on this device
         wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
     )
 

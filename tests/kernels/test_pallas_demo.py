@@ -16,6 +16,7 @@ def _losses_and_kernels(workdir) -> tuple[list[float], str]:
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     info = next(r["run_info"] for r in rows if "run_info" in r)
     losses = [r["loss"] for r in rows if "loss" in r]
+    assert info["kernel_checks"] == []  # the self-check runs on a GPU / TPU, not on a CPU
     return losses, info["kernels"]
 
 

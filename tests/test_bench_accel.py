@@ -1,0 +1,179 @@
+"""The prepared accelerator run (`experiments/bench/accel_bench.py`): its rehearsal runs every part
+here (the Pallas kernels interpreted) and writes every field, without the packages a lent
+machine's image lacks; the device settings, budgets and the one-line command fit the machine."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.bench import bench_accel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what the H200 image does not have and the run does not carry (experiments/bench/README.md)
+ABSENT = ("grain", "tensorflow_datasets", "array_record", "tensorboardX")
+BLOCKER = f"""
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT!r}:
+            raise ImportError(f"{{name}} is not on the lent machine's image")
+sys.meta_path.insert(0, _Absent())
+"""
+PASSES = ("step", "stack", "grad")
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """One rehearsal, its output folder and log."""
+    site, out = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("accel") / "out"
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), ROOT]))
+    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+    p = subprocess.run(
+        [sys.executable, "experiments/bench/accel_bench.py", "--rehearse", f"--out={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return out, p.stdout
+
+
+def _load(out, name):
+    return json.loads((out / name).read_text())
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_part_and_writes_at_most_8_files(rehearsal):
+    out, log = rehearsal
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        [
+            "versions.json",
+            "check.json",
+            "passes.json",
+            "step.json",
+            "baselines.json",
+            "hlo.json",
+            "train_step.hlo.txt",
+        ]
+    )  # fmt: skip  (the eighth, log.txt, is h200_run.sh's)
+    versions = _load(out, "versions.json")
+    assert versions["preallocate"] == "false" and versions["packages"]["jax"]
+    assert {p: r["status"] for p, r in versions["parts"].items()} == dict.fromkeys(
+        ["versions", "check", "passes", "step", "baselines", "hlo"], "ok"
+    )
+    assert "accel_bench: versions ok, check ok" in log
+
+
+@pytest.mark.slow
+def test_the_check_part_compares_every_pass_and_five_training_steps(rehearsal):
+    check = _load(rehearsal[0], "check.json")
+    got = {(r["memory_dtype"], r["pass"]) for r in check["passes"] if r["ok"]}
+    assert got == {(d, n) for d in ("float32", "bfloat16") for n in PASSES}
+    assert all(0 <= r["rel_err"] <= r["bound"] for r in check["passes"])
+    train = check["train"]
+    assert len(train["losses"]["xla"]) == len(train["losses"]["pallas"]) == 5
+    assert train["ok"] and max(train["rel_diff"]) <= train["bound"] == 2.0**-23 * 16 * 32 * 4
+
+
+@pytest.mark.slow
+def test_the_passes_part_times_each_pass_against_the_copy_bandwidth(rehearsal):
+    passes = _load(rehearsal[0], "passes.json")
+    assert passes["copy_bandwidth_gb_per_s"] > 0
+    keys = {(r["memory_dtype"], r["pass"], r["backend"]) for r in passes["rows"]}
+    assert keys == {
+        (d, n, b) for d in ("float32", "bfloat16") for n in PASSES for b in ("xla", "pallas")
+    }
+    assert all(
+        r["us_per_token"] > 0 and r["fraction_of_copy_bandwidth"] > 0 for r in passes["rows"]
+    )
+
+
+@pytest.mark.slow
+def test_the_step_and_baseline_parts_record_speed_memory_and_loop_ops(rehearsal):
+    out = rehearsal[0]
+    step, base = _load(out, "step.json"), _load(out, "baselines.json")
+    kinds = [(r["kernels"], r["memory_dtype"]) for r in step["records"]]
+    assert kinds == [("pallas", "bfloat16"), ("xla", "float32")]
+    assert [r["family"] for r in base["records"]] == ["transformer", "gdn"]
+    for r in step["records"] + base["records"]:
+        assert r.get("error") is None, r
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_mem_bytes"] > 0
+        assert r["batch_size"] == 2 and r["seq_len"] == 16 and r["ops_per_token"] > 0
+    assert all(r["backward_ops_per_token"] > 0 for r in step["records"])
+    assert base["tokens_per_step"] == 2 * 16
+
+
+@pytest.mark.slow
+def test_the_hlo_part_writes_the_optimised_hlo_its_loop_ops_and_a_profile(rehearsal):
+    out = rehearsal[0]
+    hlo = _load(out, "hlo.json")
+    text = (out / "train_step.hlo.txt").read_text()
+    assert text.startswith("HloModule") and hlo["hlo_chars"] == len(text)
+    assert hlo["ops_per_token"] == hlo["forward_ops_per_token"] + hlo["backward_ops_per_token"]
+    assert hlo["per_token_loops"] and "| inside |" in hlo["profile_ops_md"]
+    assert hlo["hlo_source"] == "the step part's first record"  # saved, not recompiled
+
+
+def test_device_settings_are_the_130m_models_in_order_of_value_within_8_minutes():
+    s = bench_accel.settings("device")
+    assert (s["batch_size"], s["seq_len"]) == (128, 2048)
+    assert s["models"]["gpn_m"]["d_model"] == 2496 and s["models"]["gdn"]["family"] == "gdn"
+    assert s["step_records"][:4] == [
+        ("pallas", "bfloat16", 128), ("xla", "bfloat16", 128),
+        ("pallas", "float32", 128), ("xla", "float32", 128),
+    ]  # fmt: skip
+    assert list(s["budgets"]) == ["smoke", "check", "passes", "step", "baselines", "hlo"]
+    assert sum(s["budgets"].values()) <= 430 and s["env"] == {}
+    assert s["pass_dims"] == (128, 15, 128, 256, 16)
+    with pytest.raises(ValueError, match="unknown mode 'tpu'"):
+        bench_accel.settings("tpu")
+
+
+def test_the_h200_command_fits_the_device_tool():
+    script = open(os.path.join(ROOT, "experiments/bench/h200_run.sh")).read()
+    assert len(script) <= 2000
+    lines = [ln for ln in script.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0].startswith("export XLA_PYTHON_CLIENT_PREALLOCATE=false")
+    assert "--no-index --no-deps" in script and "--target /tmp/site .whl/*.whl" in script
+    assert "accel_bench.py ${ACCEL_ARGS:---device}" in script and 'tee "$OUT/log.txt"' in script
+
+
+def test_one_mode_is_required():
+    p = subprocess.run(
+        [sys.executable, "experiments/bench/accel_bench.py", "--out=/nonexistent/x"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode != 0
+    assert "pass exactly one of --device (the accelerator run) and --rehearse" in p.stderr
+
+
+def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
+    """A part that ends no line and hangs cannot hold the run: its process group is killed at
+    the deadline (return code None: 'timeout'), the lines it printed are kept."""
+    import time
+
+    from gpn_jax.benchmarks import accel
+
+    code = "import sys, time; print('row 1', flush=True); sys.stdout.write('half'); "
+    code += "sys.stdout.flush(); time.sleep(120)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    assert accel._follow(proc, time.monotonic() + 5) == ["row 1"]
+    assert proc.returncode is None and proc.poll() is not None
+
+
+def test_each_row_is_saved_as_it_comes(tmp_path):
+    from gpn_jax.benchmarks.accel_parts import Out
+
+    out = Out(str(tmp_path / "part.json"), part="step")
+    out.add("records", {"tokens_per_s": 1.0})
+    assert json.loads((tmp_path / "part.json").read_text()) == {
+        "part": "step",
+        "records": [{"tokens_per_s": 1.0}],
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part.json"]
