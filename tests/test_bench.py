@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from experiments.bench import bench_tiny
-from gpn_jax.benchmarks import common, report, roofline, runner
+from gpn_jax.benchmarks import measure, orchestrate, report, roofline
 from gpn_jax.kernels.cpu import small_matmul
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
@@ -23,7 +23,7 @@ def test_all_suites_in_process(tmp_path):
     config.generate.batch_sizes = (1, 4)
     config.generate.kv_cache_limit_gb = 60_000 / 2**30  # the batch-4 cache at 64 is over it
     out = tmp_path / "out" / "tiny.json"
-    runner.run(
+    orchestrate.run(
         config,
         str(tmp_path),
         str(out),
@@ -75,8 +75,8 @@ def test_all_suites_in_process(tmp_path):
 def test_one_record_in_its_own_process(tmp_path):
     config = bench_tiny.get_config()
     config.train.models = "gpn"
-    (spec,) = runner.build_specs(config, ["train"], str(tmp_path), profile=False)
-    result = runner.run_spec(spec, isolate=True)
+    (spec,) = orchestrate.build_specs(config, ["train"], str(tmp_path), profile=False)
+    result = orchestrate.run_spec(spec, isolate=True)
     (record,) = result["records"]
     assert record["model"] == "gpn" and record["tokens_per_s"] > 0
     assert record["bytes_per_token"]["memory"] == 0 < record["bytes_per_token_bf16"]["train"]
@@ -93,8 +93,8 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
         config = bench_tiny.get_config()
         config.train.models = "gpn_m,gdn"
         config.compute_dtype = dtype
-        for spec in runner.build_specs(config, ["train"], str(tmp_path), profile=False):
-            (record,) = runner.run_spec(spec, isolate=False)["records"]
+        for spec in orchestrate.build_specs(config, ["train"], str(tmp_path), profile=False):
+            (record,) = orchestrate.run_spec(spec, isolate=False)["records"]
             assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
             assert record["ops_per_token"] > 0  # its per-token loops (the roofline's latency)
             losses[record["model"], dtype] = record["loss"]
@@ -111,12 +111,18 @@ def test_bfloat16_training_records_match_float32_loss(tmp_path):
 
 def test_specs_and_remat_segments():
     config = bench_tiny.get_config()
-    specs = runner.build_specs(config, ["scaling"], "/tmp/x", profile=False)
+    specs = orchestrate.build_specs(config, ["scaling"], "/tmp/x", profile=False)
     assert {s["overrides"]["remat_segment"] for s in specs} == {0, 4, 8}
-    assert [runner.sqrt_segment(t) for t in (256, 512, 1024, 2048, 4096)] == [16, 16, 32, 32, 64]
+    assert [orchestrate.sqrt_segment(t) for t in (256, 512, 1024, 2048, 4096)] == [
+        16,
+        16,
+        32,
+        32,
+        64,
+    ]
     with pytest.raises(ValueError, match="unknown model"):
         config.train.models = "nope"
-        runner.build_specs(config, ["train"], "/tmp/x", profile=False)
+        orchestrate.build_specs(config, ["train"], "/tmp/x", profile=False)
 
 
 def test_memory_slopes():
@@ -154,13 +160,13 @@ def test_cpu_vector_extensions_from_cpuinfo():
         "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n"
     )
     assert (
-        common.cpu_vector_extensions(x86)
+        measure.cpu_vector_extensions(x86)
         == "sse4_2 avx avx2 fma avx512f avx512_bf16 amx_tile amx_bf16"
     )
     arm = "processor\t: 0\nFeatures\t: fp asimd asimdhp sve bf16 i8mm\n"
-    assert common.cpu_vector_extensions(arm) == "asimd asimdhp sve bf16 i8mm"
-    assert common.cpu_vector_extensions("model name : x\n").startswith("unknown (")
-    assert common.cpu_vector_extensions()  # this machine: some line, never an exception
+    assert measure.cpu_vector_extensions(arm) == "asimd asimdhp sve bf16 i8mm"
+    assert measure.cpu_vector_extensions("model name : x\n").startswith("unknown (")
+    assert measure.cpu_vector_extensions()  # this machine: some line, never an exception
 
 
 def test_roofline_bound_and_device_specs():
@@ -211,9 +217,9 @@ def test_cli_unknown_device_spec_is_one_line(tmp_path):
 def test_alternated_steps_give_per_round_ratios(tmp_path):
     config = bench_tiny.get_config()
     config.alternate.update(dict(models="gpn,transformer", reference="transformer", rounds=3))
-    (spec,) = runner.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+    (spec,) = orchestrate.build_specs(config, ["alternate"], str(tmp_path), profile=False)
     assert list(spec["models"]) == ["gpn", "transformer"] and spec["rounds"] == 3
-    records = runner.run_spec(spec, isolate=False)["records"]
+    records = orchestrate.run_spec(spec, isolate=False)["records"]
     assert [r["model"] for r in records] == ["gpn", "transformer"]
     gpn, ref = records
     for r in records:
@@ -242,40 +248,45 @@ def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
     config = bench_tiny.get_config()
     config.alternate.update(dict(models="gpn_m,gdn", reference="transformer"))
     with pytest.raises(ValueError, match="alternate.reference 'transformer' is not among"):
-        runner.build_specs(config, ["alternate"], str(tmp_path), profile=False)
+        orchestrate.build_specs(config, ["alternate"], str(tmp_path), profile=False)
 
 
 def test_loop_costs_times_the_fused_windows_matrix_shapes():
     """`experiments/bench/loop_costs.py` times products of the fused W0 and W2o: their widths must be
-    those `fast_window.fuse_params` builds for the bench's GPN+M."""
+    those `fused_window.fuse_params` builds for the bench's GPN+M."""
     import jax
 
     from experiments.bench import loop_costs
     from gpn_jax.benchmarks import bench_config
-    from gpn_jax.core import fast_window
+    from gpn_jax.core import fused_window
 
     block = bench_config.models().gpn_m
-    params = common.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
-    fw = fast_window.fuse_params(params)
+    params = measure.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
+    fw = fused_window.fuse_params(params)
     assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])
 
 
 def test_window_ab_loads_each_revisions_window():
     """`experiments/bench/window_ab.py` compiles the bench step with the fused window of each git
-    revision it is given: the checked-out file as a module of its own, and a clear exit for a
+    revision it is given: the window and every `core/fused_*` part it imports, as a package of
+    its own (so a revision's forward / backward are its own too), and a clear exit for a
     revision that does not exist."""
     import tempfile
 
     from experiments.bench import window_ab
-    from gpn_jax.core import fast_window
+    from gpn_jax.core import fused_forward, fused_window
 
     with tempfile.TemporaryDirectory() as tmp:
         mod = window_ab.load_window("worktree", tmp)
-        assert mod is not fast_window and mod.__file__ == fast_window.__file__
-        assert mod.default_segment(512) == fast_window.default_segment(512)
+        assert mod is not fused_window and mod.__file__.startswith(tmp)
+        assert mod.default_segment(512) == fused_window.default_segment(512)
+        parts = {m.__name__.split(".")[0] for m in (mod, sys.modules[mod.window_fwd.__module__])}
+        assert (
+            parts == {mod.__name__.split(".")[0]} and mod.window_fwd is not fused_forward.window_fwd
+        )
         committed = window_ab.load_window("HEAD", tmp)  # from `git show`, into tmp
         assert committed.__file__.startswith(tmp) and callable(committed.scan_window_fused)
-        with pytest.raises(SystemExit, match="no gpn_jax/core/fast_window.py at revision 'nope'"):
+        with pytest.raises(SystemExit, match="no gpn_jax/core/fused_window.py at revision 'nope'"):
             window_ab.load_window("nope", tmp)
 
 

@@ -96,8 +96,9 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
     of the loops around it), over `seq_len`. Backward loops are those whose JAX op_name holds
     `transpose` (the vjp); forward the others. Unknown trip counts count once."""
     from gpn_jax.benchmarks import traffic
+    from gpn_jax.parallel import hlo
 
-    comps, entry = traffic.parse(hlo_text)
+    comps, entry = hlo.parse(hlo_text)
     runs = _body_runs(comps, entry)
     loops, totals = [], {"forward": 0.0, "backward": 0.0}
     for (body, direction), times in runs.items():
@@ -140,6 +141,7 @@ def _body_runs(comps: dict, entry: str | None) -> dict:
     import re
 
     from gpn_jax.benchmarks import traffic
+    from gpn_jax.parallel import hlo
 
     out: dict = {}
 
@@ -149,14 +151,15 @@ def _body_runs(comps: dict, entry: str | None) -> dict:
         for ins in comps[name]:
             callees = re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", ins.attrs)
             if ins.opcode == "while":
-                m = traffic._WHILE.search(ins.attrs)
-                if not m:
+                parts = hlo.while_parts(ins)
+                if not parts:
                     continue
-                trips = traffic._trip_count(ins, comps, m.group(1)) or 1
+                cond, body = parts
+                trips = traffic._trip_count(ins, comps, cond) or 1
                 back = backward or "transpose" in ins.attrs
-                key = (m.group(2), "backward" if back else "forward")
+                key = (body, "backward" if back else "forward")
                 out[key] = out.get(key, 0) + times * trips
-                walk(m.group(2), times * trips, back, seen + (name,))
+                walk(body, times * trips, back, seen + (name,))
             elif ins.opcode in ("call", "conditional"):
                 for c in callees:
                     walk(c, times, backward, seen + (name,))

@@ -85,7 +85,7 @@ def test_a_failing_pass_is_named_with_its_stage(interpreted, name, how, stage):
     assert bad[0] == name and bad[1]["stage"] == stage and not bad[1]["ok"]
     assert [n for n, r in results.items() if not r["ok"]] == [name]
     if how == "wrong":
-        assert bad[1]["rel_err"] > 100 * bad[1]["bound"]
+        assert bad[1]["rel_err"] > 10 * bad[1]["bound"]  # 1 % against bounds of at most 0.1 %
     else:
         assert "NotImplementedError: Mosaic cannot lower" in bad[1]["error"]
 
@@ -95,8 +95,8 @@ def test_auto_falls_back_to_xla_with_one_warning_and_pallas_fails_in_one_line(
 ):
     _as_gpu(monkeypatch, _broken(interpreted, "grad", "wrong"))
     with caplog.at_level(logging.WARNING):
-        assert kernels.resolve("auto", "gpu") is None
-        assert kernels.resolve("auto", "gpu") is None  # resolved once per process
+        assert kernels.resolve("auto", "gpu").name == "xla"
+        assert kernels.resolve("auto", "gpu").name == "xla"  # resolved once per process
     warned = [
         r.getMessage() for r in caplog.records if "pallas kernels unavailable" in r.getMessage()
     ]
