@@ -93,6 +93,9 @@ class GDNConfig:
     chunk_size: int = 64  # chunk length of the chunked delta rule; 0: recurrent form
     loss_chunk: int = 128  # positions decoded to logits at once in the loss
     remat: bool = False  # rematerialise each block in the backward pass
+    # beta = 2 sigmoid(.) in [0, 2]: the state transition I - beta k k^T may then have a
+    # negative eigenvalue (Grazzi et al. 2024), which lets one layer track parity; False: [0, 1]
+    negative_eigenvalues: bool = False
 
     def __post_init__(self):
         if min(self.n_heads, self.d_key, self.d_value, self.d_ffn, self.d_model) <= 0:
