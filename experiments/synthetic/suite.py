@@ -114,7 +114,7 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
     return {
         "task": task, "family": family, "model": families.NAMES[family],
         "params": families.n_params(fields), "best_lr": c.learning_rates[best],
-        "valid_acc_by_lr": {f"{lr:g}": v.tolist() for lr, v in zip(c.learning_rates, by_lr)},
+        "valid_acc_by_lr": {f"{lr:g}": v.tolist() for lr, v in zip(c.learning_rates, by_lr, strict=True)},
         "test_acc": test[pick].tolist(), "test_acc_mean": float(test[pick].mean()),
         "test_acc_std": float(test[pick].std(ddof=1)) if n_seeds > 1 else 0.0,
         "final_loss": losses[pick].tolist(), "length_acc": lengths,
@@ -138,7 +138,9 @@ def run_suite(c, workdir: str, log=print) -> list[dict]:
         tag = f"[{i}/{len(plan)}] {task} x {families.NAMES[fam]}"
         if cell is None:
             log(f"{tag}: training {len(c.learning_rates)} lrs x {len(c.seeds)} seeds")
-            cell = run_cell(c, task, fam, fields[fam], window, lambda s: log(f"{tag}: {s}"))
+            cell = run_cell(
+                c, task, fam, fields[fam], window, lambda s, tag=tag: log(f"{tag}: {s}")
+            )
             atomic_write(path, json.dumps(cell | {"settings": want}, indent=1).encode())
         log(f"{tag}: test acc {cell['test_acc_mean']:.3f} ± {cell['test_acc_std']:.3f} "
             f"(lr {cell['best_lr']:g}, {cell['wall_s']} s)")  # fmt: skip
