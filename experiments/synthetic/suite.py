@@ -72,7 +72,7 @@ def read_cell(path: str, want: dict) -> dict | None:
     cell = untrusted.read_json(path, fix=fix)
     if not isinstance(cell, dict) or cell.get("settings") != want:
         raise ValueError(f"{path}: made with other settings than this config; {fix}")
-    return cell
+    return {k: v for k, v in cell.items() if k != "settings"}
 
 
 def leak_check(c, name: str) -> float | None:
