@@ -177,7 +177,10 @@ def test_outputs(two_runs, tmp_path):
     assert rows["parity"]["transformer"].startswith(f"{cells[1]['test_acc_mean']:.3f} ±")
     assert json.loads((tmp_path / "synthetic_tiny.json").read_text())["rows"] == out["rows"]
     bench = json.loads((tmp_path / "synthetic_tiny_bench.json").read_text())
-    assert [r["wall_s"] for r in bench["rows"]] == [x["wall_s"] for x in cells]
+    assert [r["wall_s"] for r in bench["cells"]] == [x["wall_s"] for x in cells]
+    assert bench["rows"] == [{"model": "Transformer++", "cells": 2, "first_cell_s": cells[0]["wall_s"],
+                              "wall_s": round(sum(x["wall_s"] for x in cells), 1),
+                              "first_step_s": cells[0]["first_step_s"]}]  # fmt: skip
     assert (tmp_path / "synthetic_tiny_length.png").stat().st_size > 1000
 
 

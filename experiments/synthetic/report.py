@@ -41,7 +41,8 @@ def params_row(cells: list[dict]) -> dict:
 def record(c, cells: list[dict], wall_s: float, command: str) -> dict:
     """The result file: renderer header fields, task rows and every cell in full."""
     return record_header(command) | {
-        "wall_s": round(wall_s, 1),
+        "wall_s": round(wall_s, 1),  # this invocation (a resumed run reads finished cells back)
+        "cells_wall_s": round(sum(x["wall_s"] for x in cells), 1),  # every cell's training
         "params": params_row(cells),
         "rows": task_rows(c, cells),
         "cells": cells,
@@ -49,9 +50,21 @@ def record(c, cells: list[dict], wall_s: float, command: str) -> dict:
 
 
 def bench(cells: list[dict], wall_s: float, command: str) -> dict:
-    rows = [{"task": x["task"], "model": x["model"], "wall_s": x["wall_s"],
-             "first_step_s": x["first_step_s"]} for x in cells]  # fmt: skip
-    return record_header(command) | {"wall_s": round(wall_s, 1), "rows": rows}
+    """The suite's speed: per family, its cells' total wall time and the first cell's (which
+    includes the compile the later cells reuse); `cells`: the wall time of every cell."""
+    rows = []
+    for fam in dict.fromkeys(x["family"] for x in cells):
+        mine = [x for x in cells if x["family"] == fam]
+        rows.append({"model": mine[0]["model"], "cells": len(mine),
+                     "wall_s": round(sum(x["wall_s"] for x in mine), 1),
+                     "first_cell_s": mine[0]["wall_s"],
+                     "first_step_s": mine[0]["first_step_s"]})  # fmt: skip
+    per_cell = [{"task": x["task"], "model": x["model"], "wall_s": x["wall_s"],
+                 "first_step_s": x["first_step_s"]} for x in cells]  # fmt: skip
+    total = round(sum(x["wall_s"] for x in cells), 1)
+    return record_header(command) | {
+        "wall_s": round(wall_s, 1), "cells_wall_s": total, "rows": rows, "cells": per_cell
+    }  # fmt: skip
 
 
 def record_header(command: str) -> dict:
