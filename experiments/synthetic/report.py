@@ -101,12 +101,15 @@ def plot_lengths(cells: list[dict], path: str) -> bool:
         for x in (x for x in cells if x["task"] == task):
             L = sorted(int(k) for k in x["length_acc"])
             accs = [np.asarray(x["length_acc"][str(n)]) for n in L]
-            ax.errorbar(L, [a.mean() for a in accs], yerr=[a.std() for a in accs],
+            sd = [a.std(ddof=1) if len(a) > 1 else 0.0 for a in accs]  # as the table's
+            ax.errorbar(L, [a.mean() for a in accs], yerr=sd,
                         marker="o", capsize=2, label=x["model"])  # fmt: skip
         if cells and (ch := next(x["chance"] for x in cells if x["task"] == task)):
             ax.axhline(ch, color="grey", ls=":", lw=1, label="chance")
         ax.set(title=task, xlabel="test length (trained on the first)", ylabel="accuracy",
-               xscale="log", ylim=(0, 1.02))  # fmt: skip
+               ylim=(0, 1.02))  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(L, [str(n) for n in L])
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
