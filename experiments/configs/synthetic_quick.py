@@ -5,7 +5,7 @@ The small suite's protocol (`synthetic_small.py`) scaled down further, each chan
 budget (a first table in <= 20 minutes on 2 CPU cores): a 64-token window (MAD's recall
 tasks at 64 tokens instead of 128, selective copying at 64 with 8 tokens to copy, MQAR with 16
 keys, memorisation over a 64-token vocabulary), state tracking trained at length 16 and
-tested at 16-128, width 32 (~20K parameters), 100 steps at batch 16. At this budget most
+tested at 16-128, width 32 (about 16K parameters), 100 steps at batch 16. At this budget most
 cells stay near chance: the table shows the harness end to end, not the families' ranking.
 """
 

@@ -23,7 +23,7 @@ every task:
     `batch_size` -- a fraction of an epoch, so the train-set size matters less than in MAD;
   * learning rates: MAD sweeps {1e-4, 5e-4, 1e-3} x weight decay {0, 0.1}; with far fewer
     steps the useful rates are higher, so {1e-3, 3e-3}, weight decay 0;
-  * width: models of GPN+M's size at width 64 (~70K parameters; MAD uses width 128, 2 blocks);
+  * width: models of GPN+M's size at width 64 (about 63K parameters; MAD uses width 128);
   * every task is padded to one 128-token window (one compile per family serves all tasks;
     padding is never scored and, the models being causal, never read by a scored position).
 """
@@ -62,7 +62,7 @@ def small_tasks() -> ml_collections.ConfigDict:
         memorisation=task(32, 256, 256),
         mqar=task(64, 65, 20_000, pairs=8,
                   why="Zoology: vocab 8,192 and 100,000 examples; 32 keys + 32 values here "
-                      "(an 8,192-row embedding would be most of a 70K-parameter model)"),
+                      "(an 8,192-row embedding would be most of a 63K-parameter model)"),
         parity=task(40, 2, 12_800, why=state_why, test_lens=(40, 80, 160, 256)),
         modular_addition=task(40, 5, 12_800, why=state_why, test_lens=(40, 80, 160, 256)),
         s5=task(40, 120, 12_800, why=state_why, test_lens=(40, 80, 160, 256)),
