@@ -26,6 +26,12 @@ every task:
   * width: models of GPN+M's size at width 64 (about 63K parameters; MAD uses width 128);
   * every task is padded to one 128-token window (one compile per family serves all tasks;
     padding is never scored and, the models being causal, never read by a scored position).
+
+Budget, measured for one cell (in-context recall, 6 runs of 300 steps) on the 2-core machine
+while other jobs shared it (load average 3-6): GPN+M 222 s, GPN 202 s, Transformer++ 195 s,
+Gated DeltaNet longer than 200 s. At ~200 s a cell the 50 cells take ~2.8 h there; that the
+suite fits 2 h on an idle machine is an estimate, not a measurement. If it does not, lower
+`steps` first (it sets the cost of every cell).
 """
 
 import ml_collections
