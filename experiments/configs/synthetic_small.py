@@ -29,9 +29,9 @@ every task:
 
 Budget, measured for one cell (in-context recall, 6 runs of 300 steps) on the 2-core machine
 while other jobs shared it (load average 3-6): GPN+M 222 s, GPN 202 s, Transformer++ 195 s,
-Gated DeltaNet longer than 200 s. At ~200 s a cell the 50 cells take ~2.8 h there; that the
-suite fits 2 h on an idle machine is an estimate, not a measurement. If it does not, lower
-`steps` first (it sets the cost of every cell).
+Gated DeltaNet 322 s. At these rates the 50 cells take about 3.5 h there; that the suite fits
+2 h on an idle machine is an estimate, not a measurement. If it does not, lower `steps` first
+(it sets the cost of every cell).
 """
 
 import ml_collections
