@@ -67,6 +67,21 @@ _PREPARE = [
         "r",
     ),
 ]
+# The synthetic suite (experiments.synthetic): per task, test accuracy mean ± sd over seeds at
+# the learning rate chosen on validation (in parentheses), one column per family.
+_SYNTHETIC = [
+    ("Task", "{task}", "l"),
+    ("T", "{seq_len}", "r"),
+    ("Vocab", "{vocab}", "r"),
+    ("Train", "{n_train:,}", "r"),
+    ("Setting", "{setting}", "l"),
+    ("Chance", "{chance}", "r"),
+    ("GPN+M", "{gpn_m}", "r"),
+    ("GPN", "{gpn}", "r"),
+    ("Transformer++", "{transformer}", "r"),
+    ("Gated DeltaNet", "{gdn}", "r"),
+    ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
+]
 COLUMNS = {
     "bench_small": [
         ("model", "{model}", "l"),
@@ -134,6 +149,14 @@ COLUMNS = {
         ("Best LR", "{best_lr:g}", "r"),
         ("Accuracy (mean over seeds)", "{accuracy:.3f}", "r"),
         ("Seeds", "{seeds}", "l"),
+    ],
+    "synthetic_quick": _SYNTHETIC,
+    "synthetic_small": _SYNTHETIC,
+    "synthetic_quick_bench": [
+        ("model", "{model}", "l"),
+        ("cells", "{cells}", "r"),
+        ("wall time, all cells", "{wall_s:,.0f} s", "r"),
+        ("first cell (with the compile)", "{first_cell_s:,.0f} s", "r"),
     ],
     "stateful": [
         ("position", "{run}", "l"),

@@ -2,7 +2,9 @@
 
 Pure JAX, float32 throughout. Shape key: B batch, T time, H heads, K key width, U value
 width, N chunks, C chunk length. Per head, with state S (K, U) and per-step inputs
-q, k (K), v (U), beta (scalar in [0, 1]) and g (scalar log-decay, g <= 0), one step in the
+q, k (K), v (U), beta (scalar in [0, 1], or [0, 2] for the negative-eigenvalue variant of
+Grazzi et al. 2024: with unit-norm k the transition I - beta k k^T then has eigenvalue
+1 - beta in [-1, 1]) and g (scalar log-decay, g <= 0), one step in the
 order of flash-linear-attention:
 
     S' = exp(g) S                 # decay first
@@ -115,7 +117,8 @@ def unit_lower_inverse(a: Array) -> Array:
 
 
 def chunked(q, k, v, beta, g, initial_state=None, scale=None, chunk_size=64):
-    """Chunkwise-parallel gated delta rule; same arguments and results as `recurrent`.
+    """Chunkwise-parallel gated delta rule; same arguments and results as `recurrent`
+    (nothing assumes beta <= 1: the UT transform is exact for any beta).
 
     A partial last chunk is padded with q = k = v = 0, beta = 0 and g = 0, which leaves the
     state untouched, so outputs and final state do not depend on the padding.

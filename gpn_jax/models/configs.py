@@ -159,6 +159,9 @@ class GDNConfig:
     chunk_size: int = size(64, minimum=0)  # chunk length of the chunked delta rule; 0: recurrent
     loss_chunk: int = switch(128, minimum=1)  # positions decoded to logits at once in the loss
     remat: bool = switch(False)  # rematerialise each block in the backward pass
+    # beta = 2 sigmoid(.) in [0, 2]: the state transition I - beta k k^T may then have a
+    # negative eigenvalue (Grazzi et al. 2024), which lets one layer track parity; False: [0, 1]
+    negative_eigenvalues: bool = False
 
     def __post_init__(self):
         if min(self.n_heads, self.d_key, self.d_value, self.d_ffn, self.d_model) <= 0:

@@ -6,6 +6,7 @@ Architecture (the layer of flash-linear-attention's `GatedDeltaNet`): token embe
     x = x + Wo · (rms_head(o) * w_o * silu(Wg · n)),   n = rms(x)               token mixer
         q, k, v = silu(conv4(Wq · n)), silu(conv4(Wk · n)), silu(conv4(Wv · n))  depthwise causal
         q, k    = l2n(q) per head, l2n(k) per head;  beta = sigmoid(Wb · n)
+                  (2 sigmoid(Wb · n) with `negative_eigenvalues`: Grazzi et al. 2024)
         g       = -exp(A_log) * softplus(Wa · n + dt_bias)                     log-decay <= 0
         o       = gated delta rule(q, k, v, beta, g), query scale d_key^-1/2   (core.gated_delta)
     x = x + W2 · (silu(W1 · rms(x)) * W3 · rms(x))                                 SwiGLU MLP
@@ -175,6 +176,8 @@ def token_mixer(lp, x_BxTxD, conv_state, S, cfg: GDNConfig, chunk: int, resets=N
     k = l2n(y[..., cfg.d_qk : 2 * cfg.d_qk].reshape(B, T, H, K))
     v = y[..., 2 * cfg.d_qk :].reshape(B, T, H, U)
     beta = jax.nn.sigmoid(mm(n, lp["wb"]))  # (B, T, H)
+    if cfg.negative_eigenvalues:  # beta in [0, 2]: I - beta k k^T reaches eigenvalue -1
+        beta = 2.0 * beta
     g = -jnp.exp(lp["A_log"]) * jax.nn.softplus(mm(n, lp["wa"]) + lp["dt_bias"])
     if resets is not None:
         g = jnp.where(resets[..., None], RESET_LOG_DECAY, g)

@@ -117,3 +117,35 @@ def test_step_and_default_state():
 
 def test_flops_counts_positive_and_grow_with_chunk():
     assert gd.flops_per_token(2, 64, 64, 64) > gd.flops_per_token(2, 64, 64, 16) > 0
+
+
+def test_chunked_matches_recurrent_with_beta_up_to_two():
+    """Negative eigenvalues (Grazzi et al. 2024): beta = 2 sigmoid(x) in [0, 2], with some
+    positions at exactly 2 (a Householder reflection when g = 0), chunked == recurrent."""
+    q, k, v, beta, g, S0 = inputs(75, 60, 1.0, seed=3)
+    beta = (2.0 * beta).at[:, ::7].set(2.0)
+    assert float(beta.max()) == 2.0 and float(beta.min()) < 1.0
+    (o_r, S_r, g_r), (o_c, S_c, g_c) = both(q, k, v, beta, g, S0)
+    errs = {"o": rel(o_c, o_r), "S": rel(S_c, S_r)}
+    errs |= {f"d{n}": rel(a, b) for n, a, b in zip(NAMES, g_c, g_r, strict=True)}
+    assert all(e < TOL for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_beta_two_reflects_the_state(form):
+    """beta = 2, g = 0, v = 0 and a unit key k: S' = (I - 2 k k^T) S, so a state k u^T flips
+    sign (eigenvalue -1) and two steps restore it: the sign flip parity needs."""
+    K = U = 4
+    k = jnp.asarray([0.6, 0.8, 0.0, 0.0])
+    u = jnp.asarray([1.0, -2.0, 0.5, 3.0])
+    S0 = jnp.outer(k, u)[None, None]  # (B=1, H=1, K, U)
+    ks = jnp.broadcast_to(k, (1, 2, 1, K))
+    zeros_v = jnp.zeros((1, 2, 1, U))
+    ones = jnp.ones((1, 2, 1))
+    fn = gd.recurrent if form == "recurrent" else functools.partial(gd.chunked, chunk_size=2)
+    o, S = fn(ks, ks, zeros_v, 2.0 * ones, 0.0 * ones, initial_state=S0)
+    # after step 1 the read is (-k u^T)^T k / sqrt(K) = -u / 2; after step 2 it is +u / 2
+    bound = f32_bound(2 * K, margin=4.0)
+    assert rel_err(o[0, 0, 0], -u / 2) <= bound
+    assert rel_err(o[0, 1, 0], u / 2) <= bound
+    assert rel_err(S[0, 0], S0[0, 0]) <= bound

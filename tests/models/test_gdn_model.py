@@ -174,3 +174,32 @@ def test_flops_per_token():
     f = m.flops_per_token(64)
     assert f["train"] == 3 * f["forward"] > 0
     assert m.flops_per_token(64)["forward"] > make(chunk_size=0).flops_per_token(64)["forward"]
+
+
+def test_negative_eigenvalues_option():
+    """`negative_eigenvalues=True` doubles beta into [0, 2] (Grazzi et al. 2024): with the beta
+    projection scaled up, some betas exceed 1 and the chunked loss, carry and gradients still
+    equal the recurrent form's; the option changes the output (so it is wired in)."""
+    from gpn_jax.models import gdn
+
+    neg = make(negative_eigenvalues=True)
+    params = perturb(jax.jit(neg.init)(jax.random.PRNGKey(2)))
+    params = {**params, "layer_0": {**params["layer_0"], "wb": 8.0 * params["layer_0"]["wb"]}}
+    n = gdn.rms_norm(
+        jnp.take(params["embed"], tokens(3, T=20), axis=0), params["layer_0"]["attn_norm"]
+    )
+    beta = 2.0 * jax.nn.sigmoid(n @ params["layer_0"]["wb"])
+    assert float(beta.max()) > 1.5 and float(beta.min()) < 0.5
+    rec = GatedDeltaNet(dataclasses.replace(neg.config, chunk_size=0))
+    x = tokens(3, T=20)
+
+    def loss_and_grad(model):
+        return jax.jit(jax.value_and_grad(model.loss, has_aux=True))(params, x)
+
+    (l_c, (c_c, _)), g_c = loss_and_grad(neg)
+    (l_r, (c_r, _)), g_r = loss_and_grad(rec)
+    assert rel_err(l_c, l_r) <= WINDOW
+    close(c_c, c_r)
+    close(g_c, g_r, f32_bound(20 * V + 20 * 2))
+    (l_pos, _), _ = loss_and_grad(make())
+    assert rel_err(l_pos, l_c) > 1e-3
