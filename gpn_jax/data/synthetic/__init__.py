@@ -7,15 +7,15 @@ numpy, a deterministic function of its arguments. `chance(name, vocab, params)` 
 accuracy of guessing uniformly among the task's answer symbols.
 """
 
-from gpn_jax.data.synthetic import compression, copying, memorisation, mqar, recall, state
-from gpn_jax.data.synthetic.base import Examples, from_next_token, rng
+from gpn_jax.data.synthetic import compression, copying, mad_recall, memorisation, mqar, state
+from gpn_jax.data.synthetic.examples import Examples, from_next_token, rng
 
 # name -> (generator, number of answer symbols as a function of (vocab, params))
 TASKS = {
-    "in_context_recall": (recall.in_context_recall, lambda v, p: v - v // 2),
-    "fuzzy_recall": (recall.fuzzy_recall, None),
+    "in_context_recall": (mad_recall.in_context_recall, lambda v, p: v - v // 2),
+    "fuzzy_recall": (mad_recall.fuzzy_recall, None),
     "noisy_recall": (
-        recall.noisy_recall,
+        mad_recall.noisy_recall,
         lambda v, p: (v - p.get("noise_vocab", 16)) - (v - p.get("noise_vocab", 16)) // 2,
     ),
     "selective_copying": (copying.selective_copying, lambda v, p: v - 2),

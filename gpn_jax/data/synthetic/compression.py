@@ -12,7 +12,7 @@ Attention can still read the tokens back, so for Transformer++ this is plain cop
 
 import numpy as np
 
-from gpn_jax.data.synthetic.base import Examples, check_positive, rng
+from gpn_jax.data.synthetic.examples import Examples, check_positive, rng
 
 
 def compression(n, seq_len, vocab, seed, split) -> Examples:

@@ -8,7 +8,7 @@ scattered token: the model must have kept the non-blank tokens, in order, and sk
 
 import numpy as np
 
-from gpn_jax.data.synthetic.base import Examples, check_positive, rng
+from gpn_jax.data.synthetic.examples import Examples, check_positive, rng
 
 
 def selective_copying(n, seq_len, vocab, seed, split, n_copy=16) -> Examples:

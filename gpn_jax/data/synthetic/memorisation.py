@@ -9,7 +9,7 @@ in context gives it away: only what the training set wrote into the parameters d
 
 import numpy as np
 
-from gpn_jax.data.synthetic.base import Examples, check_positive, rng
+from gpn_jax.data.synthetic.examples import Examples, check_positive, rng
 
 
 def key_value_map(vocab: int, seed: int) -> np.ndarray:

@@ -9,7 +9,7 @@ and each answer becomes the label of the query position that predicts it.
 import numpy as np
 
 from gpn_jax.data import recall as recall_data
-from gpn_jax.data.synthetic.base import SPLITS, Examples, check_positive, from_next_token
+from gpn_jax.data.synthetic.examples import SPLITS, Examples, check_positive, from_next_token
 
 
 def mqar(n, seq_len, vocab, seed, split, pairs=8) -> Examples:

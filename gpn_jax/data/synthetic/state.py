@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from gpn_jax.data.synthetic.base import Examples, check_positive, rng
+from gpn_jax.data.synthetic.examples import Examples, check_positive, rng
 
 
 @functools.lru_cache(maxsize=1)

@@ -13,7 +13,7 @@ value token of a repeated key, and of the final probe, is an answer.
 
 import numpy as np
 
-from gpn_jax.data.synthetic.base import Examples, check_positive, from_next_token, rng
+from gpn_jax.data.synthetic.examples import Examples, check_positive, from_next_token, rng
 
 
 def _halves(n_symbols: int) -> tuple[int, int]:
