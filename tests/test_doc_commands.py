@@ -87,7 +87,7 @@ def _entry(words: list[str]) -> tuple[str, list[str]] | None:
 def _commands() -> list[tuple[str, str, str, list[str]]]:
     """(where, the line, module, arguments) of every entry-point command shown anywhere."""
     texts = {rel: _read(rel) for rel in PAGES}
-    for module in set(_console_scripts().values()) | _experiment_entries():
+    for module in sorted(set(_console_scripts().values()) | _experiment_entries()):
         path = module.replace(".", "/") + ".py"
         if os.path.exists(os.path.join(ROOT, path)):  # --help prints the module's docstring
             texts[f"{path} (--help)"] = _docstring(path)
