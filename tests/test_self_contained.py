@@ -9,6 +9,7 @@ every other text file in full."""
 import io
 import pathlib
 import re
+import subprocess
 import tokenize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -19,9 +20,22 @@ TEXT = {".md", ".cfg", ".toml", ".txt", ".ipynb", ".sh", ".sbatch", ".yaml", ".y
 SKIP = {".git", "experiments/results", "build", ".pytest_cache", "tests/test_self_contained.py"}
 
 
+def _project_files() -> list[str]:
+    """The project's files: tracked or not ignored (`git ls-files`), so what a run writes into
+    ignored folders (`runs/`, caches) is not the project's; every file without git."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO, capture_output=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        return sorted(set(out.decode().split("\0")) - {""})
+    except (OSError, subprocess.SubprocessError):
+        return sorted(p.relative_to(REPO).as_posix() for p in REPO.rglob("*"))
+
+
 def _files():
-    for path in sorted(REPO.rglob("*")):
-        rel = path.relative_to(REPO).as_posix()
+    for rel in _project_files():
+        path = REPO / rel
         if path.is_file() and not any(rel == s or rel.startswith(s + "/") for s in SKIP):
             if path.suffix == ".py" or path.suffix in TEXT or path.name in ("run",):
                 yield rel, path
