@@ -12,16 +12,8 @@ paper's list get columns of their own ("<task> <metric>").
 import math
 import os
 
-PAPER = (  # (column, lm-eval task, metric key)
-    ("Wiki. ppl", "wikitext", "word_perplexity,none"),
-    ("LMB. ppl", "lambada_openai", "perplexity,none"),
-    ("LMB. acc", "lambada_openai", "acc,none"),
-    ("PIQA acc", "piqa", "acc,none"),
-    ("Hella. acc_n", "hellaswag", "acc_norm,none"),
-    ("Wino. acc", "winogrande", "acc,none"),
-    ("ARC-e acc", "arc_easy", "acc,none"),
-    ("ARC-c acc_n", "arc_challenge", "acc_norm,none"),
-)
+from gpn_jax.harness import COLUMNS as PAPER  # (column, lm-eval task, metric key)
+
 AVG = "Avg."
 ACC_COLUMNS = tuple(c for c, _, _ in PAPER if "acc" in c)
 

@@ -6,24 +6,17 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from experiments.configs import gpn_m_tiny
-from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
-from gpn_jax.data.pipeline import build_data
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.export import export, load
 from gpn_jax.io.files import sha256_file
-from gpn_jax.models import factory
-from gpn_jax.training import train_step as ts
-from gpn_jax.training.optimizer import make_optimizer
-from tests.helpers.training import tiny_bound
+from tests.helpers.training import save_tiny_run, tiny_bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [
@@ -39,18 +32,8 @@ FINAL = {"heldout_ppl": 123.456, "unigram_ppl": 400.5, "heldout_tokens": 6144, "
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A gpn_m_tiny checkpoint at step 3, saved as training saves one, with final metrics."""
-    c = gpn_m_tiny.get_config()
-    c.train.update(dict(batch_size=8, steps=3, async_checkpoints=False))
     wd = str(tmp_path_factory.mktemp("run"))
-    model = factory.build_model(c.model)
-    state = ts.init_train_state(
-        model, make_optimizer(c.train, model.weight_decay_mask), jax.random.PRNGKey(1)
-    )
-    data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=wd,
-                      seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
-    with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        meta = {"step": 3, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
-        ckpt.save(3, state, data.train.get_state(), c.to_dict(), meta, force=True)
+    save_tiny_run(wd, 3)
     with open(os.path.join(wd, "final_metrics.json"), "w") as f:
         json.dump(FINAL, f)
     return wd

@@ -5,6 +5,8 @@ import jax
 
 from experiments.configs import gpn_m_tiny
 from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.checkpoints.restore import tokenizer_sha256
+from gpn_jax.data.pipeline import build_data
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.optimizer import make_optimizer
@@ -52,3 +54,19 @@ def tiny_bound(tokens: int, positions: int = 32, margin: float = 4) -> float:
 def norm_bound(tokens: int, n_params: int, positions: int = 32) -> float:
     """`tiny_bound` plus the gradient norm's own sum of `n_params` squares (worst case n x eps)."""
     return tiny_bound(tokens, positions) + f32_bound(n_params, 1)
+
+
+def save_tiny_run(workdir: str, step: int) -> None:
+    """A gpn_m_tiny checkpoint at `step` in `workdir`, saved as training saves one: its data
+    and tokenizer built there, the tokenizer's digest in the meta."""
+    c = gpn_m_tiny.get_config()
+    c.train.update(dict(batch_size=8, steps=step, async_checkpoints=False))
+    model = factory.build_model(c.model)
+    state = ts.init_train_state(
+        model, make_optimizer(c.train, model.weight_decay_mask), jax.random.PRNGKey(1)
+    )
+    data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=workdir,
+                      seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
+    with Checkpointer(workdir, keep=None, async_save=False) as ckpt:
+        meta = {"step": step, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}
+        ckpt.save(step, state, data.train.get_state(), c.to_dict(), meta, force=True)

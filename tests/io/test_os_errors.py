@@ -9,10 +9,8 @@ import os
 import subprocess
 import sys
 
-import jax
 import pytest
 
-from experiments.configs import gpn_m_tiny
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.prepare import shards
 from gpn_jax.data.prepare.run import Options, prepare_corpus
@@ -20,6 +18,7 @@ from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.io import cli, paths
 from tests.environment import one_device_env
+from tests.helpers.training import save_tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 V = 512
@@ -199,24 +198,8 @@ def test_a_file_size_limit_in_prepare_is_one_line(tmp_path, jsonl, tokenizer_pat
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A gpn_m_tiny checkpoint at step 1, saved as training saves one."""
-    from gpn_jax.checkpoints.manager import Checkpointer
-    from gpn_jax.checkpoints.restore import tokenizer_sha256
-    from gpn_jax.models import factory
-    from gpn_jax.training import train_step as ts
-    from gpn_jax.training.optimizer import make_optimizer
-
-    c = gpn_m_tiny.get_config()
-    c.train.update(dict(batch_size=8, steps=1, async_checkpoints=False))
     wd = str(tmp_path_factory.mktemp("run"))
-    model = factory.build_model(c.model)
-    state = ts.init_train_state(
-        model, make_optimizer(c.train, model.weight_decay_mask), jax.random.PRNGKey(1)
-    )
-    data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=wd,
-                      seed=c.seed, heldout_fraction=c.data.heldout_fraction)  # fmt: skip
-    with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        meta = {"step": 1, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
-        ckpt.save(1, state, data.train.get_state(), c.to_dict(), meta, force=True)
+    save_tiny_run(wd, 1)
     return wd
 
 
