@@ -138,6 +138,19 @@ def _two_task_config():
     return c
 
 
+def test_each_task_trains_at_its_own_length_unless_a_window_is_set():
+    c = _two_task_config()
+    fields = {"family": "transformer"}
+    lengths = {name: suite.example_len(c, name) for name in c.tasks}
+    assert lengths["parity"] != lengths["mqar"]
+    for name, length in lengths.items():
+        assert suite.task_window(c, name) == length
+        assert suite.settings(c, name, "transformer", fields)["window"] == length
+    c.window = 32
+    assert {suite.settings(c, n, "transformer", fields)["window"] for n in c.tasks} == {32}
+    assert suite.shapes(c) == (runner.RESERVED + 17, 32)
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """The tiny config on two tasks and one family, in two workdirs, plus a resumed rerun."""

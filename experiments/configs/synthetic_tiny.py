@@ -23,7 +23,6 @@ def get_config(arg: str | None = None):
         modular_addition=t(8, 5, 64, test_lens=(8, 24)),
         s5=t(8, 120, 64, test_lens=(8, 24)),
     )
-    c.window = 16
     c.width = 8
     c.heads = 2
     c.learning_rates = (1e-3, 1e-2)

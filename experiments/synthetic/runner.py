@@ -3,7 +3,7 @@
 Runs are stacked along a leading axis R = len(learning_rates) x len(seeds) (run r has rate
 r // n_seeds and seed r % n_seeds): parameters, Adam moments and each run's batch carry that
 axis, the learning rate is an (R,) array, so one jitted step trains them all and the program
-depends only on the family and the window shape (the same for every task of the suite).
+depends only on the family and the window shape (tasks of one length share it).
 
 The model reads only the task's inputs: the window is [inputs, pad] (task ids shifted past the
 3 reserved ids), and the logits after reading inputs[0..t] (window position t + 1) are scored

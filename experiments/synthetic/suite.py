@@ -43,20 +43,27 @@ def example_len(c, name: str) -> int:
     return task_examples(c, name, "valid", 1).inputs.shape[1]
 
 
-def shapes(c) -> tuple[int, int, int]:
-    """(model vocab, training window, longest window): shared by every task of the suite."""
+def task_window(c, name: str) -> int:
+    """The training window of one task: `c.window` for every task when set (one compiled
+    step per family), else the task's own example length (one per family and task shape)."""
+    return c.window or example_len(c, name)
+
+
+def shapes(c) -> tuple[int, int]:
+    """(model vocab, longest window): shared by every task of the suite."""
     vocab = runner.RESERVED + max(t.vocab for t in c.tasks.values())
-    window = c.window or max(example_len(c, n) for n in task_list(c))
-    longest = max([window] + [L for t in c.tasks.values() for L in t.get("test_lens", ())])
-    return vocab, window, longest
+    windows = [task_window(c, n) for n in task_list(c)]
+    longest = max(windows + [L for t in c.tasks.values() for L in t.get("test_lens", ())])
+    return vocab, longest
 
 
 def settings(c, task: str, family: str, fields: dict) -> dict:
     """What a cell's result depends on (a finished cell is reused only if these match)."""
     t = c.tasks[task].to_dict()
     keys = ("learning_rates", "seeds", "steps", "batch_size", "warmup_frac", "weight_decay",
-            "clip", "n_valid", "n_test", "data_seed", "window")  # fmt: skip
+            "clip", "n_valid", "n_test", "data_seed")  # fmt: skip
     hyper = {k: (list(v) if isinstance(v, tuple) else v) for k in keys for v in [c[k]]}
+    hyper["window"] = task_window(c, task)
     return json.loads(json.dumps({"task": t, "model": fields, **hyper}))
 
 
@@ -127,10 +134,10 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
 def run_suite(c, workdir: str, log=print) -> list[dict]:
     """Every cell of the config, finished ones read back; returns the cells in plan order."""
     names, fams = task_list(c), families.family_list(c.families)
-    vocab, window, longest = shapes(c)
+    vocab, longest = shapes(c)
     os.makedirs(os.path.join(workdir, CELLS), exist_ok=True)
     fields = {f: families.model_fields(f, c, vocab, longest + 1) for f in fams}
-    plan = [(t, f) for f in fams for t in names]  # family-major: one compile serves many cells
+    plan = [(t, f) for f in fams for t in names]  # family-major: compiled steps are reused
     cells = []
     for i, (task, fam) in enumerate(plan, 1):
         path, want = cell_path(workdir, task, fam), settings(c, task, fam, fields[fam])
@@ -139,8 +146,9 @@ def run_suite(c, workdir: str, log=print) -> list[dict]:
         if cell is None:
             log(f"{tag}: training {len(c.learning_rates)} lrs x {len(c.seeds)} seeds")
             cell = run_cell(
-                c, task, fam, fields[fam], window, lambda s, tag=tag: log(f"{tag}: {s}")
-            )
+                c, task, fam, fields[fam], task_window(c, task),
+                lambda s, tag=tag: log(f"{tag}: {s}"),
+            )  # fmt: skip
             atomic_write(path, json.dumps(cell | {"settings": want}, indent=1).encode())
         log(f"{tag}: test acc {cell['test_acc_mean']:.3f} ± {cell['test_acc_std']:.3f} "
             f"(lr {cell['best_lr']:g}, {cell['wall_s']} s)")  # fmt: skip
