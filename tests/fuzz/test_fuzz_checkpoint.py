@@ -129,7 +129,7 @@ def test_fuzz_checkpoint(base, tmp_path, case):
 
 
 @pytest.mark.slow
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(case=damage())
 def test_fuzz_checkpoint_many(base, tmp_path, case):
     _check(base, tmp_path, case)

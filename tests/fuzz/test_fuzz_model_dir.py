@@ -158,7 +158,7 @@ def test_fuzz_safetensors(tmp_path, weights):
 
 
 @pytest.mark.slow
-@settings(max_examples=3000, **SETTINGS)
+@settings(max_examples=1000, **SETTINGS)
 @given(config=config_json(), weights=safetensors_file())
 def test_fuzz_model_dir_many(tmp_path, config, weights):
     _check_config(tmp_path, config)

@@ -84,7 +84,7 @@ def test_fuzz_paper_pickle(tmp_path, data):
 
 
 @pytest.mark.slow
-@settings(max_examples=3000, **SETTINGS)
+@settings(max_examples=1000, **SETTINGS)
 @given(data=malformed())
 def test_fuzz_paper_pickle_many(tmp_path, data):
     _check(tmp_path, data)
