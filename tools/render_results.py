@@ -67,6 +67,13 @@ _PREPARE = [
         "r",
     ),
 ]
+# The synthetic suite's speed (DIR/<name>_bench.json): per family, its cells' wall time.
+_SYNTHETIC_BENCH = [
+    ("model", "{model}", "l"),
+    ("cells", "{cells}", "r"),
+    ("wall time, all cells", "{wall_s:,.0f} s", "r"),
+    ("first cell (with the compile)", "{first_cell_s:,.0f} s", "r"),
+]
 # The synthetic suite (experiments.synthetic): per task, test accuracy mean ± sd over seeds at
 # the learning rate chosen on validation (in parentheses), one column per family.
 _SYNTHETIC = [
@@ -152,12 +159,8 @@ COLUMNS = {
     ],
     "synthetic_quick": _SYNTHETIC,
     "synthetic_small": _SYNTHETIC,
-    "synthetic_quick_bench": [
-        ("model", "{model}", "l"),
-        ("cells", "{cells}", "r"),
-        ("wall time, all cells", "{wall_s:,.0f} s", "r"),
-        ("first cell (with the compile)", "{first_cell_s:,.0f} s", "r"),
-    ],
+    "synthetic_quick_bench": _SYNTHETIC_BENCH,
+    "synthetic_small_bench": _SYNTHETIC_BENCH,
     "stateful": [
         ("position", "{run}", "l"),
         ("0-128", "{b0_128:.2f}", "r"),
