@@ -28,9 +28,9 @@ Each task trains on windows of its own length (one compiled step per family and 
 padding every task to the longest would spend as much again on unscored positions.
 
 Budget: 200 steps per run. Measured on the 2-core machine, a GPN+M cell at a 128-token
-window (6 runs of 300 steps) took about 190 s, and the other families cost up to 1.5x as
-much, so 300 steps would have needed about 2 h for the 50 cells with no margin. The run's own
-wall time per cell is recorded in `synthetic_small_bench.json` beside its result file.
+window (6 runs of 300 steps) took about 190 s and the other families up to 1.5x as much, so
+300 steps would have needed about 2 h for the 50 cells with no margin. At 200 steps the whole
+suite took 63 min there (`experiments/results/synthetic_small_bench.json`, per cell).
 """
 
 import ml_collections
