@@ -27,9 +27,9 @@ every task:
 Each task trains on windows of its own length (one compiled step per family and task shape):
 padding every task to the longest would spend as much again on unscored positions.
 
-Budget: 200 steps per run. Measured on the 2-core machine, a GPN+M cell at a 128-token
-window (6 runs of 300 steps) took about 190 s and the other families up to 1.5x as much, so
-300 steps would have needed about 2 h for the 50 cells with no margin. At 200 steps the whole
+Budget: 200 steps per run. On the 2-core machine a GPN+M cell at a 128-token window (6 runs)
+trained at about 0.6 s per step, about 190 s for 300 steps, and the other families cost up to
+1.5x as much, so 300 steps would have needed about 2 h for the 50 cells with no margin. At 200 steps the whole
 suite took 63 min there (`experiments/results/synthetic_small_bench.json`, per cell).
 """
 
