@@ -29,8 +29,9 @@ padding every task to the longest would spend as much again on unscored position
 
 Budget: 200 steps per run. On the 2-core machine a GPN+M cell at a 128-token window (6 runs)
 trained at about 0.6 s per step, about 190 s for 300 steps, and the other families cost up to
-1.5x as much, so 300 steps would have needed about 2 h for the 50 cells with no margin. At 200 steps the whole
-suite took 63 min there (`experiments/results/synthetic_small_bench.json`, per cell).
+1.5x as much, so 300 steps would have needed about 2 h for the 50 cells with no margin. At 200
+steps the whole suite took 63 min there (`experiments/results/synthetic_small_bench.json`, per
+cell).
 """
 
 import ml_collections

@@ -146,7 +146,7 @@ def run_suite(c, workdir: str, log=print) -> list[dict]:
         if cell is None:
             log(f"{tag}: training {len(c.learning_rates)} lrs x {len(c.seeds)} seeds")
             cell = run_cell(
-                c, task, fam, fields[fam], task_window(c, task),
+                c, task, fam, fields[fam], want["window"],
                 lambda s, tag=tag: log(f"{tag}: {s}"),
             )  # fmt: skip
             atomic_write(path, json.dumps(cell | {"settings": want}, indent=1).encode())
