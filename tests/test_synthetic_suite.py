@@ -13,8 +13,10 @@ import pytest
 
 from experiments.configs import synthetic_tiny
 from experiments.synthetic import report, runner, suite
+from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import memorisation, state
+from gpn_jax.io.errors import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,6 +182,17 @@ def test_other_settings_in_a_finished_cell_are_an_error(two_runs):
     c.steps = c.steps + 1
     with pytest.raises(ValueError, match=r"__transformer\.json: made with other settings"):
         suite.run_suite(c, dirs[1], log=lambda s: None)
+
+
+def test_a_second_suite_on_the_same_workdir_is_refused(two_runs):
+    c, dirs, *_ = two_runs
+    held = workdir_lock.acquire(dirs[1])  # as another process running the suite there
+    try:
+        with pytest.raises(CheckpointError, match=r"is in use by another trainer"):
+            suite.run_suite(c, dirs[1], log=lambda s: None)
+    finally:
+        held.release()
+    assert len(suite.run_suite(c, dirs[1], log=lambda s: None)) == 2  # free again
 
 
 def test_outputs(two_runs, tmp_path):

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from experiments.synthetic import families, runner
+from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import state
 from gpn_jax.io import untrusted
@@ -132,10 +133,19 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
 
 
 def run_suite(c, workdir: str, log=print) -> list[dict]:
-    """Every cell of the config, finished ones read back; returns the cells in plan order."""
+    """Every cell of the config, finished ones read back; returns the cells in plan order.
+    One suite per workdir: a second is refused (the trainers' workdir lock)."""
+    os.makedirs(os.path.join(workdir, CELLS), exist_ok=True)
+    held = workdir_lock.acquire(workdir)
+    try:
+        return _run_cells(c, workdir, log)
+    finally:
+        held.release()
+
+
+def _run_cells(c, workdir: str, log) -> list[dict]:
     names, fams = task_list(c), families.family_list(c.families)
     vocab, longest = shapes(c)
-    os.makedirs(os.path.join(workdir, CELLS), exist_ok=True)
     fields = {f: families.model_fields(f, c, vocab, longest + 1) for f in fams}
     plan = [(t, f) for f in fams for t in names]  # family-major: compiled steps are reused
     cells = []
