@@ -20,8 +20,9 @@ WAIT_S = 60
 
 # Each call of `python -m gpn_jax.train` takes the next action of $FAKE_DIR/plan (per host tag):
 # preempt (the trainer's SIGTERM line, exit 0), fail (exit 1), error (a one-line user error),
-# finish (writes final_metrics.json), hang (runs until SIGTERM, then saves). Anything else
-# (`python -c ...`) runs the real Python.
+# finish (process 0 writes final_metrics.json once every task has reached this call, as after a
+# collective last step), hang (runs until SIGTERM, then saves). Anything else (`python -c ...`)
+# runs the real Python.
 FAKE_TRAINER = textwrap.dedent(
     """\
     #!/usr/bin/env bash
@@ -39,7 +40,14 @@ FAKE_TRAINER = textwrap.dedent(
       preempt) echo "SIGTERM: saved step $n in $workdir/checkpoints; rerun the command to resume" ;;
       fail) echo "Traceback: a crash" >&2; exit 1 ;;
       error) echo "gpn-train: error: unknown config field" >&2; exit 1 ;;
-      finish) [[ "$tag" == 0 ]] && echo '{"step": 9}' > "$workdir/final_metrics.json"; echo "trained" ;;
+      finish)  # the last step is collective: process 0 writes once every task has reached it
+        if [[ "$tag" == 0 ]]; then
+          for ((t = 1; t < ${SLURM_NTASKS:-1}; t++)); do
+            until (( $(cat "$FAKE_DIR/count.$t" 2>/dev/null || echo 0) >= n )); do sleep 0.05; done
+          done
+          echo '{"step": 9}' > "$workdir/final_metrics.json"
+        fi
+        echo "trained" ;;
       hang) trap 'echo "SIGTERM: saved step 5 in $workdir"; exit 0' TERM
             echo "training"; while :; do sleep 0.1; done ;;
       *) echo "no action $n" >&2; exit 3 ;;
