@@ -19,7 +19,10 @@ echo "[rehearsal] in $R"
 # --- the machine: stand-ins first on PATH, this checkout importable, JAX on one CPU device
 export PATH="$ROOT/launch/standins:$PATH" PYTHONPATH="$ROOT" GPN_STANDIN_ROOT="$R/standin"
 export GPN_STANDIN_PYTHON="$(command -v python3)" GPN_STANDIN_WORKERS=2 GPN_STANDIN_DEVICES=1
-export JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=1
+# (GPN_STANDIN_XLA_FLAGS, GPN_STANDIN_JAX_CACHE_DIR: the compile settings of every host and of
+# this machine's own commands; unset, XLA's defaults and no cache, as on a fresh machine)
+export JAX_PLATFORMS=cpu XLA_FLAGS="${GPN_STANDIN_XLA_FLAGS:-} --xla_force_host_platform_device_count=1"
+if [[ -n "${GPN_STANDIN_JAX_CACHE_DIR:-}" ]]; then export JAX_COMPILATION_CACHE_DIR="$GPN_STANDIN_JAX_CACHE_DIR"; fi
 export GPN_RESTART_DELAY=1 GPN_FINAL_GRACE=120 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 # every stand-in host shares this machine's C++ kernel build (gpn_jax/kernels/cpu/build_cache.py)
 export GPN_JAX_NATIVE_CACHE="${GPN_JAX_NATIVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpn_jax/native}"

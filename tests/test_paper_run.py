@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests import REPO_ROOT as ROOT
+from tests.environment import FAST_COMPILE
 
 
 def _load(path: str):
@@ -280,9 +281,14 @@ def test_rehearsal_runs_the_page_end_to_end(tmp_path):
     """launch/rehearse.sh: the page's blocks on this CPU (stand-ins for gcloud, ssh, sbatch;
     2 TPU hosts joined by jax.distributed; one host preempted midway and resumed), ending
     with the evaluations and both tables; its own checks must pass."""
+    env = dict(
+        os.environ,
+        GPN_STANDIN_XLA_FLAGS=FAST_COMPILE,  # every host compiles as the tests do
+        GPN_STANDIN_JAX_CACHE_DIR=os.environ["JAX_COMPILATION_CACHE_DIR"],
+    )
     r = subprocess.run(
         ["bash", "launch/rehearse.sh", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-        timeout=1500,
+        timeout=1500, env=env,
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     assert "[rehearsal] checks passed" in r.stdout

@@ -1,6 +1,9 @@
 """What the stand-ins share: a "host" is a directory under $GPN_STANDIN_ROOT used as its home,
 and a command "on" it is a local bash process there, with the environment a real host would
 give it (its own HOME, no PYTHONPATH) plus JAX on CPU (GPN_STANDIN_DEVICES devices, default 1).
+The tests give the stand-in hosts their compile settings: GPN_STANDIN_XLA_FLAGS (added to
+XLA_FLAGS) and GPN_STANDIN_JAX_CACHE_DIR (JAX's persistent compilation cache); unset, a host
+compiles with XLA's defaults and no cache, as a fresh machine would.
 
 Stand-ins are for the rehearsal (launch/rehearse.sh) and the launch tests only: they run
 every worker of a "pod" or "cluster" as a process on this machine.
@@ -54,11 +57,19 @@ def host_env(home: str, **extra) -> dict:
     env.update(
         HOME=home,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags(devices),
         GPN_STANDIN_PYTHON=env.get("GPN_STANDIN_PYTHON", sys.executable),
     )
+    if os.environ.get("GPN_STANDIN_JAX_CACHE_DIR"):
+        env["JAX_COMPILATION_CACHE_DIR"] = os.environ["GPN_STANDIN_JAX_CACHE_DIR"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def xla_flags(devices: str) -> str:
+    """A stand-in host's XLA_FLAGS: its forced CPU devices and GPN_STANDIN_XLA_FLAGS."""
+    extra = os.environ.get("GPN_STANDIN_XLA_FLAGS", "")
+    return f"{extra} --xla_force_host_platform_device_count={devices}".strip()
 
 
 def on_host(home: str, command: str, env: dict) -> subprocess.Popen:
