@@ -21,7 +21,9 @@ from gpn_jax.training.optimizer import make_optimizer
 from tests.environment import PRODUCTION_HLO
 from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
-MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
+# data parallel; data + fsdp; all three axes (the smallest mesh of each kind: compiles and runs of
+# 8 devices cost more on 2 cores, and a split of 2 exercises the same partial sums)
+MESHES = [(2, 1, 1), (2, 2, 1), (2, 2, 2)]
 B, T = 8, 8
 
 
@@ -163,30 +165,42 @@ def _problem(name):
     return model, params, tokens, jax.device_get(ref)
 
 
-@functools.cache
-def _sharded(name, shape):
-    """Loss and gradients on `shape`, and the optimised HLO of that computation."""
+def _sharded_fn(name, shape):
+    """The jitted loss-and-gradients of `name` on `shape`, and its sharded arguments."""
     model, params, tokens, _ = _problem(name)
     mesh = make_mesh(shape)
     shardings = shardlib.tree_shardings(params, mesh, shardlib.layout_of(model))
     sharded = spmd.DataParallel(model, mesh)
     batch = meshlib.batch_sharding(mesh)
+    fn = jax.jit(
+        lambda p, x: sharded.value_and_grad(p, x)[:2],
+        in_shardings=(shardings, batch),
+        out_shardings=(meshlib.replicated(mesh), shardings),
+    )
+    return fn, mesh, shardings, (jax.device_put(params, shardings), jax.device_put(tokens, batch))
+
+
+@functools.cache
+def _sharded(name, shape):
+    """Loss and gradients on `shape` (compiled with the tests' flags)."""
+    fn, mesh, shardings, args = _sharded_fn(name, shape)
     with jax.set_mesh(mesh):
-        fn = jax.jit(
-            lambda p, x: sharded.value_and_grad(p, x)[:2],
-            in_shardings=(shardings, batch),
-            out_shardings=(meshlib.replicated(mesh), shardings),
-        )
-        args = jax.device_put(params, shardings), jax.device_put(tokens, batch)
-        compiled = fn.lower(*args).compile(PRODUCTION_HLO)
-        loss, grads = compiled(*args)
+        loss, grads = fn(*args)
     assert jax.tree.map(lambda g: g.sharding, grads) == shardings
-    return jax.device_get((loss, grads)), compiled.as_text()
+    return jax.device_get((loss, grads))
+
+
+@functools.cache
+def _sharded_hlo(name, shape):
+    """The optimised HLO of that computation, compiled as a user's (PRODUCTION_HLO)."""
+    fn, mesh, _, args = _sharded_fn(name, shape)
+    with jax.set_mesh(mesh):
+        return fn.lower(*args).compile(PRODUCTION_HLO).as_text()
 
 
 def _assert_matches(name, shape):
     ref_loss, ref_grads = _problem(name)[3]
-    (loss, grads), _ = _sharded(name, shape)
+    loss, grads = _sharded(name, shape)
     # relative to each leaf's norm (tests/tolerance.py)
     assert rel_err(loss, ref_loss) <= sharded_bound()
     assert_rel_close(grads, ref_grads, sharded_bound(), f"{name} on {shape}")
@@ -203,7 +217,7 @@ def test_fused_window_loss_and_grads_match_one_device(shape):
     """The custom-VJP window (scan_impl='fused') under data / fsdp: same loss and gradients,
     and no collective in any loop body (weights gathered before the scan)."""
     _assert_matches("gpn_m_fused", shape)
-    for lp in hlo.while_loops(_sharded("gpn_m_fused", shape)[1]):
+    for lp in hlo.while_loops(_sharded_hlo("gpn_m_fused", shape)):
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
 
 
@@ -410,7 +424,7 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch(name):
 
 
 def test_data_parallel_scan_has_no_collectives():
-    _, text = _sharded("gpn_m", (8, 1, 1))
+    text = _sharded_hlo("gpn_m", MESHES[0])
     for lp in hlo.while_loops(text):
         assert not lp.collectives, (lp.body, lp.trip_count, lp.op_names)
 
@@ -423,7 +437,7 @@ def test_tensor_parallel_scan_reduces_once_per_layer_step(name):
     together - and no other collective: no all-gather / reduce-scatter of weights, no
     resharding (collective-permute / all-to-all) between gate and up halves."""
     _assert_matches(name, (2, 2, 2))
-    _, text = _sharded(name, (2, 2, 2))
+    text = _sharded_hlo(name, (2, 2, 2))
     n_layers = MODELS[name]["n_layers"]
     loops = _recurrent_loops(text, T)
     assert len(loops) == 2  # forward and backward scan
@@ -461,7 +475,7 @@ def test_fused_window_tensor_parallel_reduces_once_per_layer_step(name):
     chunks and reduces over the vocabulary split over tensor: once per chunk, not per token.
     """
     config, shape = MODELS[name], FUSED_TP[name]
-    _, text = _sharded(name, shape)
+    text = _sharded_hlo(name, shape)
     segment = config.get("remat_segment") or T
     n_layers, remat, memory = (
         config["n_layers"],
