@@ -9,16 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from gpn_jax.checkpoints.manager import Checkpointer
-from gpn_jax.checkpoints.restore import load_run, tokenizer_sha256
+from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
-from gpn_jax.models import factory
-from gpn_jax.training import train_step as ts
 from gpn_jax.training.loop import train_and_evaluate
-from gpn_jax.training.optimizer import make_optimizer
 from tests.helpers.training import tiny_bound
 from tests.helpers.training import tiny_two_step_config as tiny_config
 
@@ -31,25 +27,10 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """An untrained gpn_m_tiny checkpoint saved as training saves one (no compile needed)."""
-    c = tiny_config()
+    """A gpn_m_tiny run trained for two steps by the trainer (checkpoint, tokenizer, final
+    metrics): the run every test here evaluates."""
     wd = str(tmp_path_factory.mktemp("run"))
-    model = factory.build_model(c.model)
-    state = ts.init_train_state(
-        model, make_optimizer(c.train, model.weight_decay_mask), jax.random.PRNGKey(0)
-    )
-    data = build_data(
-        c.data.source,
-        vocab_size=512,
-        seq_len=32,
-        batch_size=8,
-        workdir=wd,
-        seed=c.seed,
-        heldout_fraction=c.data.heldout_fraction,
-    )  # fmt: skip  (trains and saves the tokenizer)
-    with Checkpointer(wd, keep=None, async_save=False) as ckpt:
-        meta = {"step": 2, "tokenizer_sha256": tokenizer_sha256(data.tokenizer)}  # as training
-        ckpt.save(2, state, data.train.get_state(), c.to_dict(), meta, force=True)
+    train_and_evaluate(tiny_config(), wd)
     return wd
 
 
@@ -89,10 +70,10 @@ def test_heldout_ppl_is_exp_mean_loss_over_trainings_heldout_windows(workdir):
 
 
 @pytest.mark.slow
-def test_heldout_ppl_equals_the_trainers_final_number(tmp_path):
-    wd = str(tmp_path / "trained")
-    final = train_and_evaluate(tiny_config(), wd)
-    r = run_evals(load_run(wd), ["ppl"])["ppl"]
+def test_heldout_ppl_equals_the_trainers_final_number(workdir):
+    with open(os.path.join(workdir, "final_metrics.json")) as f:
+        final = json.load(f)
+    r = run_evals(load_run(workdir), ["ppl"])["ppl"]
     assert r["tokens"] == final["heldout_tokens"]
     rel = np.log(final["heldout_ppl"]) * tiny_bound(final["heldout_tokens"])  # as above
     assert r["ppl"] == pytest.approx(final["heldout_ppl"], rel=rel)
