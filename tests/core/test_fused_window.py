@@ -5,6 +5,8 @@ L = 1 and 2, memory on / off, decoder bias, a nonzero or fresh initial carry, a 
 the final carry, several memory-checkpoint segments, remat segments, loss chunks and T = 1.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,23 +40,42 @@ CASES = {
 }
 
 
+@functools.cache
+def case_reference(name):
+    """(params, carry, autodiff loss, carry and gradients) of a case: the autodiff scan does not
+    use `model.kernels`, so every kernel choice compares against the one reference."""
+    kw, t, nonzero_carry = CASES[name]
+    ref, _ = pair(**kw)
+    params = random_params(ref)
+    carry = random_carry(ref) if nonzero_carry else ref.init_state(B)
+    return params, carry, loss_and_grads(ref, params, tokens(t), carry)
+
+
 @pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_loss_carry_and_gradients_equal_autodiff(name, kernels, monkeypatch):
     """Each case on the XLA formulas and, where they build, the C++ kernels."""
     require_kernels(kernels)
     monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
-    kw, t, nonzero_carry = CASES[name]
-    ref, fused = pair(kernels=kernels, **kw)
-    params = random_params(ref)
-    carry = random_carry(ref) if nonzero_carry else ref.init_state(B)
-    (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, tokens(t), carry)
+    kw, t, _ = CASES[name]
+    _, fused = pair(kernels=kernels, **kw)
+    params, carry, ((_, (loss_r, carry_r)), grads_r) = case_reference(name)
     (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, tokens(t), carry)
     # the same values rounded in another order along T steps of contractions (`window_bound`)
     bound = window_bound(t)
     assert_rel_close(loss_f, loss_r, bound, "loss")
     assert_rel_close(carry_f, carry_r, bound, "carry")
     assert_rel_close(grads_f, grads_r, bound, "gradients")
+
+
+@functools.cache
+def resets_reference(remat):
+    """(params, carry, tokens, resets, autodiff loss, carry and gradients) of the resets case,
+    shared by the kernel choices (`case_reference`)."""
+    ref, _ = pair(n_layers=1, d_key=8, d_value=16, remat_segment=remat)
+    params, carry, x = random_params(ref), random_carry(ref), tokens(16)
+    resets = jnp.zeros(x.shape, bool).at[0, 5].set(True).at[1, 8].set(True)
+    return params, carry, x, resets, loss_and_grads(ref, params, x, carry, resets)
 
 
 @pytest.mark.parametrize("kernels", KERNEL_CHOICES)
@@ -64,10 +85,8 @@ def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monk
     segments, with and without remat: the loss, final carry and gradients against autodiff."""
     require_kernels(kernels)
     monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
-    ref, fused = pair(kernels=kernels, n_layers=1, d_key=8, d_value=16, remat_segment=remat)
-    params, carry, x = random_params(ref), random_carry(ref), tokens(16)
-    resets = jnp.zeros(x.shape, bool).at[0, 5].set(True).at[1, 8].set(True)
-    (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, x, carry, resets)
+    _, fused = pair(kernels=kernels, n_layers=1, d_key=8, d_value=16, remat_segment=remat)
+    params, carry, x, resets, ((_, (loss_r, carry_r)), grads_r) = resets_reference(remat)
     (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, x, carry, resets)
     bound = window_bound(16)  # T = 16 steps of contractions rounded in another order
     assert_rel_close(loss_f, loss_r, bound, "loss")

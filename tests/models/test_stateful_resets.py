@@ -5,6 +5,8 @@ Bounds are norm-relative (`tests.tolerance`), float32 eps x the reduction length
 another order x a margin (`tests.helpers.window.f32_bound`).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +61,19 @@ def losses(model, params, x, carry=None, resets=None):
     return jax.jit(model.token_losses)(params, x, carry, resets=resets)
 
 
+@functools.cache
+def built(name):
+    """(model, randomised params, losses) of a MODELS entry, shared by the tests: one jitted
+    `token_losses` per model, so a shape two tests run compiles once."""
+    model = MODELS[name]()
+    f = jax.jit(model.token_losses)
+    return (
+        model,
+        params_of(model),
+        lambda p, x, carry=None, resets=None: f(p, x, carry, resets=resets),
+    )
+
+
 def tokens(B=2, T=12, seed=0):
     """Random tokens that avoid EOS (each test places its own separators)."""
     t = np.random.default_rng(seed).integers(EOS + 1, V, (B, T))
@@ -67,22 +82,21 @@ def tokens(B=2, T=12, seed=0):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_reset_everywhere_is_the_per_token_zero_state_model(name):
-    model = MODELS[name]()
-    params, x = params_of(model), tokens(T=6)
-    ce, _ = losses(model, params, x, resets=jnp.ones(x.shape, bool))
-    alone = [losses(model, params, x[:, t : t + 1])[0] for t in range(x.shape[1])]
+    _, params, losses = built(name)
+    x = tokens(T=6)
+    ce, _ = losses(params, x, resets=jnp.ones(x.shape, bool))
+    alone = [losses(params, x[:, t : t + 1])[0] for t in range(x.shape[1])]
     # per position the same math; the window may reorder one contraction (at most V long)
     assert_rel_close(ce, jnp.concatenate(alone, axis=1), f32_bound(V), name)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_documents_with_resets_equal_documents_run_separately(name):
-    model = MODELS[name]()
-    params = params_of(model)
+    _, params, losses = built(name)
     docs = [np.array([5, 9, 7, EOS]), np.array([11, 6, 8, 20, 4, EOS]), np.array([13, 17])]
     row = jnp.asarray(np.concatenate(docs)[None], jnp.int32)
-    ce, carry = losses(model, params, row, resets=document_starts(row, EOS))
-    alone = [losses(model, params, jnp.asarray(d[None], jnp.int32)) for d in docs]
+    ce, carry = losses(params, row, resets=document_starts(row, EOS))
+    alone = [losses(params, jnp.asarray(d[None], jnp.int32)) for d in docs]
     # per position the same math; the window may reorder one contraction (at most V long)
     assert_rel_close(ce, jnp.concatenate([a[0] for a in alone], axis=1), f32_bound(V), name)
     assert_rel_close(carry, alone[-1][1], f32_bound(V), f"{name} final carry")
@@ -92,14 +106,14 @@ def test_documents_with_resets_equal_documents_run_separately(name):
 def test_split_window_with_carry_equals_whole_window(name):
     """Forward: two halves with the carry passed == the whole window (resets inside both).
     Gradients: with a reset at the split the truncated-BPTT gradient (carry stopped) is exact."""
-    model = MODELS[name]()
-    params, x = params_of(model), np.array(tokens(T=12))
+    model, params, losses = built(name)
+    x = np.array(tokens(T=12))
     x[0, 2], x[1, 8] = EOS, EOS  # documents start inside each half
     x = jnp.asarray(x)
     r = document_starts(x, EOS)
-    whole, carry = losses(model, params, x, resets=r)
-    a, ca = losses(model, params, x[:, :6], resets=r[:, :6])
-    b, cb = losses(model, params, x[:, 6:], ca, r[:, 6:])
+    whole, carry = losses(params, x, resets=r)
+    a, ca = losses(params, x[:, :6], resets=r[:, :6])
+    b, cb = losses(params, x[:, 6:], ca, r[:, 6:])
     # 12 steps of contractions (at most V long) rounded in another order
     assert_rel_close(jnp.concatenate([a, b], axis=1), whole, window_bound(12, V), name)
     assert_rel_close(cb, carry, window_bound(12, V), f"{name} carry")

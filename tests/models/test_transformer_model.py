@@ -75,13 +75,26 @@ def test_loss_at_init_is_log_vocab(model_params):
     assert float(metrics["loss"]) == float(loss)
 
 
-@pytest.mark.parametrize("chunk", [4, 5, 0])
-def test_chunked_loss_equals_full_logits(model_params, chunk):
+@pytest.fixture(scope="module")
+def full_logits_reference(model_params):
+    """(tokens, per-token CE from the full logits, its plain gradient): one for every chunk."""
     m0, params = model_params
-    m = make(loss_chunk=chunk)
     x = tokens(4)
     full, _ = jax.jit(m0.logits)(params, x)
     ce = optax.softmax_cross_entropy_with_integer_labels(full, x)
+    g_full = jax.jit(
+        jax.grad(
+            lambda p: optax.softmax_cross_entropy_with_integer_labels(m0.logits(p, x)[0], x).mean()
+        )
+    )(params)
+    return x, ce, g_full
+
+
+@pytest.mark.parametrize("chunk", [4, 5, 0])
+def test_chunked_loss_equals_full_logits(model_params, full_logits_reference, chunk):
+    _, params = model_params
+    m = make(loss_chunk=chunk)
+    x, ce, g_full = full_logits_reference
     loss, _ = jax.jit(m.loss)(params, x)
     # the same logits; chunks may reorder one contraction (V long) and the mean over B * S
     assert_rel_close(loss, ce.mean(), f32_bound(V + 2 * S), "loss")
@@ -89,11 +102,6 @@ def test_chunked_loss_equals_full_logits(model_params, chunk):
     assert_rel_close(per_tok, ce, f32_bound(V), "per-token CE")
     # gradients through the chunked, rematerialised loss agree with the plain one
     g_chunk = jax.jit(jax.grad(lambda p: m.loss(p, x)[0]))(params)
-    g_full = jax.jit(
-        jax.grad(
-            lambda p: optax.softmax_cross_entropy_with_integer_labels(m0.logits(p, x)[0], x).mean()
-        )
-    )(params)
     assert_rel_close(g_chunk, g_full, f32_bound(V + 2 * S), "gradients")
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import shutil
 
 import chex
 import jax
@@ -69,6 +70,22 @@ def paper_run(tmp_path, config):
     return str(tmp_path / "paper_ckpt" / "checkpoint.pkl"), str(data), tokens, ckpt
 
 
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    """`paper_run` for the default continued config (steps PAPER_STEP + 1), made once: (pkl,
+    data, tokens, ckpt). Tests that change the checkpoint change a copy (`own_pickle`)."""
+    return paper_run(tmp_path_factory.mktemp("paper"), continued_config("", ""))
+
+
+def own_pickle(paper, tmp_path):
+    """A copy of the shared paper checkpoint this test may rewrite: (pkl, data, tokens, ckpt)."""
+    pkl, data, tokens, ckpt = paper
+    (tmp_path / "paper_ckpt").mkdir()
+    own = str(tmp_path / "paper_ckpt" / "checkpoint.pkl")
+    shutil.copyfile(pkl, own)
+    return own, data, tokens, dict(ckpt)
+
+
 def jitted_update(opt):
     """(grads, opt_state, params) -> (params, opt_state) after one update by `opt`; jitted,
     since eager optax over ~40 leaves compiles hundreds of tiny programs."""
@@ -88,9 +105,8 @@ def continued_config(pkl, data, **train):
     return c
 
 
-def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
-    config = continued_config("", "", steps=PAPER_STEP + 1)
-    pkl, data, tokens, ckpt = paper_run(tmp_path, config)
+def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path, paper):
+    pkl, data, tokens, ckpt = paper
     config = continued_config(pkl, data, steps=PAPER_STEP + 1)
     train_and_evaluate(config, str(tmp_path / "run"))
 
@@ -126,9 +142,8 @@ def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, capsys):
-    config = continued_config("", "", steps=PAPER_STEP + 1)
-    pkl, data, _, _ = paper_run(tmp_path, config)
+def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, capsys, paper):
+    pkl, data, _, _ = paper
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     end = PAPER_STEP + 3
     # A preempted run is rerun with the same command; its first part stops early here, so both
@@ -148,8 +163,8 @@ def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, cap
     assert data_a == data_b and data_a["next_index"] == end
 
 
-def test_a_checkpoint_of_another_model_names_the_parameter(tmp_path):
-    pkl, data, _, _ = paper_run(tmp_path, continued_config("", ""))
+def test_a_checkpoint_of_another_model_names_the_parameter(tmp_path, paper):
+    pkl, data, _, _ = paper
     config = continued_config(pkl, data)
     config.model.d_ffn = 64
     with pytest.raises(ValueError) as e:
@@ -161,8 +176,8 @@ def test_a_checkpoint_of_another_model_names_the_parameter(tmp_path):
     assert not os.listdir(tmp_path / "run" / "checkpoints")
 
 
-def test_another_optimiser_state_is_refused(tmp_path):
-    pkl, data, _, ckpt = paper_run(tmp_path, continued_config("", ""))
+def test_another_optimiser_state_is_refused(tmp_path, paper):
+    pkl, data, _, ckpt = own_pickle(paper, tmp_path)
     ckpt["opt_state"] = jax.tree.map(np.asarray, optax.adam(1e-3).init(ckpt["params"]))
     with open(pkl, "wb") as f:
         pickle.dump(ckpt, f)

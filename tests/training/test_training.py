@@ -4,6 +4,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 
 import chex
 import jax
@@ -27,10 +28,29 @@ from tests.helpers.training import final_state, tiny_config
 from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 
-def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    train_and_evaluate(tiny_config(steps=4), straight)
-    train_and_evaluate(tiny_config(steps=2), resumed)
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """The workdir of a finished `tiny_config(steps=2)` run (checkpoint 2); tests resume copies."""
+    workdir = str(tmp_path_factory.mktemp("two_step") / "run")
+    train_and_evaluate(tiny_config(steps=2), workdir)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def four_step_run(tmp_path_factory):
+    """The workdir of a finished `tiny_config(steps=4)` run, uninterrupted; tests read it or
+    change copies."""
+    workdir = str(tmp_path_factory.mktemp("four_step") / "run")
+    train_and_evaluate(tiny_config(steps=4), workdir)
+    return workdir
+
+
+def copy_of(workdir, tmp_path) -> str:
+    return shutil.copytree(workdir, str(tmp_path / "copy"))
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run, four_step_run):
+    straight, resumed = four_step_run, copy_of(two_step_run, tmp_path)
     train_and_evaluate(tiny_config(steps=4), resumed)  # same command again: resumes at step 2
     s1, a, data_a, meta_a = final_state(straight, tiny_config())
     s2, b, data_b, meta_b = final_state(resumed, tiny_config())
@@ -134,9 +154,8 @@ def test_plain_step_returns_the_previous_state_when_not_finite():
     assert ts.all_finite(new)
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
-    workdir = str(tmp_path)
-    train_and_evaluate(tiny_config(steps=4), workdir)
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog, four_step_run):
+    workdir = copy_of(four_step_run, tmp_path)
     for f in glob.glob(
         os.path.join(workdir, "checkpoints", "4", "state", "**", "d", "*"), recursive=True
     ):
@@ -182,9 +201,8 @@ def test_math_free_model_field_is_no_model_difference(field):
     assert saved != changed and model_difference(saved, changed) is None
 
 
-def test_resume_with_every_math_free_field_changed(tmp_path):
-    workdir = str(tmp_path)
-    train_and_evaluate(tiny_config(steps=2), workdir)
+def test_resume_with_every_math_free_field_changed(tmp_path, two_step_run):
+    workdir = copy_of(two_step_run, tmp_path)
     config = tiny_config(steps=3)
     for field, value in MATH_FREE.items():
         block, name = field.split(".")
@@ -205,9 +223,10 @@ def test_model_difference_names_the_field(field, value, expected):
     assert model_difference(saved, dict(saved, **{field: value})).startswith(expected)
 
 
-def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(tmp_path, monkeypatch):
-    workdir = str(tmp_path)
-    train_and_evaluate(tiny_config(steps=2), workdir)
+def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(
+    tmp_path, monkeypatch, two_step_run
+):
+    workdir = copy_of(two_step_run, tmp_path)
 
     def no_array_read(*args, **kwargs):
         raise AssertionError("arrays were read before the config was compared")
@@ -218,10 +237,10 @@ def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(tmp_pa
     with pytest.raises(TrainingError) as err:
         train_and_evaluate(config, workdir)
     assert str(err.value) == (
-        f"checkpoint in {tmp_path / 'checkpoints'} is of another model: "
+        f"checkpoint in {os.path.join(workdir, 'checkpoints')} is of another model: "
         "d_model 64 (checkpoint) != 32 (config); use a fresh --workdir"
     )
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
 
 
 @pytest.mark.parametrize(
@@ -263,23 +282,20 @@ def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, strid
     assert sorted(set(ev["tokens"].ravel().tolist())) == list(picked)
 
 
-@pytest.mark.parametrize("reuse", [True, False])
-def test_the_heap_around_steps_is_set_up_once_per_run(tmp_path, monkeypatch, reuse):
+@pytest.mark.parametrize("reuse, shown", [(True, True), (False, False)])
+def test_the_heap_and_the_progress_bar_follow_the_config(
+    tmp_path, monkeypatch, capsys, reuse, shown
+):
     """The compiler's freed heap released, and the steps' buffers kept or not as the config
-    says (`train.reuse_step_memory`, `training.host_memory`)."""
+    says (`train.reuse_step_memory`, `training.host_memory`), set up once per run; the
+    progress bar shown or not as the logging config says (one run checks both)."""
     from gpn_jax.training import loop
 
     calls = []
     monkeypatch.setattr(loop, "steady_step_memory", lambda r: calls.append(r) or r)
     config = tiny_config(steps=3, checkpoint_every=3)
     config.train.reuse_step_memory = reuse
-    train_and_evaluate(config, str(tmp_path))
-    assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
-
-
-@pytest.mark.parametrize("shown", [True, False])
-def test_the_progress_bar_follows_the_logging_config(tmp_path, capsys, shown):
-    config = tiny_config(steps=2, checkpoint_every=2)
     config.logging.progress_bar = shown  # False: runs side by side (the MQAR sweep's workers)
     train_and_evaluate(config, str(tmp_path))
+    assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
     assert ("step/s" in capsys.readouterr().err) == shown
