@@ -64,17 +64,19 @@ def _words(x) -> jax.Array:
     return jnp.ravel(words).astype(jnp.uint32)
 
 
-@jax.jit
 def _leaf_hash(x) -> jax.Array:
-    """(2,) uint32: the two lanes of `x`'s checksum. Compiled per leaf, not per tree: leaves of
-    one shape (a parameter and its optimiser moments, the same tree saved and restored) share
-    one traced and compiled program."""
+    """(2,) uint32: the two lanes of `x`'s checksum."""
     w = _words(x)
     idx = jnp.arange(w.size, dtype=jnp.uint32)
     lanes = [
         jnp.sum(_fmix32(w ^ _fmix32(idx + jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS
     ]
     return jnp.stack(lanes)
+
+
+@jax.jit
+def _tree_hashes(leaves: list) -> list:
+    return [_leaf_hash(x) for x in leaves]
 
 
 def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
@@ -90,7 +92,7 @@ def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
 def leaf_record(tree: Any) -> dict:
     """{path: {"dtype", "shape", "hash"}} of every array in `tree`."""
     leaves = _array_leaves(tree)
-    hashes = jax.device_get([_leaf_hash(x) for _, x in leaves])
+    hashes = jax.device_get(_tree_hashes([x for _, x in leaves]))
     record = {}
     for (path, x), h in zip(leaves, hashes, strict=True):
         dtype = "key" if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else str(x.dtype)
