@@ -15,6 +15,7 @@ wrapper: lm-eval's stock CLI only knows the models registered by the time it par
 importing `gpn_jax.eval.harness_lm` first registers ours. Needs `pip install -e .[eval]`.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -63,7 +64,8 @@ scores lm-eval's requests with it. --model_args (comma-separated KEY=VALUE):
 Datasets: read from the Hugging Face cache; downloads are off (HF_DATASETS_OFFLINE=1,
 HF_HUB_OFFLINE=1) unless the environment sets those variables, e.g. HF_DATASETS_OFFLINE=0
 HF_HUB_OFFLINE=0 for the one run that fills the cache. Local tasks: --include_path DIR of task
-YAMLs. Every other flag is lm-eval's, as its help below says.
+YAMLs (when every --tasks name is one of them, lm-eval's built-in tasks are not indexed). Every
+other flag is lm-eval's, as its help below says.
 """
 
 
@@ -151,7 +153,8 @@ def _cli_evaluate(argv: list[str]) -> None:
         saved = sys.argv
         sys.argv = [PROG, *args]
         try:
-            cli_evaluate()
+            with task_index(args):
+                cli_evaluate()
         finally:
             sys.argv = saved
         if own["out"]:
@@ -159,6 +162,46 @@ def _cli_evaluate(argv: list[str]) -> None:
             record = result_file(json.load(open(path)), argv, own["label"], model_args)
             _write_json(own["out"], record)
             print(f"results: {own['out']}")
+
+
+def local_tasks(argv: list[str]) -> str | None:
+    """The --include_path directory when every --tasks name is a task (not a group or tag) found
+    there, else None: then lm-eval need not index its ~14,000 built-in task files (~12 s)."""
+    include = flag_values(argv, "--include_path")
+    names = [n for v in flag_values(argv, "--tasks", "-t") for n in v.split(",") if n]
+    if len(include) != 1 or not names or not os.path.isdir(include[0]):
+        return None
+    from lm_eval.tasks import TaskManager
+
+    own = TaskManager(include_path=include[0], include_defaults=False)
+    return include[0] if set(names) <= set(own.all_subtasks) else None
+
+
+@contextlib.contextmanager
+def task_index(argv: list[str]):
+    """lm-eval's CLI with a task index over --include_path alone when `local_tasks(argv)` holds
+    (lm-eval's own `TaskManager(include_defaults=False)`: the same tasks, as a local task shadows
+    a built-in one of the same name anyway); otherwise unchanged."""
+    import lm_eval.tasks
+
+    if local_tasks(argv) is None:
+        yield
+        return
+    full = lm_eval.tasks.TaskManager
+
+    class LocalTaskManager(full):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+    print(
+        f"{PROG}: every task is in --include_path; lm-eval's built-in tasks are not indexed",
+        file=sys.stderr,
+    )
+    lm_eval.tasks.TaskManager = LocalTaskManager  # what lm-eval's CLI builds its index with
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = full
 
 
 def _newest_results(output_path: str, since: float) -> str:

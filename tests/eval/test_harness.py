@@ -264,6 +264,7 @@ def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
         "--include_path", tasks, "--limit", "2", "--output_path", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lm-eval's built-in tasks are not indexed" in proc.stderr  # gpnt_mc is local
     (result,) = list(out.rglob("results_*.json"))
     r = json.loads(result.read_text())
     assert "acc,none" in r["results"]["gpnt_mc"] and r["n-samples"]["gpnt_mc"]["effective"] == 2
@@ -302,6 +303,26 @@ def test_bad_model_args_are_one_line_errors(
     assert exit_.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("gpn-harness: error:") and match in err[-1], err[-5:]
+
+
+def test_tasks_all_in_include_path_are_indexed_without_lm_evals_built_in_ones(tasks, tmp_path):
+    """lm-eval's CLI then indexes --include_path alone (the same tasks load); a built-in name, a
+    group or no --include_path keeps its full index."""
+    assert harness.local_tasks(["--tasks", "gpnt_mc,gpnt_lmb", "--include_path", tasks]) == tasks
+    assert harness.local_tasks(["-t", "gpnt_mc", f"--include_path={tasks}"]) == tasks
+    assert harness.local_tasks(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]) is None
+    assert harness.local_tasks(["--tasks", "gpnt_mc"]) is None
+    (tmp_path / "group.yaml").write_text("group: gpnt_both\ntask:\n  - gpnt_mc\n  - gpnt_lmb\n")
+    (tmp_path / "mc.yaml").write_text(open(os.path.join(tasks, "gpnt_mc.yaml")).read())
+    assert harness.local_tasks(["--tasks", "gpnt_both", "--include_path", str(tmp_path)]) is None
+    full = lm_eval.tasks.TaskManager
+    with harness.task_index(["--tasks", "gpnt_mc", "--include_path", tasks]):
+        local = lm_eval.tasks.TaskManager(include_path=tasks)  # as lm-eval's CLI builds it
+        assert local.all_tasks == ["gpnt_gen", "gpnt_lmb", "gpnt_mc", "gpnt_roll"]
+        assert local.load(["gpnt_mc"])["tasks"]["gpnt_mc"].config.task == "gpnt_mc"
+    assert lm_eval.tasks.TaskManager is full
+    with harness.task_index(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]):
+        assert lm_eval.tasks.TaskManager is full
 
 
 def test_model_args_are_found_in_every_spelling_lm_eval_accepts():
