@@ -4,7 +4,9 @@ A checksum is computed on the device, over each array's bytes: the array is view
 unsigned words (bf16 as uint16, f32 as uint32, ...), each word is mixed with its flat index
 (MurmurHash3's 32-bit finaliser, two independently seeded lanes), and the mixed words are
 summed modulo 2**32. The sum of integers is exact and order-free, so the checksum is the same
-whatever the array's sharding or the number of hosts, and no array leaves its device. Any
+whatever the array's sharding or the number of hosts, and no array leaves its device (an array
+whose every shard is in this CPU process is hashed by the same arithmetic in numpy: it is already
+in host memory, and there is then no program to compile per tree). Any
 change of one word changes a lane's sum unless the mixer maps two words to the same value
 with the same index (a bijection: never) or a multi-word change cancels (chance 2**-64 over
 both lanes).
@@ -45,13 +47,14 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
 
 
-def _fmix32(h):
-    """MurmurHash3's 32-bit finaliser: a bijection on uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
+def _fmix32(h, xp=jnp):
+    """MurmurHash3's 32-bit finaliser: a bijection on uint32 with full avalanche (`xp`: jnp
+    or numpy, whose uint32 arithmetic wraps alike)."""
+    h = h ^ (h >> xp.uint32(16))
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> xp.uint32(13))
+    h = h * xp.uint32(0xC2B2AE35)
+    return h ^ (h >> xp.uint32(16))
 
 
 def _words(x) -> jax.Array:
@@ -64,14 +67,38 @@ def _words(x) -> jax.Array:
     return jnp.ravel(words).astype(jnp.uint32)
 
 
+def _lanes(w, xp=jnp):
+    """(2,) uint32: the two lanes over the flat uint32 words `w`."""
+    idx = xp.arange(w.size, dtype=xp.uint32)
+    mixed = [_fmix32(w ^ _fmix32(idx + xp.uint32(seed), xp), xp) for seed in _SEEDS]
+    return xp.stack([xp.sum(m, dtype=xp.uint32) for m in mixed])
+
+
 def _leaf_hash(x) -> jax.Array:
-    """(2,) uint32: the two lanes of `x`'s checksum."""
-    w = _words(x)
-    idx = jnp.arange(w.size, dtype=jnp.uint32)
-    lanes = [
-        jnp.sum(_fmix32(w ^ _fmix32(idx + jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS
-    ]
-    return jnp.stack(lanes)
+    """(2,) uint32: the two lanes of `x`'s checksum, on `x`'s devices."""
+    return _lanes(_words(x))
+
+
+def _host_words(x: jax.Array) -> np.ndarray:
+    """`_words(x)` in numpy, for an array already in this CPU process's memory."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    a = np.ascontiguousarray(np.asarray(x))
+    a = a.astype(np.uint8) if a.dtype == np.bool_ else a
+    if a.dtype.itemsize == 8:  # as XLA's bitcast to uint32: each word's two halves, low first
+        a = a.view("<u4")
+    return a.view(f"<u{a.dtype.itemsize}").ravel().astype(np.uint32)
+
+
+def _host_hash(x: jax.Array) -> np.ndarray:
+    """`_leaf_hash(x)` computed in numpy."""
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps by design
+        return _lanes(_host_words(x), np)
+
+
+def _in_host_memory(x: jax.Array) -> bool:
+    """Every shard of `x` is in this process, on the CPU: its bytes are already host memory."""
+    return x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
 
 
 @jax.jit
@@ -92,9 +119,11 @@ def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
 def leaf_record(tree: Any) -> dict:
     """{path: {"dtype", "shape", "hash"}} of every array in `tree`."""
     leaves = _array_leaves(tree)
-    hashes = jax.device_get(_tree_hashes([x for _, x in leaves]))
+    device = [x for _, x in leaves if not _in_host_memory(x)]
+    on_device = iter(jax.device_get(_tree_hashes(device)) if device else ())
     record = {}
-    for (path, x), h in zip(leaves, hashes, strict=True):
+    for path, x in leaves:
+        h = _host_hash(x) if _in_host_memory(x) else next(on_device)
         dtype = "key" if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else str(x.dtype)
         record[path] = {
             "dtype": dtype,
