@@ -4,9 +4,10 @@ A checksum is computed on the device, over each array's bytes: the array is view
 unsigned words (bf16 as uint16, f32 as uint32, ...), each word is mixed with its flat index
 (MurmurHash3's 32-bit finaliser, two independently seeded lanes), and the mixed words are
 summed modulo 2**32. The sum of integers is exact and order-free, so the checksum is the same
-whatever the array's sharding or the number of hosts, and no array leaves its device (an array
-whose every shard is in this CPU process is hashed by the same arithmetic in numpy: it is already
-in host memory, and there is then no program to compile per tree). Any
+whatever the array's sharding or the number of hosts, and no array leaves its device (a small
+array whose every shard is in this CPU process is hashed by the same arithmetic in numpy: it is
+already in host memory, and a tiny model's tree then needs no compiled program; large arrays
+hash several times faster compiled). Any
 change of one word changes a lane's sum unless the mixer maps two words to the same value
 with the same index (a bijection: never) or a multi-word change cancels (chance 2**-64 over
 both lanes).
@@ -96,9 +97,14 @@ def _host_hash(x: jax.Array) -> np.ndarray:
         return _lanes(_host_words(x), np)
 
 
+_HOST_WORDS = 2**18  # above this a leaf is hashed compiled: numpy's passes cost more than XLA's
+
+
 def _in_host_memory(x: jax.Array) -> bool:
-    """Every shard of `x` is in this process, on the CPU: its bytes are already host memory."""
-    return x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
+    """`x` is small and every shard of it is in this process, on the CPU: its bytes are
+    already host memory, and hashing them in numpy costs less than compiling a program."""
+    cpu = all(d.platform == "cpu" for d in x.devices())
+    return x.size <= _HOST_WORDS and x.is_fully_addressable and cpu
 
 
 @jax.jit

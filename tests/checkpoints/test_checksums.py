@@ -47,6 +47,14 @@ def test_the_numpy_and_the_compiled_path_give_the_same_record():
     assert record["['key']"]["dtype"] == "key" and record["['bf16']"]["dtype"] == "bfloat16"
 
 
+def test_large_leaves_are_hashed_compiled_and_small_ones_in_numpy():
+    big = jnp.arange(checksums._HOST_WORDS + 1, dtype=jnp.float32)
+    small = big[: checksums._HOST_WORDS]
+    assert not checksums._in_host_memory(big) and checksums._in_host_memory(small)
+    record = checksums.leaf_record({"big": big, "small": small})
+    assert {p: r["hash"] for p, r in record.items()} == _device_record({"big": big, "small": small})
+
+
 def test_the_record_does_not_depend_on_the_sharding():
     tree = _mixed_tree()
     one = jax.device_put(tree["sharded"], jax.devices()[0])
