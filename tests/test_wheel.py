@@ -22,6 +22,7 @@ import sys
 import pytest
 
 import gpn_jax
+from tests.environment import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -121,7 +122,8 @@ def _venv(tmp: pathlib.Path, wheel: pathlib.Path) -> pathlib.Path:
 
 def _runner(venv: pathlib.Path, cwd: pathlib.Path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    # one CPU device, compiled with the tests' flags (what is tested is the install, not XLA)
+    env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices=1)}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
 
     def run(*args, codes=(0,)) -> str:
