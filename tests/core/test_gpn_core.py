@@ -1,5 +1,7 @@
 """GPN / GPN+M against the paper's equations: an independent NumPy loop, carry semantics, and the training switches."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -37,8 +39,8 @@ def test_matches_independent_numpy_loop(kw):
     model = GPN(tiny(**kw))
     params = random_params(model)
     x = tokens()
-    loss, _ = model.loss(params, x)
-    logits, _ = model.logits(params, x)
+    # one jitted program (op-by-op eager dispatch compiles many small ones)
+    loss, logits = jax.jit(lambda p, x: (model.loss(p, x)[0], model.logits(p, x)[0]))(params, x)
     ref_logits, ref_ce = [], []
     for b in range(B):
         lg, ce, _ = spec_reference.run_sequence(jax.device_get(params), np.asarray(x[b]))
@@ -56,9 +58,10 @@ def test_two_windows_with_carry_equal_one_long_window(memory):
     model = GPN(tiny(n_layers=2, **kw))
     params = random_params(model)
     x = tokens(t=2 * T)
-    ce_full, carry_full = model.token_losses(params, x)
-    ce_a, carry = model.token_losses(params, x[:, :T])
-    ce_b, carry = model.token_losses(params, x[:, T:], carry)
+    token_losses = jax.jit(model.token_losses)
+    ce_full, carry_full = token_losses(params, x)
+    ce_a, carry = token_losses(params, x[:, :T])
+    ce_b, carry = token_losses(params, x[:, T:], carry)
     # the same operations; another compilation may reorder one contraction (at most V long)
     assert_rel_close(jnp.concatenate([ce_a, ce_b], 1), ce_full, f32_bound(V), "CE")
     assert_rel_close(carry, carry_full, f32_bound(V), "carry")
@@ -70,9 +73,9 @@ def test_step_by_step_decoding_equals_full_window(memory):
     model = GPN(tiny(n_layers=2, **kw))
     params = random_params(model)
     x = tokens()
-    full, _ = model.logits(params, x)
+    full, _ = jax.jit(model.logits)(params, x)
     step = jax.jit(model.decode_step)
-    lg, state = model.start_decode(params, model.init_state(B))
+    lg, state = jax.jit(model.start_decode)(params, model.init_state(B))
     stepped = [lg]
     for t in range(T - 1):
         lg, state = step(params, state, x[:, t])
@@ -85,9 +88,11 @@ def test_chunked_loss_equals_unchunked():
     x = tokens(t=12)
     ref = GPN(tiny(loss_chunk=0))
     params = random_params(ref)
-    full_logits, _ = jax.jit(ref.logits)(params, x)
+    # the logits and the unchunked gradients from one program
+    full_logits, ref_grads = jax.jit(
+        lambda p: (ref.logits(p, x)[0], jax.grad(lambda q: ref.loss(q, x)[0])(p))
+    )(params)
     direct = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(full_logits), x[..., None], -1))
-    ref_grads = jax.jit(jax.grad(lambda p: ref.loss(p, x)[0]))(params)
     for chunk in (1, 5):  # 5 does not divide 12: the largest divisor below it (4) is used
         model = GPN(tiny(loss_chunk=chunk))
         loss, grads = jax.jit(jax.value_and_grad(lambda p, m=model: m.loss(p, x)[0]))(params)
@@ -96,13 +101,20 @@ def test_chunked_loss_equals_unchunked():
         assert_rel_close(grads, ref_grads, f32_bound(B * 12 + V), f"gradients, chunk {chunk}")
 
 
+@functools.cache
+def plain_loss_and_grads():
+    """(params, loss, gradients) without remat: one compile for every remat segment."""
+    plain = GPN(tiny(n_layers=2))
+    params = random_params(plain)
+    (l0, _), g0 = jax.jit(jax.value_and_grad(plain.loss, has_aux=True))(params, tokens())
+    return params, l0, g0
+
+
 @pytest.mark.parametrize("segment", [2, 4])
 def test_remat_changes_neither_loss_nor_gradients(segment):
     x = tokens()
-    plain = GPN(tiny(n_layers=2))
     remat = GPN(tiny(n_layers=2, remat_segment=segment))
-    params = random_params(plain)
-    (l0, _), g0 = jax.jit(jax.value_and_grad(plain.loss, has_aux=True))(params, x)
+    params, l0, g0 = plain_loss_and_grads()
     (l1, _), g1 = jax.jit(jax.value_and_grad(remat.loss, has_aux=True))(params, x)
     # the same operations rerun; the segmented backward may reorder the weight gradients' sums
     # over T * B positions
@@ -124,8 +136,8 @@ def test_bfloat16_compute_keeps_float32_state_and_close_loss():
     f32 = GPN(tiny(n_layers=2))
     bf16 = GPN(tiny(n_layers=2, compute_dtype="bfloat16"))
     params = random_params(f32)
-    l32, (c32, _) = f32.loss(params, x)
-    l16, (c16, _) = bf16.loss(params, x)
+    l32, (c32, _) = jax.jit(f32.loss)(params, x)
+    l16, (c16, _) = jax.jit(bf16.loss)(params, x)
     assert c16.s.dtype == c16.M.dtype == jnp.float32
     assert abs(float(l16) / float(l32) - 1) < 0.02
     assert float(l16) != float(l32)  # bf16 really ran
@@ -181,5 +193,5 @@ def test_weight_decay_mask_is_matrices_only():
 
 def test_loss_at_init_is_near_log_vocab():
     model = GPN(tiny())
-    loss, _ = model.loss(model.init(jax.random.PRNGKey(0)), tokens())
+    loss, _ = jax.jit(model.loss)(model.init(jax.random.PRNGKey(0)), tokens())
     assert abs(float(loss) - np.log(V)) < 0.1

@@ -25,6 +25,9 @@ def _losses_and_kernels(workdir) -> tuple[list[float], str]:
 def test_five_demo_steps_log_the_same_losses_with_pallas_as_with_xla(tmp_path):
     runs = {}
     for kernels in ("xla", "pallas"):
+        # the pallas run reads the tokenizer the xla run trained (the same tokens, one
+        # SentencePiece training fewer)
+        tokenizer = [f"--config.data.tokenizer_path={tmp_path / 'xla' / 'tokenizer.model'}"]
         proc = run_train(
             tmp_path / kernels,
             f"--config.train.steps={STEPS}",
@@ -32,6 +35,7 @@ def test_five_demo_steps_log_the_same_losses_with_pallas_as_with_xla(tmp_path):
             "--config.train.log_every=1",
             "--config.train.eval_every=0",
             f"--config.model.kernels={kernels}",
+            *(tokenizer if kernels == "pallas" else []),
             config=DEMO,
             timeout=600,
         )

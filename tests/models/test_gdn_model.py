@@ -176,12 +176,13 @@ def test_flops_per_token():
     assert m.flops_per_token(64)["forward"] > make(chunk_size=0).flops_per_token(64)["forward"]
 
 
-def test_negative_eigenvalues_option():
+def test_negative_eigenvalues_option(model_params):
     """`negative_eigenvalues=True` doubles beta into [0, 2] (Grazzi et al. 2024): with the beta
     projection scaled up, some betas exceed 1 and the chunked loss, carry and gradients still
     equal the recurrent form's; the option changes the output (so it is wired in)."""
     from gpn_jax.models import gdn
 
+    m, _, j = model_params  # make(): the option off
     neg = make(negative_eigenvalues=True)
     params = perturb(jax.jit(neg.init)(jax.random.PRNGKey(2)))
     params = {**params, "layer_0": {**params["layer_0"], "wb": 8.0 * params["layer_0"]["wb"]}}
@@ -201,5 +202,5 @@ def test_negative_eigenvalues_option():
     assert rel_err(l_c, l_r) <= WINDOW
     close(c_c, c_r)
     close(g_c, g_r, f32_bound(20 * V + 20 * 2))
-    (l_pos, _), _ = loss_and_grad(make())
+    l_pos, _ = j.loss(params, x, m.init_state(2))  # the module's compiled loss, option off
     assert rel_err(l_pos, l_c) > 1e-3
