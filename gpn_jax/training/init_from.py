@@ -26,19 +26,7 @@ from gpn_jax.checkpoints import paper_pickle
 from gpn_jax.data import pipeline
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.training import train_step as ts
-
-SCHEMES = ("paper",)
-_USAGE = "expected paper:<checkpoint.pkl or the directory holding it>"
-
-
-def parse(spec: str) -> tuple[str, str] | None:
-    """'' -> None; 'paper:PATH' -> ('paper', PATH); anything else is a one-line ValueError."""
-    if not spec:
-        return None
-    scheme, sep, path = spec.partition(":")
-    if not sep or scheme not in SCHEMES or not path:
-        raise ValueError(f"train.init_from={spec!r}: {_USAGE}")
-    return scheme, path
+from gpn_jax.training.validate import parse_init_from as parse  # the spec: checked before JAX
 
 
 def train_layout(config) -> str:
