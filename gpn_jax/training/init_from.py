@@ -18,6 +18,8 @@ The hand-over happens only in a fresh workdir: once the run has saved a checkpoi
 the same command resumes from that checkpoint (and says so), as any preempted run does.
 """
 
+import os
+
 import jax
 import numpy as np
 from absl import logging
@@ -45,6 +47,14 @@ def note_resumed(config, step: int, directory: str) -> None:
         )
         logging.info(msg)
         print(msg)
+
+
+def check_found(path: str) -> None:
+    """A missing paper checkpoint, reported as `paper_pickle.load` reports it, before a fresh
+    run reads its data (a tokenizer trained for nothing) and compiles."""
+    pkl = os.path.join(path, "checkpoint.pkl") if os.path.isdir(path) else path
+    if not os.path.exists(pkl):
+        raise ValueError(f"paper checkpoint not found: {pkl}")
 
 
 def paper_state(config, abstract: ts.TrainState, shardings) -> tuple[ts.TrainState, int]:
