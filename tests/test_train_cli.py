@@ -79,8 +79,13 @@ def test_sequence_not_divisible_by_remat_segment(tmp_path):
 
 # The training runs of this module share one train-step program, compiled once (JAX's compile
 # cache): one batch size, and a warm-up past every run's end, so that the LR schedule (decay
-# over max(steps, warmup + 1) steps) does not depend on `train.steps`.
-ONE_PROGRAM = ("--config.train.batch_size=8", "--config.train.warmup_steps=100000")
+# over max(steps, warmup + 1) steps) does not depend on `train.steps`. The final evaluation
+# reads one held-out batch (not all 45): these tests check checkpoints, not the PPL.
+ONE_PROGRAM = (
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=100000",
+    "--config.train.final_eval_batches=1",
+)
 
 
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
