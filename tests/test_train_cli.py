@@ -77,13 +77,20 @@ def test_sequence_not_divisible_by_remat_segment(tmp_path):
     )
 
 
+# The training runs of this module share one train-step program, compiled once (JAX's compile
+# cache): one batch size, and a warm-up past every run's end, so that the LR schedule (decay
+# over max(steps, warmup + 1) steps) does not depend on `train.steps`. The final evaluation
+# reads one held-out batch (not all 45): these tests check checkpoints, not the PPL.
+ONE_PROGRAM = (
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=100000",
+    "--config.train.final_eval_batches=1",
+)
+
+
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
     workdir = tmp_path / "w"
-    flags = [
-        "--config.train.steps=100000",
-        "--config.train.log_every=1",
-        "--config.train.batch_size=8",
-    ]
+    flags = ["--config.train.steps=100000", "--config.train.log_every=1", *ONE_PROGRAM]
     env = one_device_env()
     proc = subprocess.Popen(
         train_cmd(workdir, *flags),
@@ -105,7 +112,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
     assert "SIGTERM: saved step" in out
     step = int(out.split("SIGTERM: saved step ")[1].split()[0])
     assert step >= 3 and os.path.isdir(workdir / "checkpoints" / str(step))
-    again = run_train(workdir, f"--config.train.steps={step + 2}", "--config.train.batch_size=8")
+    again = run_train(workdir, f"--config.train.steps={step + 2}", *ONE_PROGRAM)
     assert again.returncode == 0, again.stderr
     assert f"Resuming from checkpoint step {step}" in again.stdout
     assert json.loads((workdir / "final_metrics.json").read_text())["step"] == step + 2
@@ -233,7 +240,7 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
     """A save that hits EFBIG (as a full disk would) ends the run with one line naming the
     step and path; no half-written step is listed and every listed step restores."""
     workdir = tmp_path / "w"
-    flags = ["--config.train.steps=4", "--config.train.checkpoint_every=2"]
+    flags = ["--config.train.steps=4", "--config.train.checkpoint_every=2", *ONE_PROGRAM]
     first = run_train(workdir, *flags, "--config.train.eval_every=0")
     assert first.returncode == 0, first.stderr
     limit_kib = _limit_between_logs_and_checkpoint(workdir, step=4)

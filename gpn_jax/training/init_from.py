@@ -18,6 +18,8 @@ The hand-over happens only in a fresh workdir: once the run has saved a checkpoi
 the same command resumes from that checkpoint (and says so), as any preempted run does.
 """
 
+import os
+
 import jax
 import numpy as np
 from absl import logging
@@ -26,19 +28,7 @@ from gpn_jax.checkpoints import paper_pickle
 from gpn_jax.data import pipeline
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.training import train_step as ts
-
-SCHEMES = ("paper",)
-_USAGE = "expected paper:<checkpoint.pkl or the directory holding it>"
-
-
-def parse(spec: str) -> tuple[str, str] | None:
-    """'' -> None; 'paper:PATH' -> ('paper', PATH); anything else is a one-line ValueError."""
-    if not spec:
-        return None
-    scheme, sep, path = spec.partition(":")
-    if not sep or scheme not in SCHEMES or not path:
-        raise ValueError(f"train.init_from={spec!r}: {_USAGE}")
-    return scheme, path
+from gpn_jax.training.validate import parse_init_from as parse  # the spec: checked before JAX
 
 
 def train_layout(config) -> str:
@@ -57,6 +47,14 @@ def note_resumed(config, step: int, directory: str) -> None:
         )
         logging.info(msg)
         print(msg)
+
+
+def check_found(path: str) -> None:
+    """A missing paper checkpoint, reported as `paper_pickle.load` reports it, before a fresh
+    run reads its data (a tokenizer trained for nothing) and compiles."""
+    pkl = os.path.join(path, "checkpoint.pkl") if os.path.isdir(path) else path
+    if not os.path.exists(pkl):
+        raise ValueError(f"paper checkpoint not found: {pkl}")
 
 
 def paper_state(config, abstract: ts.TrainState, shardings) -> tuple[ts.TrainState, int]:

@@ -190,6 +190,8 @@ class _Run:
         run = self.setup
         data_state = position = None
         continued = init_from.parse(self.config.train.get("init_from", ""))  # a bad spec stops here
+        if continued and not self.ckpt.all_steps():  # a fresh run: before the data and tokenizer
+            init_from.check_found(continued[1])
         # The data first: a bad corpus or tokenizer is reported before anything compiles.
         source = datalib.read(datalib.DataConfig.of(self.config), workdir=self.workdir)
         if self.ckpt.all_steps():

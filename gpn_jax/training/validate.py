@@ -230,6 +230,22 @@ def check_static(config) -> None:
     check_data(config.data)
     check_logging(config)
     check_bounds(config)
+    parse_init_from(config.train.get("init_from", ""))
+
+
+INIT_FROM_SCHEMES = ("paper",)
+_INIT_FROM_USAGE = "expected paper:<checkpoint.pkl or the directory holding it>"
+
+
+def parse_init_from(spec: str) -> tuple[str, str] | None:
+    """`train.init_from`: '' -> None; 'paper:PATH' -> ('paper', PATH); anything else is a
+    one-line ValueError (here, so that `gpn_jax.train` reports it before importing JAX)."""
+    if not spec:
+        return None
+    scheme, sep, path = spec.partition(":")
+    if not sep or scheme not in INIT_FROM_SCHEMES or not path:
+        raise ValueError(f"train.init_from={spec!r}: {_INIT_FROM_USAGE}")
+    return scheme, path
 
 
 def check_mesh(config, data_parallel: int, process_count: int = 1, tensor: int = 1) -> None:

@@ -365,16 +365,13 @@ def test_rejects_other_models():
 # ---------------------------------------------------------------------------- a real run
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny GPN+M trained for a few steps on the embedded corpus (its own held-out split)."""
+    """A tiny GPN+M trained for a few steps on the embedded corpus (its own held-out split), by
+    the trainer in this process (its command line is tests/test_train_cli.py's)."""
+    from gpn_jax.training.loop import train_and_evaluate
+    from tests.helpers.training import tiny_config
+
     workdir = str(tmp_path_factory.mktemp("run"))
-    flags = ["--config.train.steps=4", "--config.train.eval_every=0",
-             "--config.train.checkpoint_every=4", "--config.train.final_eval_batches=6"]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpn_jax.train", "--config=experiments/configs/gpn_m_tiny.py",
-         f"--workdir={workdir}", *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=one_device_env(),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    train_and_evaluate(tiny_config(checkpoint_every=4, final_eval_batches=6), workdir)
     with open(os.path.join(workdir, "final_metrics.json")) as f:
         return workdir, json.load(f)
 
