@@ -270,8 +270,9 @@ def test_loop_costs_times_the_fused_windows_matrix_shapes():
     from gpn_jax.core import fused_window
 
     block = bench_config.models().gpn_m
-    params = measure.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
-    fw = fused_window.fuse_params(params)
+    model = measure.build_model(block.to_dict(), "float32")
+    # shapes only: traced, nothing initialised or computed
+    fw = jax.eval_shape(lambda k: fused_window.fuse_params(model.init(k)), jax.random.PRNGKey(0))
     assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])
 
 
