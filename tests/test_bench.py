@@ -10,8 +10,17 @@ import pytest
 from experiments.bench import bench_tiny
 from gpn_jax.benchmarks import measure, orchestrate, report, roofline
 from gpn_jax.kernels.cpu import small_matmul
+from tests.helpers import compile_cache
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_every_compile():
+    """Several tests here build the same toy steps (float32 records, the same models in and out
+    of a worker process): every compile is cached, so a later build reads it back."""
+    with compile_cache.every_compile():
+        yield
 
 
 @pytest.mark.slow
@@ -261,8 +270,9 @@ def test_loop_costs_times_the_fused_windows_matrix_shapes():
     from gpn_jax.core import fused_window
 
     block = bench_config.models().gpn_m
-    params = measure.build_model(block.to_dict(), "float32").init(jax.random.PRNGKey(0))
-    fw = fused_window.fuse_params(params)
+    model = measure.build_model(block.to_dict(), "float32")
+    # shapes only: traced, nothing initialised or computed
+    fw = jax.eval_shape(lambda k: fused_window.fuse_params(model.init(k)), jax.random.PRNGKey(0))
     assert loop_costs.fused_widths(block) == (fw["W0"].shape[1], fw["W2o"][0].shape[0])
 
 

@@ -61,7 +61,7 @@ def settings(mode: str) -> dict:
     if mode == "rehearse":
         tiny = bench_tiny.get_config().models
         models = {k: tiny[k].to_dict() for k in ("gpn_m", "transformer", "gdn")}
-        batch, seq_len, peak_size = 2, 16, 256
+        batch, seq_len, peak_size, copy_mib = 2, 16, 256, 16
         check_dims, pass_dims, reps = (2, 2, 8, 16, 3), (2, 2, 8, 16, 4), 2
         # the first and the last of the kinds of record (the HLO part compiles the first
         # again: a persistent compilation cache serves it)
@@ -76,6 +76,7 @@ def settings(mode: str) -> dict:
             "gdn": gdn_130m.get_config().model.to_dict(),
         }
         batch, seq_len, peak_size = 128, 2048, 0  # 0: an 8192 square matmul off a CPU
+        copy_mib = 0  # 0: the copy bandwidth over 2 GiB off a CPU
         check_dims, pass_dims, reps = (4, 15, 128, 256, 16), (128, 15, 128, 256, 16), 8
         records, budgets = list(STEP_RECORDS), dict(DEVICE_BUDGETS)
         train_check = {"model": _small_gpn_m(), "batch_size": 4, "seq_len": 64, "steps": 5}
@@ -86,6 +87,7 @@ def settings(mode: str) -> dict:
         "batch_size": batch,
         "seq_len": seq_len,
         "peak_size": peak_size,
+        "copy_mib": copy_mib,
         "check_dims": check_dims,
         "pass_dims": pass_dims,
         "pass_reps": reps,

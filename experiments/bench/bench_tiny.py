@@ -22,7 +22,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.gdn.update(
         small | dict(d_model=32, n_layers=2, n_heads=2, d_key=8, d_value=8, d_ffn=48, chunk_size=8)
     )
-    c.peak.update(dict(size=256, reps=2))
+    c.peak.update(dict(size=256, reps=2, bandwidth_mib=16))  # toy sizes: seconds, not minutes
     c.train.update(dict(batch_size=2, seq_len=32, warmup=1, steps=2))
     c.scaling.update(dict(seq_lens=(16, 64), batch_size=2, batch_sizes=(1, 2), seq_len=16, steps=2))
     c.generate.update(

@@ -140,7 +140,7 @@ def passes(settings: dict, out: Out, scratch: str) -> None:
     from gpn_jax.kernels.pallas import bench
 
     B, H, K, U, S = settings["pass_dims"]
-    copy_bw = measure.memory_bandwidth()
+    copy_bw = measure.memory_bandwidth(settings.get("copy_mib", 0))
     out.set(dims=[B, H, K, U, S], copy_bandwidth_gb_per_s=copy_bw / 1e9)
     for dtype in ("float32", "bfloat16"):
         try:

@@ -73,7 +73,9 @@ def base_config(name: str, suites: str) -> ml_collections.ConfigDict:
     c.suites = suites  # comma-separated: train, scaling, generate
     c.compute_dtype = "auto"  # float32 on CPU, bfloat16 on GPU / TPU
     c.models = models()
-    c.peak = ml_collections.ConfigDict(dict(size=0, reps=5))  # 0: 2048 on CPU, 8192 elsewhere
+    # size 0: a 2048 square matmul on CPU, 8192 elsewhere; bandwidth_mib 0: the copy
+    # bandwidth over 256 MiB on CPU, 2 GiB elsewhere (`measure.memory_bandwidth`)
+    c.peak = ml_collections.ConfigDict(dict(size=0, reps=5, bandwidth_mib=0))
 
     # training throughput side by side: same batch and window for every model
     c.train = ml_collections.ConfigDict(

@@ -329,7 +329,8 @@ def run(
     )
     print(_cpu_line(), flush=True)
     peaks = [measure.peak_matmul_flops(dtype, config.peak.size, config.peak.reps)]
-    bws = [measure.memory_bandwidth()]
+    bw_mib = config.peak.get("bandwidth_mib", 0)  # absent in configs written before it
+    bws = [measure.memory_bandwidth(bw_mib)]
     print(
         f"matmul peak ({dtype}): {peaks[0] / 1e9:.1f} GFLOP/s; "
         f"memory bandwidth: {bws[0] / 1e9:.1f} GB/s",
@@ -337,7 +338,7 @@ def run(
     )
     records = _run_all(specs, isolate, peaks)
     peaks.append(measure.peak_matmul_flops(dtype, config.peak.size, config.peak.reps))
-    bws.append(measure.memory_bandwidth())
+    bws.append(measure.memory_bandwidth(bw_mib))
     _complete(records, max(peaks), machine, measure.platform())
     for r in records:
         r["memory_bandwidth"] = max(bws)
