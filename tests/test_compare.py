@@ -80,30 +80,16 @@ LAMBADA_TEXTS = [
 ]
 
 
-RERUN = "--- rerun ---"
-OUTPUTS = ("comparison.json", "comparison.md", "loss_curves.png")
-
-
-def run_compare_twice(workdir, first, lambada_path=""):
-    """`compare(micro_config(), workdir)`, then the same again (a rerun), in one fresh process
-    with one CPU device (the tests' forced 8 devices would run 8 GDN programs at once in a
-    small thread pool). The first run's outputs are copied to `first` before the rerun; returns
-    the (first, rerun) stdout. A rerun finds finished runs on disk, as a new process would."""
+def run_compare(workdir, lambada_path=""):
+    """`compare(micro_config(), workdir)` in a fresh process with one CPU device (the tests'
+    forced 8 devices would run 8 GDN programs at once in a small thread pool)."""
     code = (
-        "import os, shutil, sys\n"
+        "import sys\n"
         "from experiments.compare import compare\n"
         "from tests.helpers.compare import micro_config\n"
-        "workdir, first, lambada = sys.argv[1:]\n"
-        "compare(micro_config(), workdir, lambada_path=lambada or None)\n"
-        "os.makedirs(first)\n"
-        f"for name in {OUTPUTS!r}:\n"
-        "    shutil.copy(os.path.join(workdir, name), first)\n"
-        f"print({RERUN!r}, flush=True)\n"
-        "compare(micro_config(), workdir, lambada_path=lambada or None)\n"
+        "compare(micro_config(), sys.argv[1], lambada_path=sys.argv[2] or None)\n"
     )
-    out = run_one_device(code, workdir, first, lambada_path).stdout
-    assert out.count(RERUN) == 1, out
-    return out.split(RERUN)
+    return run_one_device(code, workdir, lambada_path)
 
 
 @pytest.mark.slow
@@ -111,13 +97,13 @@ def test_micro_compare_writes_the_table_and_the_plot_then_reuses_the_runs(tmp_pa
     has_lambada = importlib.util.find_spec("gpn_jax.eval.suite") is not None
     lambada_path = tmp_path / "lambada.jsonl"
     lambada_path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA_TEXTS))
-    workdir, first = tmp_path / "cmp", tmp_path / "first"
-    stdout, rerun_stdout = run_compare_twice(workdir, first, lambada_path if has_lambada else "")
+    workdir = tmp_path / "cmp"
+    proc = run_compare(workdir, lambada_path if has_lambada else "")
 
     # one tokenizer, trained once, used by every run
     assert (workdir / "tokenizer.model").exists()
-    assert "Trained the shared tokenizer" in stdout
-    result = json.loads((first / "comparison.json").read_text())
+    assert "Trained the shared tokenizer" in proc.stdout
+    result = json.loads((workdir / "comparison.json").read_text())
     rows = result["rows"]
     assert [r["name"] for r in rows] == NAMES
     assert result["columns"] == list(compare.COLUMNS)
@@ -129,7 +115,7 @@ def test_micro_compare_writes_the_table_and_the_plot_then_reuses_the_runs(tmp_pa
         assert (workdir / r["name"] / "final_metrics.json").exists()
     assert len({(r["heldout_tokens"], r["unigram_ppl"]) for r in rows}) == 1  # same windows
 
-    md = (first / "comparison.md").read_text()
+    md = (workdir / "comparison.md").read_text()
     table = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert table[0] == "| " + " | ".join(compare.COLUMNS) + " |"
     body = table[2:]
@@ -147,11 +133,12 @@ def test_micro_compare_writes_the_table_and_the_plot_then_reuses_the_runs(tmp_pa
     else:
         assert all(ln.rstrip(" |").endswith("—") for ln in body)
 
-    png = first / "loss_curves.png"
+    png = workdir / "loss_curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # The rerun trains nothing: every finished run is reused.
-    assert "Reusing" not in stdout and rerun_stdout.count("Reusing") == 4, rerun_stdout
+    # A rerun trains nothing: every finished run is reused.
+    again = run_compare(workdir, lambada_path if has_lambada else "")
+    assert again.stdout.count("Reusing") == 4, again.stdout
     assert (
         json.loads((workdir / "comparison.json").read_text())["rows"][0]["heldout_ppl"]
         == (rows[0]["heldout_ppl"])
