@@ -125,7 +125,8 @@ def flag_values(argv: list[str], *names: str) -> list[str]:
 
 
 def _cli_evaluate(argv: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in argv):
+    help_only = any(a in ("-h", "--help") for a in argv)
+    if help_only:
         print(USAGE)
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # before datasets is imported
         os.environ.setdefault(var, "1")
@@ -134,12 +135,13 @@ def _cli_evaluate(argv: list[str]) -> None:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval.utils import simple_parse_args_string
 
-        from gpn_jax.eval import harness_lm  # registers the "gpn_jax" model
+        if not help_only:  # lm-eval's help needs no model (nor JAX)
+            from gpn_jax.eval import harness_lm  # registers the "gpn_jax" model
     except ImportError as e:
         raise ValueError(f"lm-eval is not installed ({e}); pip install -e '.[eval]'") from None
     args = harness_argv(argv)
     model_args = ",".join(flag_values(args, "--model_args", "-a"))
-    if flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
+    if not help_only and flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
         # before lm-eval's CLI, which indexes every task file (~12 s) before building the model
         harness_lm.check_model_args(simple_parse_args_string(model_args))
     with tempfile.TemporaryDirectory(prefix="gpn-harness-") as tmp:
