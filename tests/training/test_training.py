@@ -50,6 +50,14 @@ def copy_of(workdir, tmp_path) -> str:
     return shutil.copytree(workdir, str(tmp_path / "copy"))
 
 
+def with_tokenizer_of(run, workdir) -> str:
+    """`workdir`, new, holding only `run`'s tokenizer (trained on the same corpus with the
+    same vocab; training it again costs seconds): a run there uses it and starts at step 0."""
+    os.makedirs(workdir)
+    shutil.copy(os.path.join(run, "tokenizer.model"), workdir)
+    return str(workdir)
+
+
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run, four_step_run):
     straight, resumed = four_step_run, copy_of(two_step_run, tmp_path)
     train_and_evaluate(tiny_config(steps=4), resumed)  # same command again: resumes at step 2
@@ -118,8 +126,8 @@ def all_checkpoints(workdir, config):
         return {s: ckpt.restore(abstract, s)[1] for s in ckpt.all_steps()}
 
 
-def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch):
-    workdir = str(tmp_path)
+def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch, two_step_run):
+    workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
     # A huge learning rate drives the weights to inf within a few steps (the loss of the
     # step that does it is still finite: it is computed before the update). Sharded step:
     # the tests' 8 CPU devices make a data=8 mesh; metrics are read one step late. The config
@@ -291,7 +299,7 @@ def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, strid
 
 @pytest.mark.parametrize("reuse, shown", [(True, True), (False, False)])
 def test_the_heap_and_the_progress_bar_follow_the_config(
-    tmp_path, monkeypatch, capsys, reuse, shown
+    tmp_path, monkeypatch, capsys, reuse, shown, two_step_run
 ):
     """The compiler's freed heap released, and the steps' buffers kept or not as the config
     says (`train.reuse_step_memory`, `training.host_memory`), set up once per run; the
@@ -303,6 +311,6 @@ def test_the_heap_and_the_progress_bar_follow_the_config(
     config = tiny_config(steps=3, checkpoint_every=3)
     config.train.reuse_step_memory = reuse
     config.logging.progress_bar = shown  # False: runs side by side (the MQAR sweep's workers)
-    train_and_evaluate(config, str(tmp_path))
+    train_and_evaluate(config, with_tokenizer_of(two_step_run, tmp_path / "run"))
     assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
     assert ("step/s" in capsys.readouterr().err) == shown
