@@ -27,7 +27,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 @functools.cache
 def make_state(seed: float = 0.0):
-    """Train-state-like pytree (one per seed, shared: tests never modify it): f32/bf16/int32 arrays, adamw opt_state, step, rng."""
+    """Train-state-like pytree: f32/bf16/int32 arrays, adamw opt_state, step, rng (one per
+    seed, shared: tests never modify it)."""
     params = {
         "w": jnp.arange(24, dtype=jnp.float32).reshape(4, 6) + seed,
         "emb": (jnp.linspace(-1, 1, 12, dtype=jnp.float32) * (seed + 1)).astype(jnp.bfloat16),
