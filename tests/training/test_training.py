@@ -92,7 +92,8 @@ def tiny_step(grad_accum: int):
     config = tiny_config()
     model = factory.build_model(config.model)
     opt = make_optimizer(config.train, model.weight_decay_mask)
-    state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
+    # committed to the device, as the step's outputs are: both calls then hit one executable
+    state = jax.device_put(ts.init_train_state(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
     batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
     return jax.jit(ts.make_train_step(model, opt, grad_accum)), state, batch
 
@@ -181,12 +182,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog, 
     assert "checkpoint step 4 unreadable" in caplog.text
 
 
-def test_no_heldout_set_trains_and_says_so(tmp_path):
+def test_no_heldout_set_trains_and_says_so(tmp_path, two_step_run):
     # Periodic evaluation asked for, but heldout_fraction=0 keeps nothing to evaluate on.
     config = tiny_config(steps=2, eval_every=1, checkpoint_every=1)
     config.data.heldout_fraction = 0.0
-    final = train_and_evaluate(config, str(tmp_path))
-    on_disk = json.load(open(tmp_path / "final_metrics.json"))
+    workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
+    final = train_and_evaluate(config, workdir)
+    on_disk = json.load(open(os.path.join(workdir, "final_metrics.json")))
     assert final == on_disk
     assert on_disk == {
         "step": 2,
