@@ -37,25 +37,25 @@ def two_step_run(tmp_path_factory):
     return workdir
 
 
-@pytest.fixture(scope="module")
-def four_step_run(tmp_path_factory):
-    """The workdir of a finished `tiny_config(steps=4)` run, uninterrupted; tests read it or
-    change copies."""
-    workdir = str(tmp_path_factory.mktemp("four_step") / "run")
-    train_and_evaluate(tiny_config(steps=4), workdir)
-    return workdir
-
-
-def copy_of(workdir, tmp_path) -> str:
-    return shutil.copytree(workdir, str(tmp_path / "copy"))
-
-
 def with_tokenizer_of(run, workdir) -> str:
     """`workdir`, new, holding only `run`'s tokenizer (trained on the same corpus with the
     same vocab; training it again costs seconds): a run there uses it and starts at step 0."""
     os.makedirs(workdir)
     shutil.copy(os.path.join(run, "tokenizer.model"), workdir)
     return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def four_step_run(tmp_path_factory, two_step_run):
+    """The workdir of a finished `tiny_config(steps=4)` run, uninterrupted; tests read it or
+    change copies."""
+    workdir = with_tokenizer_of(two_step_run, tmp_path_factory.mktemp("four_step") / "run")
+    train_and_evaluate(tiny_config(steps=4), workdir)
+    return workdir
+
+
+def copy_of(workdir, tmp_path) -> str:
+    return shutil.copytree(workdir, str(tmp_path / "copy"))
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run, four_step_run):
