@@ -86,23 +86,28 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run,
 
 
 @functools.cache
-def tiny_step(grad_accum: int):
-    """(jitted plain train step, initial state, batch) of `tiny_config()`: one compiled step per
-    `grad_accum`, shared by the tests."""
+def tiny_setup():
+    """(model, optimizer, initial state, batch) of `tiny_config()`, shared by the step tests."""
     config = tiny_config()
     model = factory.build_model(config.model)
     opt = make_optimizer(config.train, model.weight_decay_mask)
     # committed to the device, as the step's outputs are: both calls then hit one executable
     state = jax.device_put(ts.init_train_state(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
     batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
-    return jax.jit(ts.make_train_step(model, opt, grad_accum)), state, batch
+    return model, opt, state, batch
+
+
+@functools.cache
+def tiny_step(grad_accum: int):
+    """The jitted plain train step of `tiny_setup()`: compiled once per `grad_accum`."""
+    model, opt, _, _ = tiny_setup()
+    return jax.jit(ts.make_train_step(model, opt, grad_accum))
 
 
 def test_gradient_accumulation_equals_the_full_batch():
-    step1, state, batch = tiny_step(1)
-    step2, _, _ = tiny_step(2)
-    one, m1 = step1(state, batch)
-    acc, m2 = step2(state, batch)
+    model, opt, state, batch = tiny_setup()
+    one, m1 = tiny_step(1)(state, batch)
+    acc, m2 = tiny_step(2)(state, batch)
     # float32 sums in another order (two half-batch sums vs one): the longest reduction is the
     # gradient's sum over the B*T = 256 tokens after the vocab's 512-way logsumexp; x8 margin
     bound = f32_bound(8 * 32 + 512, 8)
@@ -111,9 +116,6 @@ def test_gradient_accumulation_equals_the_full_batch():
     assert_rel_close(acc.opt_state, one.opt_state, bound, "optimizer moments")
     assert_rel_close(acc.params, one.params, bound, "params")
     assert int(one.step) == int(acc.step) == 1
-    config = tiny_config()
-    model = factory.build_model(config.model)
-    opt = make_optimizer(config.train, model.weight_decay_mask)
     with pytest.raises(ValueError, match="batch size 8 is not divisible by grad_accum 3"):
         ts.make_train_step(model, opt, 3)(state, batch)
 
@@ -157,7 +159,8 @@ def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch, two_step_r
 
 
 def test_plain_step_returns_the_previous_state_when_not_finite():
-    step, state, batch = tiny_step(1)  # the compiled step of the accumulation test
+    _, _, state, batch = tiny_setup()
+    step = tiny_step(1)  # the compiled step of the accumulation test
     new, metrics = step(state, batch)
     assert bool(metrics[ts.FINITE]) and int(new.step) == int(state.step) + 1
     # Finite weights too large for float32 arithmetic: the step's loss overflows.
