@@ -32,7 +32,8 @@ def one_device_mesh():
 @pytest.fixture(scope="module")
 def one_device_run():
     """`tiny_config()` built on a one-device mesh, shared (its compiled initialiser too)."""
-    return tiny_config(), setup.build(tiny_config(), one_device_mesh())
+    config = tiny_config()
+    return config, setup.build(config, one_device_mesh())
 
 
 def test_the_built_step_on_one_device_is_the_plain_step(one_device_run):
