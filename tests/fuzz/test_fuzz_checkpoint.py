@@ -11,6 +11,7 @@ come from orbax's metadata, whose every file the file checksum record covers.)
 """
 
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpn_jax.checkpoints.lock import LOCK_FILE
 from gpn_jax.checkpoints.manager import Checkpointer, CheckpointError
 from tests.helpers.fuzz import one_line, watch
 
@@ -50,13 +52,37 @@ JSON = st.recursive(
 TRAVERSALS = ["../../../etc/passwd", "/etc/passwd", "../1/state/_sharding", "state/../../x"]
 
 
+def _digests(root: str) -> dict:
+    return {
+        os.path.relpath(os.path.join(d, f), root): hashlib.sha256(
+            open(os.path.join(d, f), "rb").read()
+        ).hexdigest()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> str:
+    """The two saved steps; examples get hard-linked copies, so at the end every file must
+    still be as saved (nothing wrote into a linked file)."""
     workdir = str(tmp_path_factory.mktemp("base"))
     with Checkpointer(workdir, keep=5) as ck:
         for step, state in STATES.items():
             ck.save(step, state, {"pos": step}, {"model": {"d": 32}}, {"tokens_seen": step})
-    return workdir
+    saved = _digests(workdir)
+    yield workdir
+    assert _digests(workdir) == saved
+
+
+def _link(src: str, dst: str) -> None:
+    """Copies by hard link (copying the bytes costs a fair share of an example): the damage
+    replaces its file (`_apply`), and restoring reads; only the run's lock file, which a
+    Checkpointer writes, is copied."""
+    if os.path.basename(src) == LOCK_FILE:
+        shutil.copy2(src, dst)
+    else:
+        os.link(src, dst)
 
 
 @st.composite
@@ -93,6 +119,7 @@ def _apply(step_dir: str, name: str, how: str, arg) -> None:
         data = json.dumps(record).encode()
     else:
         data = json.dumps(arg).encode()
+    os.remove(path)  # a new file: the old one is a hard link into `base`
     with open(path, "wb") as f:
         f.write(bytes(data))
 
@@ -100,7 +127,7 @@ def _apply(step_dir: str, name: str, how: str, arg) -> None:
 def _check(base: str, tmp_path, case) -> None:
     workdir = str(tmp_path / "run")
     shutil.rmtree(workdir, ignore_errors=True)
-    shutil.copytree(base, workdir)
+    shutil.copytree(base, workdir, copy_function=_link)
     _apply(os.path.join(workdir, "checkpoints", "2"), *case)
     logging.disable(logging.WARNING)
     try:

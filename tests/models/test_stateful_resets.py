@@ -90,16 +90,30 @@ def test_reset_everywhere_is_the_per_token_zero_state_model(name):
     assert_rel_close(ce, jnp.concatenate(alone, axis=1), f32_bound(V), name)
 
 
+# Documents that end with EOS (so the next one starts a document) and one that does not (last).
+A, B, C = np.array([5, 9, 7, EOS]), np.array([13, EOS]), np.array([11, 6, 8, 20, 4, 17])
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_documents_with_resets_equal_documents_run_separately(name):
+    """Rows A B C and B A C (documents start at 4, 6 and at 2, 6) against each document run
+    alone from the zero state, the three as one batch padded at the end to C's length (a
+    causal model: padding changes no earlier position; C, unpadded, gives the final carry).
+    The rows' shape is the split test's whole window (one compiled program)."""
     _, params, losses = built(name)
-    docs = [np.array([5, 9, 7, EOS]), np.array([11, 6, 8, 20, 4, EOS]), np.array([13, 17])]
-    row = jnp.asarray(np.concatenate(docs)[None], jnp.int32)
-    ce, carry = losses(params, row, resets=document_starts(row, EOS))
-    alone = [losses(params, jnp.asarray(d[None], jnp.int32)) for d in docs]
+    rows = np.stack([np.concatenate([A, B, C]), np.concatenate([B, A, C])])
+    rows = jnp.asarray(rows, jnp.int32)
+    ce, carry = losses(params, rows, resets=document_starts(rows, EOS))
+    alone = np.full((3, len(C)), EOS + 1)
+    for i, d in enumerate((A, B, C)):
+        alone[i, : len(d)] = d
+    ce_alone, carry_alone = losses(params, jnp.asarray(alone, jnp.int32))
+    a, b, c = (ce_alone[i, : len(d)] for i, d in enumerate((A, B, C)))
+    want = jnp.stack([jnp.concatenate([a, b, c]), jnp.concatenate([b, a, c])])
     # per position the same math; the window may reorder one contraction (at most V long)
-    assert_rel_close(ce, jnp.concatenate([a[0] for a in alone], axis=1), f32_bound(V), name)
-    assert_rel_close(carry, alone[-1][1], f32_bound(V), f"{name} final carry")
+    assert_rel_close(ce, want, f32_bound(V), name)
+    want_carry = jax.tree.map(lambda x: jnp.stack([x[2], x[2]]), carry_alone)
+    assert_rel_close(carry, want_carry, f32_bound(V), f"{name} final carry")
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -1,5 +1,6 @@
 """Tests for gpn_jax.checkpoints.manager (real orbax on a tmp dir)."""
 
+import functools
 import glob
 import logging
 import os
@@ -24,8 +25,10 @@ LOGGER = "gpn_jax.checkpoints.manager"
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@functools.cache
 def make_state(seed: float = 0.0):
-    """Train-state-like pytree: f32/bf16/int32 arrays, adamw opt_state, step, rng."""
+    """Train-state-like pytree: f32/bf16/int32 arrays, adamw opt_state, step, rng (one per
+    seed, shared: tests never modify it)."""
     params = {
         "w": jnp.arange(24, dtype=jnp.float32).reshape(4, 6) + seed,
         "emb": (jnp.linspace(-1, 1, 12, dtype=jnp.float32) * (seed + 1)).astype(jnp.bfloat16),
@@ -59,15 +62,22 @@ def assert_tree_exact(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def save_two(workdir):
-    """Saves steps 1 and 2 with distinct state/data; returns their states."""
-    s1, s2 = make_state(1.0), make_state(2.0)
+@pytest.fixture(scope="module")
+def two_saved(tmp_path_factory) -> str:
+    """A workdir with steps 1 and 2 saved (distinct state/data); tests damage copies of it."""
+    workdir = str(tmp_path_factory.mktemp("two_saved"))
     with Checkpointer(workdir, keep=5) as ck:
-        ck.save(1, s1, {"shard": 0, "pos": 11}, {"lr": 1e-3}, {"tokens_seen": 100})
-        ck.save(2, s2, {"shard": 0, "pos": 22}, {"lr": 1e-3}, {"tokens_seen": 200})
+        ck.save(1, make_state(1.0), {"shard": 0, "pos": 11}, {"lr": 1e-3}, {"tokens_seen": 100})
+        ck.save(2, make_state(2.0), {"shard": 0, "pos": 22}, {"lr": 1e-3}, {"tokens_seen": 200})
         ck.wait_until_finished()
-        step_dir = os.path.join(ck.directory, "2")
-    return s1, s2, step_dir
+    return workdir
+
+
+def save_two(two_saved, workdir):
+    """Steps 1 and 2 in `workdir` (a copy of `two_saved`); returns their states and step 2's
+    directory."""
+    shutil.copytree(two_saved, workdir, dirs_exist_ok=True)
+    return make_state(1.0), make_state(2.0), os.path.join(str(workdir), "checkpoints", "2")
 
 
 @pytest.mark.parametrize("async_save", [True, False])
@@ -172,8 +182,8 @@ def _garble_config_json(step_dir):
         _garble_config_json,
     ],
 )
-def test_restore_latest_good_falls_back(tmp_path, caplog, corrupt):
-    s1, _, step2_dir = save_two(tmp_path)
+def test_restore_latest_good_falls_back(tmp_path, two_saved, caplog, corrupt):
+    s1, _, step2_dir = save_two(two_saved, tmp_path)
     corrupt(step2_dir)
     with Checkpointer(tmp_path, keep=5) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
         assert ck.latest_step() == 2  # still finalized on disk; damage shows on read
@@ -187,8 +197,8 @@ def test_restore_latest_good_falls_back(tmp_path, caplog, corrupt):
     assert warnings[0].startswith("checkpoint step 2 unreadable")
 
 
-def test_restore_latest_good_none_readable(tmp_path, caplog):
-    s1, _, step2_dir = save_two(tmp_path)
+def test_restore_latest_good_none_readable(tmp_path, two_saved, caplog):
+    s1, _, step2_dir = save_two(two_saved, tmp_path)
     _delete_data_item(step2_dir)
     _truncate_array_files(os.path.join(os.path.dirname(step2_dir), "1"))
     with Checkpointer(tmp_path) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -197,8 +207,8 @@ def test_restore_latest_good_none_readable(tmp_path, caplog):
     assert sum(r.name == LOGGER for r in caplog.records) == 2
 
 
-def test_quarantine_lets_trainer_resave(tmp_path, caplog):
-    s1, s2, step2_dir = save_two(tmp_path)
+def test_quarantine_lets_trainer_resave(tmp_path, two_saved, caplog):
+    s1, s2, step2_dir = save_two(two_saved, tmp_path)
     _truncate_array_files(step2_dir)
     with Checkpointer(tmp_path) as ck, caplog.at_level(logging.WARNING, logger=LOGGER):
         # Without quarantine the bad step stays and blocks re-saving it (loudly).
@@ -214,8 +224,8 @@ def test_quarantine_lets_trainer_resave(tmp_path, caplog):
     assert_tree_exact(got, s2)
 
 
-def test_tmp_dir_of_killed_save_is_ignored(tmp_path, caplog):
-    _, _, step2_dir = save_two(tmp_path)
+def test_tmp_dir_of_killed_save_is_ignored(tmp_path, two_saved, caplog):
+    _, _, step2_dir = save_two(two_saved, tmp_path)
     ckpt_dir = os.path.dirname(step2_dir)
     # A killed save leaves `<step>.orbax-checkpoint-tmp` (never renamed to `<step>`);
     # older orbax versions appended `-<timestamp>`. Fill them so they look complete.
@@ -322,8 +332,10 @@ def _dir_listing(root):
     ],
     ids=lambda e: type(e).__name__ + ":" + str(e).split(":")[0][:20],
 )
-def test_read_error_that_is_not_damage_stops_and_moves_nothing(tmp_path, monkeypatch, error):
-    s1, _, step2_dir = save_two(tmp_path)
+def test_read_error_that_is_not_damage_stops_and_moves_nothing(
+    tmp_path, two_saved, monkeypatch, error
+):
+    s1, _, step2_dir = save_two(two_saved, tmp_path)
     _truncate_array_files(os.path.join(os.path.dirname(step2_dir), "1"))  # damage too
     before = _dir_listing(tmp_path)
     with Checkpointer(tmp_path, keep=5) as ck:
@@ -346,8 +358,8 @@ def test_read_error_that_is_not_damage_stops_and_moves_nothing(tmp_path, monkeyp
     assert _dir_listing(tmp_path) == before
 
 
-def test_damaged_steps_are_moved_aside_with_a_log_line_each(tmp_path, caplog):
-    s1, s2, step2_dir = save_two(tmp_path)
+def test_damaged_steps_are_moved_aside_with_a_log_line_each(tmp_path, two_saved, caplog):
+    s1, s2, step2_dir = save_two(two_saved, tmp_path)
     with Checkpointer(tmp_path, keep=5) as ck:
         ck.save(3, s2, {}, {}, {})
     step3_dir = os.path.join(os.path.dirname(step2_dir), "3")
@@ -375,9 +387,9 @@ def small_file_size_limit():
 
 @pytest.mark.parametrize("async_save", [True, False])
 def test_failed_write_is_one_line_and_leaves_no_step(
-    tmp_path, capfd, small_file_size_limit, async_save
+    tmp_path, two_saved, capfd, small_file_size_limit, async_save
 ):
-    s1, _, step2_dir = save_two(tmp_path)
+    s1, _, step2_dir = save_two(two_saved, tmp_path)
     # 1 MiB of incompressible floats (orbax compresses): over the limit.
     big = {"w": jnp.asarray(np.random.RandomState(0).standard_normal((256, 1024)), jnp.float32)}
     ck = Checkpointer(tmp_path, keep=5, async_save=async_save)

@@ -29,18 +29,22 @@ def one_device_mesh():
     return meshlib.make_mesh(ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), jax.devices()[:1])
 
 
-def test_the_built_step_on_one_device_is_the_plain_step():
-    """What the bench times (`build` on a one-device mesh) is the unsharded train step."""
+@pytest.fixture(scope="module")
+def one_device_run():
+    """`tiny_config()` built on a one-device mesh, shared (its compiled initialiser too)."""
     config = tiny_config()
-    run = setup.build(config, one_device_mesh())
+    return config, setup.build(config, one_device_mesh())
+
+
+def test_the_built_step_on_one_device_is_the_plain_step(one_device_run):
+    """What the bench times (`build` on a one-device mesh) is the unsharded train step."""
+    config, run = one_device_run
     tokens = jax.random.randint(jax.random.PRNGKey(1), (8, config.train.seq_len), 0, 512)
     plain = jax.jit(ts.make_train_step(run.model, run.optimizer))
-    state = jax.jit(lambda r: ts.init_train_state(run.model, run.optimizer, r))(
-        jax.random.PRNGKey(0)
-    )
+    state = run.init_state(jax.random.PRNGKey(0))
     want_state, want = plain(state, tokens)
     with jax.set_mesh(run.mesh):
-        got_state, got = run.train_step(run.init_state(jax.random.PRNGKey(0)), tokens)
+        got_state, got = run.train_step(state, tokens)
     # Same math, another program (the jit with shardings): 8 windows of seq_len tokens
     n_tokens = tokens.size
     n_params = sum(np.size(x) for x in jax.tree.leaves(want_state.params))
@@ -57,9 +61,10 @@ def test_build_refuses_a_batch_that_does_not_split_over_the_mesh():
         setup.build(tiny_config(batch_size=4), mesh)
 
 
-def test_load_run_reads_the_parameters_without_building_an_optimizer(tmp_path, monkeypatch):
-    config = tiny_config()
-    run = setup.build(config, one_device_mesh())
+def test_load_run_reads_the_parameters_without_building_an_optimizer(
+    tmp_path, monkeypatch, one_device_run
+):
+    config, run = one_device_run
     state = jax.device_get(run.init_state(jax.random.PRNGKey(3)))
     with Checkpointer(str(tmp_path), async_save=False) as ckpt:
         ckpt.save(5, state, {}, config.to_dict(), {"step": 5})

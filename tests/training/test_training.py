@@ -1,5 +1,6 @@
 """The training system: bit-identical resume, accumulation, outputs, divergence, corrupt checkpoints."""
 
+import functools
 import glob
 import hashlib
 import json
@@ -36,11 +37,19 @@ def two_step_run(tmp_path_factory):
     return workdir
 
 
+def with_tokenizer_of(run, workdir) -> str:
+    """`workdir`, new, holding only `run`'s tokenizer (trained on the same corpus with the
+    same vocab; training it again costs seconds): a run there uses it and starts at step 0."""
+    os.makedirs(workdir)
+    shutil.copy(os.path.join(run, "tokenizer.model"), workdir)
+    return str(workdir)
+
+
 @pytest.fixture(scope="module")
-def four_step_run(tmp_path_factory):
+def four_step_run(tmp_path_factory, two_step_run):
     """The workdir of a finished `tiny_config(steps=4)` run, uninterrupted; tests read it or
     change copies."""
-    workdir = str(tmp_path_factory.mktemp("four_step") / "run")
+    workdir = with_tokenizer_of(two_step_run, tmp_path_factory.mktemp("four_step") / "run")
     train_and_evaluate(tiny_config(steps=4), workdir)
     return workdir
 
@@ -76,14 +85,29 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run,
     assert final["tokens_seen"] == 4 * 8 * 32
 
 
-def test_gradient_accumulation_equals_the_full_batch():
+@functools.cache
+def tiny_setup():
+    """(model, optimizer, initial state, batch) of `tiny_config()`, shared by the step tests."""
     config = tiny_config()
     model = factory.build_model(config.model)
     opt = make_optimizer(config.train, model.weight_decay_mask)
-    state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
+    # committed to the device, as the step's outputs are: both calls then hit one executable
+    state = jax.device_put(ts.init_train_state(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
     batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
-    one, m1 = jax.jit(ts.make_train_step(model, opt, 1))(state, batch)
-    acc, m2 = jax.jit(ts.make_train_step(model, opt, 2))(state, batch)
+    return model, opt, state, batch
+
+
+@functools.cache
+def tiny_step(grad_accum: int):
+    """The jitted plain train step of `tiny_setup()`: compiled once per `grad_accum`."""
+    model, opt, _, _ = tiny_setup()
+    return jax.jit(ts.make_train_step(model, opt, grad_accum))
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    model, opt, state, batch = tiny_setup()
+    one, m1 = tiny_step(1)(state, batch)
+    acc, m2 = tiny_step(2)(state, batch)
     # float32 sums in another order (two half-batch sums vs one): the longest reduction is the
     # gradient's sum over the B*T = 256 tokens after the vocab's 512-way logsumexp; x8 margin
     bound = f32_bound(8 * 32 + 512, 8)
@@ -105,8 +129,8 @@ def all_checkpoints(workdir, config):
         return {s: ckpt.restore(abstract, s)[1] for s in ckpt.all_steps()}
 
 
-def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch):
-    workdir = str(tmp_path)
+def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch, two_step_run):
+    workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
     # A huge learning rate drives the weights to inf within a few steps (the loss of the
     # step that does it is still finite: it is computed before the update). Sharded step:
     # the tests' 8 CPU devices make a data=8 mesh; metrics are read one step late. The config
@@ -135,20 +159,15 @@ def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch):
 
 
 def test_plain_step_returns_the_previous_state_when_not_finite():
-    config = tiny_config(learning_rate=1e30, warmup_steps=0, grad_clip=1e30)
-    model = factory.build_model(config.model)
-    opt = make_optimizer(config.train, model.weight_decay_mask)
-    step = jax.jit(ts.make_train_step(model, opt))
-    state = ts.init_train_state(model, opt, jax.random.PRNGKey(0))
-    batch = jax.random.randint(jax.random.PRNGKey(1), (8, 32), 0, config.model.vocab_size)
-    for _ in range(5):
-        new, metrics = step(state, batch)
-        if not bool(metrics[ts.FINITE]):
-            break
-        assert int(new.step) == int(state.step) + 1
-        state = new
-    else:
-        pytest.fail("a 1e30 learning rate never produced a non-finite step")
+    _, _, state, batch = tiny_setup()
+    step = tiny_step(1)  # the compiled step of the accumulation test
+    new, metrics = step(state, batch)
+    assert bool(metrics[ts.FINITE]) and int(new.step) == int(state.step) + 1
+    # Finite weights too large for float32 arithmetic: the step's loss overflows.
+    state = new._replace(params=jax.tree.map(lambda x: x * 1e30, new.params))
+    assert ts.all_finite(state)
+    new, metrics = step(state, batch)
+    assert not bool(metrics[ts.FINITE])
     # The rejected step changed nothing: every leaf (step counter, opt state, rng) as before.
     chex.assert_trees_all_equal(new, state)
     assert ts.all_finite(new)
@@ -166,12 +185,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog, 
     assert "checkpoint step 4 unreadable" in caplog.text
 
 
-def test_no_heldout_set_trains_and_says_so(tmp_path):
+def test_no_heldout_set_trains_and_says_so(tmp_path, two_step_run):
     # Periodic evaluation asked for, but heldout_fraction=0 keeps nothing to evaluate on.
     config = tiny_config(steps=2, eval_every=1, checkpoint_every=1)
     config.data.heldout_fraction = 0.0
-    final = train_and_evaluate(config, str(tmp_path))
-    on_disk = json.load(open(tmp_path / "final_metrics.json"))
+    workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
+    final = train_and_evaluate(config, workdir)
+    on_disk = json.load(open(os.path.join(workdir, "final_metrics.json")))
     assert final == on_disk
     assert on_disk == {
         "step": 2,
@@ -284,7 +304,7 @@ def test_final_evaluation_reads_every_kth_batch_up_to_the_cap(max_batches, strid
 
 @pytest.mark.parametrize("reuse, shown", [(True, True), (False, False)])
 def test_the_heap_and_the_progress_bar_follow_the_config(
-    tmp_path, monkeypatch, capsys, reuse, shown
+    tmp_path, monkeypatch, capsys, reuse, shown, two_step_run
 ):
     """The compiler's freed heap released, and the steps' buffers kept or not as the config
     says (`train.reuse_step_memory`, `training.host_memory`), set up once per run; the
@@ -296,6 +316,6 @@ def test_the_heap_and_the_progress_bar_follow_the_config(
     config = tiny_config(steps=3, checkpoint_every=3)
     config.train.reuse_step_memory = reuse
     config.logging.progress_bar = shown  # False: runs side by side (the MQAR sweep's workers)
-    train_and_evaluate(config, str(tmp_path))
+    train_and_evaluate(config, with_tokenizer_of(two_step_run, tmp_path / "run"))
     assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
     assert ("step/s" in capsys.readouterr().err) == shown
