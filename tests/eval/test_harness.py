@@ -157,10 +157,17 @@ def split(tok, context, cont):
 FAMILIES = ["gpn_m", "transformer", pytest.param("gdn", marks=pytest.mark.slow)]  # gdn: ~60 s
 
 
+@functools.cache
+def evaluate_mc(workdir, tasks_dir):
+    """(lm, results, samples) of gpnt_mc on a run, contexts in pieces 4, 2, 1: computed once
+    for the tests that read it (none calls the lm again, so its stats stay this run's)."""
+    lm = GPNLM(workdir=workdir, batch_size=3, window=4)
+    return (lm, *evaluate(lm, tasks_dir, "gpnt_mc"))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_multiple_choice_equals_direct_token_losses(family, runs, tasks, tokenizer):
-    lm = GPNLM(workdir=runs[family], batch_size=3, window=4)  # contexts in pieces 4, 2, 1
-    res, samples = evaluate(lm, tasks, "gpnt_mc")
+    lm, res, samples = evaluate_mc(runs[family], tasks)
     m, p = lm.model, lm.params
     right = 0
     for s in samples:
@@ -257,14 +264,16 @@ def cli(*args):
 
 
 @pytest.mark.slow
-def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
+def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path, capsys):
+    """In-process (`gpn_jax.harness.run`, what `python -m gpn_jax.harness` calls): the
+    one-command test below runs the same path in a fresh interpreter."""
     out = tmp_path / "out"
-    proc = cli(
+    harness.run([
         "--model_args", f"workdir={runs['gpn_m']},batch_size=4", "--tasks", "gpnt_mc",
         "--include_path", tasks, "--limit", "2", "--output_path", str(out),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "lm-eval's built-in tasks are not indexed" in proc.stderr  # gpnt_mc is local
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "lm-eval's built-in tasks are not indexed" in err  # gpnt_mc is local
     (result,) = list(out.rglob("results_*.json"))
     r = json.loads(result.read_text())
     assert "acc,none" in r["results"]["gpnt_mc"] and r["n-samples"]["gpnt_mc"]["effective"] == 2
@@ -401,9 +410,11 @@ def test_cli_out_is_a_result_file_of_the_scores_that_the_zero_shot_table_renders
     assert lines[2] == f"| GPN+M | {ppl:.2f} | {acc:.3f} |"
 
 
-def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(runs, tasks, tmp_path):
+def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(
+    runs, tasks, tokenizer, tmp_path
+):
     """Segments (a training-memory knob) are off for scoring: same scores, any piece length."""
-    seg = save_run(tmp_path, "gpn_m", train_tokenizer(embedded_corpus(), 512), remat_segment=16)
-    res, _ = evaluate(GPNLM(workdir=seg, batch_size=3, window=4), tasks, "gpnt_mc")
-    plain, _ = evaluate(GPNLM(workdir=runs["gpn_m"], batch_size=3, window=4), tasks, "gpnt_mc")
+    seg = save_run(tmp_path, "gpn_m", tokenizer, remat_segment=16)
+    _, res, _ = evaluate_mc(seg, tasks)
+    _, plain, _ = evaluate_mc(runs["gpn_m"], tasks)
     assert res["acc,none"] == plain["acc,none"]
