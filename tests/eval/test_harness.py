@@ -212,13 +212,26 @@ def test_rolling_equals_direct_token_losses(family, runs, tasks, tokenizer):
     assert res["bits_per_byte,none"] == pytest.approx(bpb, rel=ll_bound(80))
 
 
+@pytest.fixture(scope="module")
+def lambada_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lambada") / "lambada.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
+    return str(path)
+
+
+@functools.cache
+def evaluate_harness_protocol(workdir, path):
+    """`gpn_jax.evaluate`'s harness-protocol LAMBADA numbers of a run: once per run for the
+    tests that compare a harness task with them."""
+    lm = GPNLM(workdir=workdir)
+    return lambada.evaluate_lambada(lm.model, lm.params, lm.tok, path)["harness"]
+
+
 @pytest.mark.parametrize("family", ["gpn_m", "transformer"])
-def test_lambada_style_task_equals_evaluate_harness_protocol(family, runs, tasks, tmp_path):
+def test_lambada_style_task_equals_evaluate_harness_protocol(family, runs, tasks, lambada_file):
     lm = GPNLM(workdir=runs[family], batch_size=2)
     res, _ = evaluate(lm, tasks, "gpnt_lmb")
-    path = tmp_path / "lambada.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
-    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    ours = evaluate_harness_protocol(runs[family], lambada_file)
     assert res["acc,none"] == ours["acc"]
     # exp of a mean log-likelihood: the PPL's relative error is the mean's absolute error,
     # log(ppl) x its relative error (examples of <= 40 tokens)
@@ -347,15 +360,12 @@ def test_model_args_are_found_in_every_spelling_lm_eval_accepts():
 
 
 @pytest.mark.slow
-def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, tmp_path):
+def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, lambada_file):
     from experiments import harness_table as pt
 
     rows = [{"label": "GPN+M", "workdir": runs["gpn_m"]}]
     t = pt.harness_table(rows, "gpnt_lmb,piqa,nosuchtask", include_path=tasks)
-    path = tmp_path / "lambada.jsonl"
-    path.write_text("".join(json.dumps({"text": x}) + "\n" for x in LAMBADA))
-    lm = GPNLM(workdir=runs["gpn_m"])
-    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    ours = evaluate_harness_protocol(runs["gpn_m"], lambada_file)
     assert t["rows"][0]["gpnt_lmb acc"] == ours["acc"]
     bound = math.log(ours["ppl"]) * ll_bound(40)  # as in the lambada-style test above
     assert t["rows"][0]["gpnt_lmb perplexity"] == pytest.approx(ours["ppl"], rel=bound)
