@@ -35,6 +35,12 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def analyze(workdir: str) -> dict:
+    from gpn_jax.io.outputs import check_out_dir
+
+    # before any work, JAX's import included: an output that cannot be written fails at once
+    if not _OUT.value:
+        raise ValueError("--out is required (the analysis never writes into the run's workdir)")
+    check_out_dir(_OUT.value, "--out")
     from gpn_jax.analysis import AnalysisConfig
     from gpn_jax.analysis.analyses import analyze as run_analysis
     from gpn_jax.analysis.analyses import check_analysis_out, check_model
@@ -51,11 +57,6 @@ def analyze(workdir: str) -> dict:
         seed=_SEED.value,
         cache_dir=_CACHE.value,
     )
-    from gpn_jax.io.outputs import check_out_dir
-
-    if not _OUT.value:
-        raise ValueError("--out is required (the analysis never writes into the run's workdir)")
-    check_out_dir(_OUT.value, "--out")
     for name in ("max_batches", "batch_size", "seq_len", "micro_batch", "sample_size"):
         if getattr(config, name) < 0:
             raise ValueError(f"--{name} must be >= 0")

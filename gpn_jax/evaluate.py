@@ -46,11 +46,13 @@ _RECALL_N = flags.DEFINE_integer("recall_examples", None, "Held-out recall examp
 
 def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     """Parses what can fail cheaply first, then restores the run and evaluates it."""
-    from gpn_jax.checkpoints.model_dir import load_either
-    from gpn_jax.eval import lambada, suite
     from gpn_jax.io.outputs import check_out_file
 
-    check_out_file(_OUT.value, "--out")  # before any work: a result that cannot be written
+    # before any work, JAX's import included: a result that cannot be written fails at once
+    check_out_file(_OUT.value, "--out")
+    from gpn_jax.checkpoints.model_dir import load_either
+    from gpn_jax.eval import lambada, suite
+
     evals = suite.parse_evals(_EVAL.value)
     if "lambada" in evals:
         if not _LAMBADA.value:

@@ -13,7 +13,7 @@ from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
-from gpn_jax.eval import run_evals
+from gpn_jax.eval import run_evals, suite
 from gpn_jax.training.loop import train_and_evaluate
 from tests.helpers.training import tiny_bound
 from tests.helpers.training import tiny_two_step_config as tiny_config
@@ -32,6 +32,12 @@ def workdir(tmp_path_factory):
     wd = str(tmp_path_factory.mktemp("run"))
     train_and_evaluate(tiny_config(), wd)
     return wd
+
+
+@pytest.fixture(scope="module")
+def run(workdir):
+    """The trained run restored once (the evaluations only read it)."""
+    return load_run(workdir)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,7 @@ def one_line_error(proc, match):
     assert match in lines[0], lines[0]
 
 
-def test_heldout_ppl_is_exp_mean_loss_over_trainings_heldout_windows(workdir):
-    run = load_run(workdir)
+def test_heldout_ppl_is_exp_mean_loss_over_trainings_heldout_windows(workdir, run):
     r = run_evals(run, ["ppl"], ppl_max_batches=3)["ppl"]
     c = tiny_config()
     data = build_data(c.data.source, vocab_size=512, seq_len=32, batch_size=8, workdir=workdir)
@@ -70,10 +75,10 @@ def test_heldout_ppl_is_exp_mean_loss_over_trainings_heldout_windows(workdir):
 
 
 @pytest.mark.slow
-def test_heldout_ppl_equals_the_trainers_final_number(workdir):
+def test_heldout_ppl_equals_the_trainers_final_number(workdir, run):
     with open(os.path.join(workdir, "final_metrics.json")) as f:
         final = json.load(f)
-    r = run_evals(load_run(workdir), ["ppl"])["ppl"]
+    r = run_evals(run, ["ppl"])["ppl"]
     assert r["tokens"] == final["heldout_tokens"]
     rel = np.log(final["heldout_ppl"]) * tiny_bound(final["heldout_tokens"])  # as above
     assert r["ppl"] == pytest.approx(final["heldout_ppl"], rel=rel)
@@ -132,10 +137,11 @@ def test_bad_out_fails_before_loading_anything(tmp_path):
     assert blocker.read_text() == "keep me"
 
 
-def test_out_never_replaces_what_the_user_has(workdir, tmp_path):
+def test_out_never_replaces_what_the_user_has(workdir, run, tmp_path):
     """An existing `--out` is refused before the evaluation unless it holds this run's results
     at this step (then evals run one at a time accumulate in it); `--out` inside the run's
-    workdir is refused too."""
+    workdir is refused too. The refusals go through the CLI; the accumulating evaluations run
+    in-process, as `gpn_jax.evaluate` calls the suite (its CLI writing --out: above)."""
     notes = tmp_path / "notes.json"
     notes.write_text("keep me")
     proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=ppl", f"--out={notes}")
@@ -145,13 +151,13 @@ def test_out_never_replaces_what_the_user_has(workdir, tmp_path):
     proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", "--eval=ppl", f"--out={inside}")
     one_line_error(proc, f"--out={inside} is inside the run's workdir")
     assert not os.path.exists(inside)
-    out = tmp_path / "r.json"
+    out = str(tmp_path / "r.json")
     for evals in ("ppl", "recall"):
-        flags = ("--batch_size=4", "--recall_examples=8", "--ppl_max_batches=1")
-        proc = cli("gpn_jax.evaluate", f"--workdir={workdir}", f"--eval={evals}", f"--out={out}",
-                   *flags)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-    assert {"run", "ppl", "recall"} <= set(json.loads(out.read_text()))
+        suite.check_results_file(out, run.workdir, int(run.step))  # what the CLI checks first
+        results = run_evals(run, [evals], batch_size=4, recall_examples=8, ppl_max_batches=1)
+        suite.write_results(results, out)
+    with open(out) as f:
+        assert {"run", "ppl", "recall"} <= set(json.load(f))
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Streaming long-context eval (carry across windows) and windowed held-out PPL."""
 
+import functools
 import math
 
 import jax
@@ -8,8 +9,20 @@ import pytest
 
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.eval import ppl, stream
-from tests.helpers.eval_models import GDN, GPN_M, TF, V, build, ce_bound
+from tests.helpers.eval_models import GDN, GPN_M, TF, V, ce_bound
+from tests.helpers.eval_models import build as build_model
 from tests.tolerance import assert_rel_close, f32_bound
+
+
+@functools.cache
+def _built(items):
+    return build_model(dict(items))
+
+
+def build(cfg):
+    """(model, params) of a config, built once for the tests that read them (JAX arrays cannot
+    be changed in place): one model object, so its jitted evaluations compile once."""
+    return _built(tuple(sorted(cfg.items())))
 
 
 def tokens(n, seed=0):

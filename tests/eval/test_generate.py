@@ -1,5 +1,7 @@
 """Sampling filters, decode == full forward, greedy generation, O(1) decoding state."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +26,10 @@ CONFIGS = {
 PROMPT = [5, 9, 3, 17, 17, 2, 40, 11, 0, 8, 30, 21]
 
 
+@functools.cache
 def build(name, seed=0):
+    """(model, params), built once per (config, seed) for the tests that read them (JAX arrays
+    cannot be changed in place)."""
     model = factory.build_model(CONFIGS[name])
     return model, model.init(jax.random.PRNGKey(seed))
 

@@ -157,10 +157,17 @@ def split(tok, context, cont):
 FAMILIES = ["gpn_m", "transformer", pytest.param("gdn", marks=pytest.mark.slow)]  # gdn: ~60 s
 
 
+@functools.cache
+def evaluate_mc(workdir, tasks_dir):
+    """(lm, results, samples) of gpnt_mc on a run, contexts in pieces 4, 2, 1: computed once
+    for the tests that read it (none calls the lm again, so its stats stay this run's)."""
+    lm = GPNLM(workdir=workdir, batch_size=3, window=4)
+    return (lm, *evaluate(lm, tasks_dir, "gpnt_mc"))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_multiple_choice_equals_direct_token_losses(family, runs, tasks, tokenizer):
-    lm = GPNLM(workdir=runs[family], batch_size=3, window=4)  # contexts in pieces 4, 2, 1
-    res, samples = evaluate(lm, tasks, "gpnt_mc")
+    lm, res, samples = evaluate_mc(runs[family], tasks)
     m, p = lm.model, lm.params
     right = 0
     for s in samples:
@@ -205,13 +212,26 @@ def test_rolling_equals_direct_token_losses(family, runs, tasks, tokenizer):
     assert res["bits_per_byte,none"] == pytest.approx(bpb, rel=ll_bound(80))
 
 
+@pytest.fixture(scope="module")
+def lambada_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lambada") / "lambada.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
+    return str(path)
+
+
+@functools.cache
+def evaluate_harness_protocol(workdir, path):
+    """`gpn_jax.evaluate`'s harness-protocol LAMBADA numbers of a run: once per run for the
+    tests that compare a harness task with them."""
+    lm = GPNLM(workdir=workdir)
+    return lambada.evaluate_lambada(lm.model, lm.params, lm.tok, path)["harness"]
+
+
 @pytest.mark.parametrize("family", ["gpn_m", "transformer"])
-def test_lambada_style_task_equals_evaluate_harness_protocol(family, runs, tasks, tmp_path):
+def test_lambada_style_task_equals_evaluate_harness_protocol(family, runs, tasks, lambada_file):
     lm = GPNLM(workdir=runs[family], batch_size=2)
     res, _ = evaluate(lm, tasks, "gpnt_lmb")
-    path = tmp_path / "lambada.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
-    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    ours = evaluate_harness_protocol(runs[family], lambada_file)
     assert res["acc,none"] == ours["acc"]
     # exp of a mean log-likelihood: the PPL's relative error is the mean's absolute error,
     # log(ppl) x its relative error (examples of <= 40 tokens)
@@ -257,14 +277,16 @@ def cli(*args):
 
 
 @pytest.mark.slow
-def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path):
+def test_cli_passes_lm_eval_flags_through(runs, tasks, tmp_path, capsys):
+    """In-process (`gpn_jax.harness.run`, what `python -m gpn_jax.harness` calls): the
+    one-command test below runs the same path in a fresh interpreter."""
     out = tmp_path / "out"
-    proc = cli(
+    harness.run([
         "--model_args", f"workdir={runs['gpn_m']},batch_size=4", "--tasks", "gpnt_mc",
         "--include_path", tasks, "--limit", "2", "--output_path", str(out),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "lm-eval's built-in tasks are not indexed" in proc.stderr  # gpnt_mc is local
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "lm-eval's built-in tasks are not indexed" in err  # gpnt_mc is local
     (result,) = list(out.rglob("results_*.json"))
     r = json.loads(result.read_text())
     assert "acc,none" in r["results"]["gpnt_mc"] and r["n-samples"]["gpnt_mc"]["effective"] == 2
@@ -338,15 +360,12 @@ def test_model_args_are_found_in_every_spelling_lm_eval_accepts():
 
 
 @pytest.mark.slow
-def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, tmp_path):
+def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, lambada_file):
     from experiments import harness_table as pt
 
     rows = [{"label": "GPN+M", "workdir": runs["gpn_m"]}]
     t = pt.harness_table(rows, "gpnt_lmb,piqa,nosuchtask", include_path=tasks)
-    path = tmp_path / "lambada.jsonl"
-    path.write_text("".join(json.dumps({"text": x}) + "\n" for x in LAMBADA))
-    lm = GPNLM(workdir=runs["gpn_m"])
-    ours = lambada.evaluate_lambada(lm.model, lm.params, lm.tok, str(path))["harness"]
+    ours = evaluate_harness_protocol(runs["gpn_m"], lambada_file)
     assert t["rows"][0]["gpnt_lmb acc"] == ours["acc"]
     bound = math.log(ours["ppl"]) * ll_bound(40)  # as in the lambada-style test above
     assert t["rows"][0]["gpnt_lmb perplexity"] == pytest.approx(ours["ppl"], rel=bound)
@@ -401,9 +420,11 @@ def test_cli_out_is_a_result_file_of_the_scores_that_the_zero_shot_table_renders
     assert lines[2] == f"| GPN+M | {ppl:.2f} | {acc:.3f} |"
 
 
-def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(runs, tasks, tmp_path):
+def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(
+    runs, tasks, tokenizer, tmp_path
+):
     """Segments (a training-memory knob) are off for scoring: same scores, any piece length."""
-    seg = save_run(tmp_path, "gpn_m", train_tokenizer(embedded_corpus(), 512), remat_segment=16)
-    res, _ = evaluate(GPNLM(workdir=seg, batch_size=3, window=4), tasks, "gpnt_mc")
-    plain, _ = evaluate(GPNLM(workdir=runs["gpn_m"], batch_size=3, window=4), tasks, "gpnt_mc")
+    seg = save_run(tmp_path, "gpn_m", tokenizer, remat_segment=16)
+    _, res, _ = evaluate_mc(seg, tasks)
+    _, plain, _ = evaluate_mc(runs["gpn_m"], tasks)
     assert res["acc,none"] == plain["acc,none"]
