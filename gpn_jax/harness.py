@@ -125,9 +125,11 @@ def flag_values(argv: list[str], *names: str) -> list[str]:
 
 
 def _cli_evaluate(argv: list[str]) -> None:
-    help_only = any(a in ("-h", "--help") for a in argv)
-    if help_only:
+    # --helpfull too, as every other gpn-* entry point (absl) takes it; lm-eval knows --help
+    wants_help = any(a in ("-h", "--help", "--helpfull") for a in argv)
+    if wants_help:
         print(USAGE)
+        argv = ["--help" if a == "--helpfull" else a for a in argv]
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # before datasets is imported
         os.environ.setdefault(var, "1")
     argv, own = own_flags(argv)
@@ -135,13 +137,20 @@ def _cli_evaluate(argv: list[str]) -> None:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval.utils import simple_parse_args_string
 
-        if not help_only:  # lm-eval's help needs no model (nor JAX)
+        if not wants_help:  # lm-eval's help needs no model: JAX and the model stay unimported
             from gpn_jax.eval import harness_lm  # registers the "gpn_jax" model
     except ImportError as e:
         raise ValueError(f"lm-eval is not installed ({e}); pip install -e '.[eval]'") from None
     args = harness_argv(argv)
+    if wants_help:  # lm-eval's CLI prints its help and exits
+        saved, sys.argv = sys.argv, [PROG, *args]
+        try:
+            cli_evaluate()
+        finally:
+            sys.argv = saved
+        return
     model_args = ",".join(flag_values(args, "--model_args", "-a"))
-    if not help_only and flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
+    if flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
         # before lm-eval's CLI, which indexes every task file (~12 s) before building the model
         harness_lm.check_model_args(simple_parse_args_string(model_args))
     with tempfile.TemporaryDirectory(prefix="gpn-harness-") as tmp:

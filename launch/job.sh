@@ -128,9 +128,18 @@ start() {
   rm -f "$STOP"
   # A new session with no terminal: closing the ssh session that ran `start` does not reach it.
   setsid nohup "$HERE/job.sh" loop "$@" >/dev/null 2>>"$LOG" </dev/null &
-  local waited=0
-  until [[ -f "$LOOP_PID" ]] || ((waited > 50)); do sleep 0.1; waited=$((waited + 1)); done
-  echo "started: pid $(cut -d' ' -f1 "$LOOP_PID" 2>/dev/null || echo '?'), log $LOG"
+  local loop_pid=$! waited=0
+  # until the loop has written its pid file, or has already ended (an already finished run
+  # says "done" at once and removes the file: no need to wait the full 5 s for it)
+  until [[ -f "$LOOP_PID" ]] || ! kill -0 "$loop_pid" 2>/dev/null || ((waited > 50)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  if [[ -f "$LOOP_PID" ]] || kill -0 "$loop_pid" 2>/dev/null; then
+    echo "started: pid $(cut -d' ' -f1 "$LOOP_PID" 2>/dev/null || echo "$loop_pid"), log $LOG"
+  else
+    echo "started and already ended: $(tail -n 1 "$LOG" 2>/dev/null)"
+  fi
 }
 
 lead_running() {  # the loop runs, on this host (pid check) or elsewhere (its log is not closed)

@@ -13,6 +13,7 @@ calls=, backend_config=, ...). Everything else reads that:
 
 import collections
 import dataclasses
+import functools
 import re
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
@@ -79,8 +80,11 @@ def _matching(text: str, open_at: int) -> int:
     return len(text)
 
 
+@functools.lru_cache(maxsize=4)
 def parse(text: str) -> tuple[dict[str, list[Instr]], str | None]:
-    """Computation name -> its instructions, and the entry computation's name."""
+    """Computation name -> its instructions, and the entry computation's name. Cached: one
+    compiled step's text is read by several analyses (`gpn_jax.aot` runs five); callers
+    only read the result."""
     comps: dict[str, list[Instr]] = {}
     entry, current = None, None
     for line in text.splitlines():
