@@ -184,10 +184,13 @@ def test_cpu_record_has_traffic_fields():
 
 
 def test_tpu_topology_compile(tmp_path):
-    """The tiny train step compiled for a v5e:2x2 slice with libtpu's compile-only devices."""
+    """The tiny train step compiled for a v5e:2x2 slice with libtpu's compile-only devices;
+    the process's environment is as before (processes it starts later get no TPU host's
+    variables, with which libtpu would probe for a chip and print its failure)."""
     missing = aot.libtpu_missing()
     if missing:
         pytest.skip(missing)
+    environ = dict(os.environ)
     out = tmp_path / "aot.json"
     flags = dict(
         devices=None, topology="v5e:2x2", mesh="4,1,1", memory_gb=None, json=True,
@@ -200,6 +203,7 @@ def test_tpu_topology_compile(tmp_path):
     assert record["fits"] and record["hbm_bytes_per_device"] == 16 * aot.GiB
     assert json.loads(out.read_text())["fits"] is True
     assert record["command"] == "python -m gpn_jax.aot --topology=v5e:2x2"
+    assert dict(os.environ) == environ
 
 
 def test_bad_topology_is_one_line():

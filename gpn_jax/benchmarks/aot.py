@@ -9,6 +9,7 @@ and compiles it. For a TPU topology the devices come from
 compile that runs out of HBM is a result (`fits: false`, XLA's message), not an error.
 """
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -91,18 +92,36 @@ def topology_devices(name: str) -> list:
     import jax
     from jax.experimental import topologies
 
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask
-    # libtpu probes the host it loads on for an accelerator type and worker names, and prints
-    # its failure to find them on a CPU host: name the topology's own type and this host.
-    chips = math.prod(int(d) for d in m.group(2).split("x"))
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(m.group(1), chips))
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    # compile-only: no chip is opened, so other processes may load libtpu at the same time
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     jax.config.update("jax_platforms", "cpu")
     dims = [int(d) for d in m.group(2).split("x")] + [1]
     bounds = tuple(min(d, b) for d, b in zip(dims[:3], _HOST_BOUNDS, strict=True))
-    return list(topologies.get_topology_desc(name, "tpu", chips_per_host_bounds=bounds).devices)
+    chips = math.prod(dims)
+    with _libtpu_environ(accelerator_type(m.group(1), chips)):
+        desc = topologies.get_topology_desc(name, "tpu", chips_per_host_bounds=bounds)
+    return list(desc.devices)
+
+
+@contextlib.contextmanager
+def _libtpu_environ(accelerator: str):
+    """The variables libtpu reads when it loads, set for that moment only: a process that goes
+    on to start others (a test suite, a notebook) must not hand them a TPU host's environment,
+    in which libtpu would probe for a chip and print its failure."""
+    wanted = {
+        "TPU_SKIP_MDS_QUERY": "1",  # no cloud metadata server to ask
+        # libtpu probes the host it loads on for an accelerator type and worker names, and
+        # prints its failure to find them on a CPU host: the topology's own type, this host
+        "TPU_ACCELERATOR_TYPE": accelerator,
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        # compile-only: no chip is opened, so other processes may load libtpu at the same time
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
+    added = [k for k in wanted if k not in os.environ]
+    os.environ.update({k: wanted[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def hbm_bytes(device) -> int | None:
