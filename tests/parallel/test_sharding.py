@@ -374,11 +374,12 @@ def _recurrent_loops(text: str, steps: int):
 
 
 def _fsdp_train_step(grad_accum: int, name: str = "gpn_m"):
-    """GPN+M train step on (data 2, fsdp 4): (model, optimizer, abstract state, jitted step)."""
+    """GPN+M train step on (data 2, fsdp 2), the smallest mesh with both: (model, optimizer,
+    abstract state, jitted step)."""
     config = dict(MODELS[name], loss_chunk=4)
     model = factory.build_model(config)
     opt = make_optimizer(ml_collections.ConfigDict(_train_cfg()), model.weight_decay_mask)
-    mesh = make_mesh((2, 4, 1))
+    mesh = make_mesh((2, 2, 1))
     abstract = jax.eval_shape(lambda r: ts.init_train_state(model, opt, r), jax.random.PRNGKey(0))
     state_sh = setup.state_shardings(abstract, mesh, model)
     step = setup.jit_train_step(model, opt, grad_accum, mesh, state_sh)
@@ -406,7 +407,7 @@ def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
 
 @pytest.mark.parametrize("name", ["gpn_m", "gpn_m_fused"])
 def test_sharded_gradient_accumulation_equals_one_device_full_batch(name):
-    """2 micro-batches on (data 2, fsdp 4) = one device's full batch, compared BEFORE the
+    """2 micro-batches on (data 2, fsdp 2) = one device's full batch, compared BEFORE the
     optimiser: Adam's first update is ~lr * sign(g), which turns float-order noise in a
     near-zero gradient entry into a full-size parameter change. A wrong divisor or a micro-batch
     counted twice moves the loss and every gradient by >= 1/3, far outside the bounds."""
@@ -435,7 +436,7 @@ def test_sharded_gradient_accumulation_equals_one_device_full_batch(name):
         assert float(value) == pytest.approx(float(want), rel=rel)
     assert_rel_close(grads, ref_grads, bound, "sharded accumulated gradients")
     with pytest.raises(ValueError, match="does not split into 2 micro-batch"):
-        step(state, tokens[:8])
+        step(state, tokens[:4])  # 4 rows: not 2 micro-batches x 4 devices
 
 
 def test_data_parallel_scan_has_no_collectives():
