@@ -100,7 +100,7 @@ loop() {
     elif [[ $RC == 0 ]]; then
       failures=0
       waited=0  # the lead host writes final_metrics.json after the last collective step
-      while ! finished && ((waited < ${GPN_FINAL_GRACE:-120})); do sleep 1; waited=$((waited + 1)); done
+      while ! finished && ((waited < ${GPN_FINAL_GRACE:-120} * 5)); do sleep 0.2; waited=$((waited + 1)); done
       continue
     else
       failures=$((failures + 1))
@@ -159,10 +159,10 @@ attach() {
   fi
   if [[ $DRY_RUN == 1 ]]; then show tail -n +1 -F "$LOG"; return; fi
   [[ -f "$LOG" ]] || die "no job log in $JOBDIR: was the job started with this --workdir?"
-  tail -n +1 -F "$LOG" 2>/dev/null &
+  tail -s 0.2 -n +1 -F "$LOG" 2>/dev/null &
   local tail_pid=$!
-  while lead_running; do sleep 1; done
-  sleep 1
+  while lead_running; do sleep 0.2; done
+  sleep 0.5  # tail's last look at the log (it checks every 0.2 s)
   kill "$tail_pid" 2>/dev/null
   wait "$tail_pid" 2>/dev/null
   return 0
