@@ -206,6 +206,19 @@ def test_tpu_topology_compile(tmp_path):
     assert dict(os.environ) == environ
 
 
+def test_compile_only_executables_are_never_written_to_the_persistent_cache():
+    """JAX cannot load a TPU topology's executable back from its cache on a CPU host (it warns
+    on every later compile): such compiles write no entry; others keep the user's setting."""
+    import jax
+
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    with aot._uncached(True):
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == float("inf")
+    with aot._uncached(False):
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == before
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == before
+
+
 def test_bad_topology_is_one_line():
     with pytest.raises(ValueError, match="expected <v4|v5e|v5p|v6e>"):
         aot.topology_devices("v5e-8")

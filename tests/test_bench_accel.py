@@ -39,14 +39,15 @@ def rehearsal(tmp_path_factory):
     """One rehearsal, its output folder and log."""
     site, out = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("accel") / "out"
     (site / "sitecustomize.py").write_text(BLOCKER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), ROOT]))
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), ROOT]), TMPDIR=str(tmp))
     env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
     p = subprocess.run(
         [sys.executable, "experiments/bench/accel_bench.py", "--rehearse", f"--out={out}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    return out, p.stdout
+    return out, p.stdout, tmp
 
 
 def _load(out, name):
@@ -54,8 +55,11 @@ def _load(out, name):
 
 
 @pytest.mark.slow
-def test_the_rehearsal_runs_every_part_and_writes_at_most_8_files(rehearsal):
-    out, log = rehearsal
+def test_the_rehearsal_runs_every_part_and_writes_at_most_8_files_and_removes_its_scratch(
+    rehearsal,
+):
+    out, log, tmp = rehearsal
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("accel-scratch-")]
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
         [

@@ -17,7 +17,7 @@ each under 16 MiB, as a lent machine returns):
   hlo.json         (e) the per-token loops' operations and a one-step profile table
   train_step.hlo.txt  (e) the optimised HLO of the Pallas step
 (the eighth, `log.txt`, is the caller's copy of the output: `experiments/bench/h200_run.sh`).
-Everything else (workers' HLO, traces) goes to a scratch folder outside `out`.
+Everything else (workers' HLO, traces) goes to a scratch folder outside `out`, removed at the end.
 """
 
 import json
@@ -122,7 +122,12 @@ def run(settings: dict, out: str, budget_s: float, parts=PARTS, smoke_settings=N
     """The run into folder `out` within `budget_s` seconds; {part: its run record}."""
     deadline = time.monotonic() + budget_s
     os.makedirs(out, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="accel-scratch-")
+    with tempfile.TemporaryDirectory(prefix="accel-scratch-") as scratch:
+        return _run_in(settings, out, deadline, parts, smoke_settings, scratch)
+
+
+def _run_in(settings, out, deadline, parts, smoke_settings, scratch: str) -> dict:
+    """`run` with its scratch folder (workers' HLO and traces; removed afterwards)."""
     paths = {}
     for name, s in (("settings", settings), ("smoke_settings", smoke_settings)):
         if s is not None:

@@ -124,6 +124,23 @@ def _libtpu_environ(accelerator: str):
             os.environ.pop(k, None)
 
 
+@contextlib.contextmanager
+def _uncached(compile_only: bool):
+    """No persistent-cache entry for an executable of compile-only devices (a TPU topology's):
+    JAX cannot load one back and warns about it on every later compile of the program."""
+    import jax
+
+    if not compile_only:
+        yield
+        return
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", math.inf)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+
+
 def hbm_bytes(device) -> int | None:
     """HBM per device from its kind (None for a kind not in `HBM_BYTES`)."""
     return HBM_BYTES.get(getattr(device, "device_kind", ""))
@@ -155,7 +172,7 @@ def compile_train_step(config, devices: list, mesh_sizes: dict):
     run = setup.build(config, mesh, model=model)  # the config's sharding rules, on that mesh
     abstract, state_sh = run.abstract_state, run.state_shardings
     start, compiled, oom = time.perf_counter(), None, None
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), _uncached(devices[0].platform != jax.default_backend()):
         lowered = run.train_step.lower(run.state_target(), run.batch_target())
         try:
             compiled = lowered.compile()

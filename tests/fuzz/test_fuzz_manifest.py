@@ -5,10 +5,12 @@ inside its directory and whose shards have the recorded sizes, or refused with t
 `BadFileError`; nothing outside the directory is opened, and the reader allocates at most a
 fixed multiple of the manifest's own size (it never allocates what a count claims)."""
 
+import atexit
 import copy
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -90,6 +92,7 @@ def _corpus() -> str:
     """One corpus for the whole module (only its manifest changes between examples), with a
     readable file next to it and a link to that file inside: neither may be read."""
     root = tempfile.mkdtemp(prefix="fuzz_manifest_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     corpus = os.path.join(root, "c")
     write_corpus(corpus)
     np.arange(40, dtype=np.uint16).tofile(os.path.join(root, "outside.bin"))
