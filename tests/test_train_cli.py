@@ -120,16 +120,17 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_demo_main_job_beats_the_unigram_baseline(tmp_path):
-    """The README's main job, shortened to 60 steps (warm-up 10) to fit the test budget: its
-    held-out PPL is below half the unigram model's (a model that learned nothing is at 1x)."""
+    """The README's main job, shortened to 50 steps (warm-up 10) to fit the test budget: its
+    held-out PPL is below half the unigram model's (a model that learned nothing is at 1x;
+    at 50 steps it is at about 0.39x, at 40 steps still about 0.53x)."""
     proc = run_train(
         tmp_path / "demo",
-        "--config.train.steps=60",
+        "--config.train.steps=50",
         "--config.train.warmup_steps=10",
         "--config.train.eval_every=0",
         config="experiments/configs/demo.py",
         timeout=900,
-        fast_compile=False,  # 60 steps: mostly running, 3x slower with the fast-compile flags
+        fast_compile=False,  # 50 steps: mostly running, 3x slower with the fast-compile flags
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     final = json.loads((tmp_path / "demo" / "final_metrics.json").read_text())
