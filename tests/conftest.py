@@ -1,7 +1,10 @@
 """Test setup: 8 forced CPU host devices (for sharding tests) before JAX starts."""
 
+import hashlib
 import os
 import tempfile
+
+import pytest
 
 from tests.environment import xla_flags
 
@@ -32,3 +35,34 @@ def pytest_configure(config):
     except ImportError:  # a pytest without the key: keep its default
         return
     config.stash[gc_collect_iterations_key] = 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _train_each_tokenizer_once():
+    """The data pipeline trains a tokenizer for every new workdir; dozens of in-process tests
+    train the same one (the embedded corpus at the tiny configs' vocabulary), about a CPU
+    second each. Training is deterministic (`test_training_is_deterministic_and_model_reloads`),
+    so within a test process the pipeline's training runs once per (text, vocabulary, options)
+    and later workdirs get the same model, saved to their own path. `train_tokenizer` itself,
+    and every process the tests start, still trains."""
+    from gpn_jax.data import pipeline
+    from gpn_jax.data.tokenizer import Tokenizer
+
+    real, trained = pipeline.train_tokenizer, {}
+
+    def once(docs, vocab_size, model_path=None, **options):
+        docs = list(docs)
+        text = hashlib.sha256()
+        for doc in docs:  # length-prefixed: no two document lists hash alike
+            text.update(f"{len(doc)}:".encode() + doc.encode("utf-8", "surrogatepass"))
+        key = (text.hexdigest(), vocab_size, tuple(sorted(options.items())))
+        if key not in trained:
+            trained[key] = real(docs, vocab_size, **options).model_proto
+        tokenizer = Tokenizer(trained[key])
+        if model_path:
+            tokenizer.save(model_path)
+        return tokenizer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "train_tokenizer", once)
+        yield
