@@ -19,6 +19,7 @@ string (and at eos) and is cut there. The scoring itself is `gpn_jax.eval.scorin
 """
 
 import logging
+import os
 
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -88,6 +89,16 @@ def scoring_model(run):
     return factory.build_model(block)
 
 
+def no_fork_bootstrap() -> None:
+    """Makes lm-eval bootstrap its metrics' standard errors in this process.
+
+    Unless DISABLE_MULTIPROC is set, lm-eval forks a multiprocessing pool for the bootstrap, and
+    forking a process that runs JAX (which holds threads) can deadlock it. The in-process
+    bootstrap draws the same resamples (one RNG seeded per chunk), so every number is the same.
+    A value the user set is kept."""
+    os.environ.setdefault("DISABLE_MULTIPROC", "1")
+
+
 @register_model("gpn_jax")
 class GPNLM(TemplateLM):
     """A restored gpn_jax run behind lm-eval's `LM` interface.
@@ -106,6 +117,7 @@ class GPNLM(TemplateLM):
 
     def __init__(self, workdir=None, run=None, **kwargs):
         super().__init__()
+        no_fork_bootstrap()
         given = check_model_args(dict(kwargs, workdir=workdir, run=run))
         self.run = run if run is not None else load_run(str(workdir), given.get("step"))
         self.model, self.params = scoring_model(self.run), self.run.params
