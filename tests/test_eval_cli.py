@@ -14,8 +14,7 @@ from gpn_jax.data.pipeline import build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals, suite
-from gpn_jax.training.loop import train_and_evaluate
-from tests.helpers.training import tiny_bound
+from tests.helpers.training import tiny_bound, train_on_one_device
 from tests.helpers.training import tiny_two_step_config as tiny_config
 
 TEXTS = [
@@ -30,7 +29,7 @@ def workdir(tmp_path_factory):
     """A gpn_m_tiny run trained for two steps by the trainer (checkpoint, tokenizer, final
     metrics): the run every test here evaluates."""
     wd = str(tmp_path_factory.mktemp("run"))
-    train_and_evaluate(tiny_config(), wd)
+    train_on_one_device(tiny_config(), wd)
     return wd
 
 

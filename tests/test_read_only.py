@@ -30,12 +30,12 @@ def snapshot(top: str) -> dict:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny run trained by the trainer itself: every file training writes is there."""
-    from gpn_jax.training.loop import train_and_evaluate
+    from tests.helpers.training import train_on_one_device
 
     workdir = str(tmp_path_factory.mktemp("run"))
     c = tiny_config()
     c.train.update(dict(log_every=1, final_eval_batches=1))
-    train_and_evaluate(c, workdir)
+    train_on_one_device(c, workdir)
     return workdir
 
 

@@ -163,16 +163,19 @@ def unigram_ppl(counts: np.ndarray, tokens: np.ndarray) -> float:
 class _Run:
     """The state of one training run; methods are the phases of `train_and_evaluate`."""
 
-    def __init__(self, config, workdir: str):
+    def __init__(self, config, workdir: str, devices=None):
+        devices = jax.devices() if devices is None else list(devices)
+        if len(devices) != jax.device_count() and jax.process_count() > 1:
+            raise ValueError("devices: a multi-host run trains on every device of every host")
         # Before anything is built: a bad field is one line, not a traceback after the work.
-        data, fsdp, tensor = meshlib.mesh_shape(config.mesh, jax.device_count())
+        data, fsdp, tensor = meshlib.mesh_shape(config.mesh, len(devices))
         validate.check_config(config, data * fsdp, jax.process_count(), tensor)
         self.config, self.workdir = config, prepare_workdir(workdir)
         model = factory.build_model(config.model)
         self.is_lead = jax.process_index() == 0
         # Model, optimiser, abstract state, shardings and jitted steps: `setup.build`, as AOT
         # and the bench build them. Data-parallel over data x fsdp, weights gathered once per step.
-        self.setup = setup.build(config, meshlib.make_mesh(config.mesh), model=model)
+        self.setup = setup.build(config, meshlib.make_mesh(config.mesh, devices), model=model)
         self.model, self.mesh = model, self.setup.mesh
         # The learning rate each logged row reports, one compiled program: calling the optax
         # schedule op by op cost about 20 ms of host time per logged step.
@@ -366,13 +369,17 @@ def _reset_carry_at_epoch_start(run: _Run, step: int) -> None:
     run.state = run.state._replace(carry=run.setup.fresh_carry())
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     """Trains `config` in `workdir` (resuming if it holds a checkpoint) and evaluates held-out PPL.
+
+    `devices` (a single-host run only) trains on those devices instead of all of
+    `jax.devices()`, e.g. `jax.devices()[:1]` for one chip of a TPU host in Colab; `config.mesh`
+    lays the run out over them (-1: the devices left).
 
     Returns the final metrics (also written to `<workdir>/final_metrics.json`), or
     `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
     """
-    run = _Run(config, workdir)
+    run = _Run(config, workdir, devices)
     try:
         with jax.set_mesh(run.mesh):
             return _train(run.init_or_restore())

@@ -367,11 +367,10 @@ def test_rejects_other_models():
 def trained(tmp_path_factory):
     """A tiny GPN+M trained for a few steps on the embedded corpus (its own held-out split), by
     the trainer in this process (its command line is tests/test_train_cli.py's)."""
-    from gpn_jax.training.loop import train_and_evaluate
-    from tests.helpers.training import tiny_config
+    from tests.helpers.training import tiny_config, train_on_one_device
 
     workdir = str(tmp_path_factory.mktemp("run"))
-    train_and_evaluate(tiny_config(checkpoint_every=4, final_eval_batches=6), workdir)
+    train_on_one_device(tiny_config(checkpoint_every=4, final_eval_batches=6), workdir)
     with open(os.path.join(workdir, "final_metrics.json")) as f:
         return workdir, json.load(f)
 

@@ -12,7 +12,7 @@ from gpn_jax.data import recall
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
-from gpn_jax.training.loop import train_and_evaluate
+from tests.helpers.training import train_on_one_device
 from tests.tolerance import f32_bound
 
 SPEC = "pairs=4,keys=8,values=6,examples=0,heldout=16,seed=3"
@@ -90,7 +90,7 @@ def test_trainer_optimises_the_answer_loss(tmp_path):
     c.train.update(dict(batch_size=8, steps=1, warmup_steps=1, log_every=1, eval_every=0,
                         checkpoint_every=1, eval_batches=1))  # fmt: skip
     wd = str(tmp_path / "run")
-    train_and_evaluate(c, wd)
+    train_on_one_device(c, wd)
     with open(os.path.join(wd, "metrics.jsonl")) as f:
         first = next(r for r in map(json.loads, f) if "loss" in r)  # after the run_info record
     model = factory.build_model(c.model)

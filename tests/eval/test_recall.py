@@ -108,12 +108,12 @@ def test_recall_run_trains_and_evaluates_through_the_normal_trainer(tmp_path):
     from experiments.configs import recall_gpn_m
     from gpn_jax.checkpoints.restore import load_run
     from gpn_jax.eval import run_evals
-    from gpn_jax.training.loop import train_and_evaluate
+    from tests.helpers.training import train_on_one_device
 
     c = recall_gpn_m.get_config()
     c.data.source = "recall:pairs=4,keys=16,values=16,examples=256,heldout=64"
     c.train.update(dict(batch_size=8, seq_len=32, steps=3, eval_every=0, checkpoint_every=3))
-    final = train_and_evaluate(c, str(tmp_path))
+    final = train_on_one_device(c, str(tmp_path))
     run = load_run(str(tmp_path))
     assert run.tokenizer is None
     r = run_evals(run, "recall,ppl,stream", stream_buckets="0,64,128", stream_window=32)

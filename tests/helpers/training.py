@@ -13,6 +13,15 @@ from gpn_jax.training.optimizer import make_optimizer
 from tests.tolerance import f32_bound
 
 
+def train_on_one_device(config, workdir: str) -> dict:
+    """`train_and_evaluate` on the first of the 8 test devices: the tests of the trainer's
+    behaviour need no mesh (the sharded steps are tests/parallel's), and a tiny run costs about
+    a third more CPU on 8 forced devices of 2 cores."""
+    from gpn_jax.training.loop import train_and_evaluate
+
+    return train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+
+
 def tiny_config(**train):
     """gpn_m_tiny for 4 steps of batch 8 (the 8 test CPU devices), a checkpoint every 2 steps,
     logged every step, 2 held-out batches at the end; `train` overrides train fields."""

@@ -93,12 +93,12 @@ def all_files(top):
 @pytest.mark.slow
 def test_train_resume_and_read_a_gs_workdir(fake_gcs):
     from gpn_jax.checkpoints.restore import load_run
-    from gpn_jax.training.loop import train_and_evaluate
+    from tests.helpers.training import train_on_one_device
 
     store, cwd = fake_gcs
     c = tiny_config()
     c.train.update(dict(log_every=1, final_eval_batches=1))
-    final = train_and_evaluate(c, URL)
+    final = train_on_one_device(c, URL)
     assert json.load(open(os.path.join(store, "final_metrics.json"))) == final
     assert metric_steps(store) == [1, 2]
     files = all_files(store)
@@ -108,7 +108,7 @@ def test_train_resume_and_read_a_gs_workdir(fake_gcs):
     assert os.listdir(cwd) == []
 
     c.train.steps = 3  # rerun: resumes from the gs:// checkpoint of step 2
-    final = train_and_evaluate(c, URL)
+    final = train_on_one_device(c, URL)
     assert final["step"] == 3 and metric_steps(store) == [1, 2, 3]
     assert sorted(os.listdir(os.path.join(store, "checkpoints"))) == ["2", "3"]
 

@@ -15,9 +15,8 @@ from gpn_jax.checkpoints.paper_pickle import from_paper_params, to_paper_params
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.models import factory
 from gpn_jax.training import init_from
-from gpn_jax.training.loop import train_and_evaluate
 from tests.helpers.cli import assert_one_line_error, run_train
-from tests.helpers.training import final_state, tiny_config
+from tests.helpers.training import final_state, tiny_config, train_on_one_device
 from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 PAPER_STEP = 3  # the paper run's step and data position (grad_accum 1: one micro-batch a step)
@@ -108,7 +107,7 @@ def continued_config(pkl, data, **train):
 def test_the_first_step_after_the_hand_over_is_the_papers_step(tmp_path, paper):
     pkl, data, tokens, ckpt = paper
     config = continued_config(pkl, data, steps=PAPER_STEP + 1)
-    train_and_evaluate(config, str(tmp_path / "run"))
+    train_on_one_device(config, str(tmp_path / "run"))
 
     # Independently: the paper's next micro-batch (windows kB .. kB+B-1 of its bin: shards,
     # in order), our model's loss and gradient there, and its optax chain's update.
@@ -149,10 +148,10 @@ def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, cap
     # A preempted run is rerun with the same command; its first part stops early here, so both
     # parts get one LR schedule (warm-up past the end: decay over max(steps, warmup + 1)).
     same = dict(warmup_steps=end + 5)
-    train_and_evaluate(continued_config(pkl, data, steps=end, **same), straight)
-    train_and_evaluate(continued_config(pkl, data, steps=PAPER_STEP + 1, **same), resumed)
+    train_on_one_device(continued_config(pkl, data, steps=end, **same), straight)
+    train_on_one_device(continued_config(pkl, data, steps=PAPER_STEP + 1, **same), resumed)
     capsys.readouterr()
-    train_and_evaluate(continued_config(pkl, data, steps=end, **same), resumed)
+    train_on_one_device(continued_config(pkl, data, steps=end, **same), resumed)
     out = capsys.readouterr().out
     assert f"Resuming from checkpoint step {PAPER_STEP + 1}" in out
     assert f"train.init_from=paper:{pkl} is not used" in out
@@ -168,7 +167,7 @@ def test_a_checkpoint_of_another_model_names_the_parameter(tmp_path, paper):
     config = continued_config(pkl, data)
     config.model.d_ffn = 64
     with pytest.raises(ValueError) as e:
-        train_and_evaluate(config, str(tmp_path / "run"))
+        train_on_one_device(config, str(tmp_path / "run"))
     assert str(e.value) == (
         f"{pkl} is of another model than the config's: parameter layer_0/w1 is "
         "float32[64, 128], the config's model has float32[64, 64]"
@@ -182,7 +181,7 @@ def test_another_optimiser_state_is_refused(tmp_path, paper):
     with open(pkl, "wb") as f:
         pickle.dump(ckpt, f)
     with pytest.raises(ValueError) as e:
-        train_and_evaluate(continued_config(pkl, data), str(tmp_path / "run"))
+        train_on_one_device(continued_config(pkl, data), str(tmp_path / "run"))
     assert str(e.value) == (
         f"{pkl}: its optimiser state (ScaleByAdamState(array, {{params}}, {{params}}), "
         "EmptyState()) is not this run's (clip_by_global_norm + adamw with a decay mask: "

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.metric_writer import parse_writers
 from tests import REPO_ROOT as ROOT
+from tests.helpers.training import train_on_one_device
 
 
 def tiny_config(writers):
@@ -39,7 +39,7 @@ def test_all_writers_record_rows_config_and_revision(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))  # ours: <workdir>/wandb wins
     workdir = str(tmp_path / "run")
     config = tiny_config("jsonl,tensorboard,wandb")
-    train_and_evaluate(config, workdir)
+    train_on_one_device(config, workdir)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     revision = head.stdout.strip()
     assert len(revision) == 40
@@ -69,7 +69,7 @@ def test_all_writers_record_rows_config_and_revision(tmp_path, monkeypatch):
 
 def test_unknown_writer_is_a_one_line_config_error(tmp_path):
     with pytest.raises(ValueError, match="unknown metric writer 'csv' in config.logging.writers"):
-        train_and_evaluate(tiny_config("jsonl,csv"), str(tmp_path / "run"))
+        train_on_one_device(tiny_config("jsonl,csv"), str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 

@@ -137,14 +137,13 @@ def test_a_run_logging_to_a_file_writes_lines_not_frames(tmp_path, monkeypatch):
     process: the log writes to `sys.stderr` as it finds it, here a file."""
     import sys
 
-    from gpn_jax.training.loop import train_and_evaluate
-    from tests.helpers.training import tiny_config
+    from tests.helpers.training import tiny_config, train_on_one_device
 
     c = tiny_config(steps=6, checkpoint_every=3, eval_every=2, log_every=2)
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
         monkeypatch.setattr(sys, "stderr", err)
-        train_and_evaluate(c, str(tmp_path / "run"))
+        train_on_one_device(c, str(tmp_path / "run"))
         monkeypatch.undo()
     text = err_path.read_text()
     assert "\r" not in text

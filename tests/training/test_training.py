@@ -22,10 +22,9 @@ from gpn_jax.training.loop import (
     TrainingError,
     evaluate_heldout,
     model_difference,
-    train_and_evaluate,
 )
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
-from tests.helpers.training import final_state, tiny_config
+from tests.helpers.training import final_state, tiny_config, train_on_one_device
 from tests.tolerance import assert_rel_close, f32_bound, rel_err
 
 
@@ -33,7 +32,7 @@ from tests.tolerance import assert_rel_close, f32_bound, rel_err
 def two_step_run(tmp_path_factory):
     """The workdir of a finished `tiny_config(steps=2)` run (checkpoint 2); tests resume copies."""
     workdir = str(tmp_path_factory.mktemp("two_step") / "run")
-    train_and_evaluate(tiny_config(steps=2), workdir)
+    train_on_one_device(tiny_config(steps=2), workdir)
     return workdir
 
 
@@ -50,7 +49,7 @@ def four_step_run(tmp_path_factory, two_step_run):
     """The workdir of a finished `tiny_config(steps=4)` run, uninterrupted; tests read it or
     change copies."""
     workdir = with_tokenizer_of(two_step_run, tmp_path_factory.mktemp("four_step") / "run")
-    train_and_evaluate(tiny_config(steps=4), workdir)
+    train_on_one_device(tiny_config(steps=4), workdir)
     return workdir
 
 
@@ -58,9 +57,25 @@ def copy_of(workdir, tmp_path) -> str:
     return shutil.copytree(workdir, str(tmp_path / "copy"))
 
 
+def test_a_run_trains_on_the_devices_it_is_given(tmp_path, capsys, two_step_run):
+    """`devices`: the config's mesh is laid over those devices, not all of `jax.devices()`;
+    a mesh that needs more of them is a one-line error before the workdir is touched."""
+    from gpn_jax.training.loop import train_and_evaluate
+
+    workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
+    final = train_and_evaluate(tiny_config(steps=1), workdir, devices=jax.devices()[2:4])
+    assert final["step"] == 1
+    assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1}" in capsys.readouterr().out
+    config = tiny_config(steps=1)
+    config.mesh.data = 4
+    with pytest.raises(ValueError, match="needs 4 devices, have 2"):
+        train_and_evaluate(config, str(tmp_path / "other"), devices=jax.devices()[:2])
+    assert not os.path.exists(tmp_path / "other")
+
+
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, two_step_run, four_step_run):
     straight, resumed = four_step_run, copy_of(two_step_run, tmp_path)
-    train_and_evaluate(tiny_config(steps=4), resumed)  # same command again: resumes at step 2
+    train_on_one_device(tiny_config(steps=4), resumed)  # same command again: resumes at step 2
     s1, a, data_a, meta_a = final_state(straight, tiny_config())
     s2, b, data_b, meta_b = final_state(resumed, tiny_config())
     assert s1 == s2 == 4
@@ -148,7 +163,7 @@ def test_non_finite_step_is_never_checkpointed(tmp_path, monkeypatch, two_step_r
     )
     pattern = r"step (\d+) is not finite .*stopped without applying it; newest checkpoint"
     with pytest.raises(TrainingError, match=pattern) as err:
-        train_and_evaluate(config, workdir)
+        train_on_one_device(config, workdir)
     bad_step = int(str(err.value).split("step ")[1].split()[0])
     assert "\n" not in str(err.value)
     assert f"checkpoint (all values finite): step {bad_step - 1} in " in str(err.value)
@@ -181,7 +196,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog, 
     ):
         with open(f, "r+b") as fh:
             fh.truncate(8)
-    final = train_and_evaluate(tiny_config(steps=6), workdir)
+    final = train_on_one_device(tiny_config(steps=6), workdir)
     assert final["step"] == 6
     assert "checkpoint step 4 unreadable" in caplog.text
 
@@ -191,7 +206,7 @@ def test_no_heldout_set_trains_and_says_so(tmp_path, two_step_run):
     config = tiny_config(steps=2, eval_every=1, checkpoint_every=1)
     config.data.heldout_fraction = 0.0
     workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
-    final = train_and_evaluate(config, workdir)
+    final = train_on_one_device(config, workdir)
     on_disk = json.load(open(os.path.join(workdir, "final_metrics.json")))
     assert final == on_disk
     assert on_disk == {
@@ -228,7 +243,7 @@ def test_resume_with_every_math_free_field_changed(tmp_path, two_step_run):
     for field, value in MATH_FREE.items():
         block, name = field.split(".")
         config[block][name] = value
-    assert train_and_evaluate(config, workdir)["step"] == 3
+    assert train_on_one_device(config, workdir)["step"] == 3
 
 
 @pytest.mark.parametrize(
@@ -256,7 +271,7 @@ def test_checkpoint_of_another_model_is_reported_before_any_array_is_read(
     config = tiny_config(steps=3)
     config.model.d_model = 32
     with pytest.raises(TrainingError) as err:
-        train_and_evaluate(config, workdir)
+        train_on_one_device(config, workdir)
     assert str(err.value) == (
         f"checkpoint in {os.path.join(workdir, 'checkpoints')} is of another model: "
         "d_model 64 (checkpoint) != 32 (config); use a fresh --workdir"
@@ -279,7 +294,7 @@ def test_bad_data_is_reported_before_the_state_is_built(tmp_path, monkeypatch, s
     config = tiny_config()
     config.data.source = source
     with pytest.raises((FileNotFoundError, ValueError), match=message):
-        train_and_evaluate(config, str(tmp_path / "run"))
+        train_on_one_device(config, str(tmp_path / "run"))
 
 
 class _Batches:
@@ -317,6 +332,6 @@ def test_the_heap_and_the_progress_bar_follow_the_config(
     config = tiny_config(steps=3, checkpoint_every=3)
     config.train.reuse_step_memory = reuse
     config.logging.progress_bar = shown  # False: runs side by side (the MQAR sweep's workers)
-    train_and_evaluate(config, with_tokenizer_of(two_step_run, tmp_path / "run"))
+    train_on_one_device(config, with_tokenizer_of(two_step_run, tmp_path / "run"))
     assert calls == [reuse]  # after the first step's call (it compiled the step), not every step
     assert ("step/s" in capsys.readouterr().err) == shown
