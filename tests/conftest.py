@@ -1,5 +1,6 @@
 """Test setup: 8 forced CPU host devices (for sharding tests) before JAX starts."""
 
+import gc
 import os
 import tempfile
 
@@ -34,6 +35,21 @@ def pytest_configure(config):
     except ImportError:  # a pytest without the key: keep its default
         return
     config.stash[gc_collect_iterations_key] = 1
+
+
+def pytest_sessionstart(session):
+    """The cyclic garbage collector runs every 10,000 net allocations instead of every 700:
+    tracing and lowering JAX programs allocate millions of short-lived objects, and with JAX's
+    caches and every imported module on the heap, the frequent full collections cost about a
+    tenth of an in-process test's CPU. Garbage is still collected, only in fewer passes."""
+    gc.set_threshold(10_000, 10, 10)
+
+
+def pytest_collection_finish(session):
+    """Everything imported by collection (JAX, TensorFlow's data stack, every test module) lives
+    for the whole session: frozen, later full collections no longer walk it."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session", autouse=True)
