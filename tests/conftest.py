@@ -40,8 +40,8 @@ def pytest_configure(config):
 def pytest_sessionstart(session):
     """The cyclic garbage collector runs every 10,000 net allocations instead of every 700:
     tracing and lowering JAX programs allocate millions of short-lived objects, and with JAX's
-    caches and every imported module on the heap, the frequent full collections cost about a
-    tenth of an in-process test's CPU. Garbage is still collected, only in fewer passes."""
+    caches and every imported module on the heap, the frequent collections took several percent
+    of the in-process tests' CPU. Garbage is still collected, only in fewer passes."""
     gc.set_threshold(10_000, 10, 10)
 
 
