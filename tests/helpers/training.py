@@ -9,6 +9,7 @@ from gpn_jax.checkpoints.restore import tokenizer_sha256
 from gpn_jax.data.pipeline import build_data
 from gpn_jax.models import factory
 from gpn_jax.training import train_step as ts
+from gpn_jax.training.loop import train_and_evaluate
 from gpn_jax.training.optimizer import make_optimizer
 from tests.tolerance import f32_bound
 
@@ -17,8 +18,6 @@ def train_on_one_device(config, workdir: str) -> dict:
     """`train_and_evaluate` on the first of the 8 test devices: the tests of the trainer's
     behaviour need no mesh (the sharded steps are tests/parallel's), and a tiny run costs about
     a third more CPU on 8 forced devices of 2 cores."""
-    from gpn_jax.training.loop import train_and_evaluate
-
     return train_and_evaluate(config, workdir, devices=jax.devices()[:1])
 
 

@@ -22,6 +22,7 @@ from gpn_jax.training.loop import (
     TrainingError,
     evaluate_heldout,
     model_difference,
+    train_and_evaluate,
 )
 from gpn_jax.training.optimizer import learning_rate_schedule, make_optimizer
 from tests.helpers.training import final_state, tiny_config, train_on_one_device
@@ -60,8 +61,6 @@ def copy_of(workdir, tmp_path) -> str:
 def test_a_run_trains_on_the_devices_it_is_given(tmp_path, capsys, two_step_run):
     """`devices`: the config's mesh is laid over those devices, not all of `jax.devices()`;
     a mesh that needs more of them is a one-line error before the workdir is touched."""
-    from gpn_jax.training.loop import train_and_evaluate
-
     workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
     final = train_and_evaluate(tiny_config(steps=1), workdir, devices=jax.devices()[2:4])
     assert final["step"] == 1
