@@ -165,7 +165,7 @@ def test_one_mode_is_required():
 
 def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
     """A part that ends no line and hangs cannot hold the run: its process group is killed at
-    the deadline (return code None: 'timeout'), the lines it printed are kept."""
+    the deadline, the lines it printed are kept."""
     import time
 
     from gpn_jax.benchmarks import accel
@@ -176,8 +176,25 @@ def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-    assert accel._follow(proc, time.monotonic() + 5) == ["row 1"]
-    assert proc.returncode is None and proc.poll() is not None
+    assert accel._follow(proc, time.monotonic() + 5) == (["row 1"], True)
+    assert proc.poll() is not None
+
+
+@pytest.mark.parametrize(
+    "body, status", [("sleep 120", "timeout"), ("exit 3", "failed"), ("exit 0", "ok")]
+)
+def test_a_part_is_recorded_as_it_ended(tmp_path, monkeypatch, body, status):
+    """A part killed at its deadline reads 'timeout' (not the 0 that Popen's own wait reports
+    for a child already reaped), one that exits non-zero 'failed'."""
+    from gpn_jax.benchmarks import accel
+
+    part = tmp_path / "part"
+    part.write_text(f"#!/bin/sh\necho row 1\n{body}\n")
+    part.chmod(0o755)
+    monkeypatch.setattr(accel.sys, "executable", str(part))  # the part's interpreter
+    rec = accel.run_part("check", "s.json", str(tmp_path / "o.json"), str(tmp_path), 3)
+    assert rec["status"] == status
+    assert rec.get("tail", ["row 1"]) == ["row 1"]
 
 
 def test_each_row_is_saved_as_it_comes(tmp_path):

@@ -32,6 +32,16 @@ _REHEARSE = flags.DEFINE_bool("rehearse", False, "Every part at toy shapes (a CP
 _PARTS = flags.DEFINE_list(
     "parts", ["check", "passes", "step", "baselines", "hlo"], "Parts to run, in this order."
 )
+_SMOKE = flags.DEFINE_bool(
+    "smoke", True, "With --device: every part at toy shapes on the device first (60 s)."
+)
+_BUDGETS = flags.DEFINE_list(
+    "budgets", [], "PART=SECONDS overrides of the parts' budget shares, e.g. baselines=150."
+)
+_RECORDS = flags.DEFINE_list(
+    "step_records", [], "The step part's KERNELS:MEMORY_DTYPE:BATCH records, e.g. "
+    "pallas:float32:128 (default: all, in order of value)."
+)  # fmt: skip
 _BUDGET = flags.DEFINE_float(
     "budget_s", None, "Seconds the run may take (default: 430 with --device, 900 rehearsing)."
 )
@@ -49,8 +59,9 @@ def _body():
         raise ValueError(f"unknown --parts {unknown}; choose from {', '.join(accel.PARTS)}")
     mode = "device" if _DEVICE.value else "rehearse"
     budget = _BUDGET.value or (430.0 if _DEVICE.value else 900.0)
-    smoke = bench_accel.settings("rehearse") if _DEVICE.value else None
-    runs = accel.run(bench_accel.settings(mode), _OUT.value, budget, _PARTS.value, smoke)
+    settings = bench_accel.settings(mode, _BUDGETS.value, _RECORDS.value)
+    smoke = bench_accel.settings("rehearse") if _DEVICE.value and _SMOKE.value else None
+    runs = accel.run(settings, _OUT.value, budget, _PARTS.value, smoke)
     summary = ", ".join(f"{p} {r['status']}" for p, r in runs.items())
     print(f"{PROG}: {summary}", flush=True)
     print(f"{PROG}: results in {_OUT.value}", flush=True)

@@ -54,10 +54,47 @@ def _small_gpn_m() -> dict:
     return m | dict(d_key=16, d_value=32, compute_dtype="float32")
 
 
-def settings(mode: str) -> dict:
-    """Everything the parts need, as plain data (the part processes read it as JSON)."""
+def settings(mode: str, budgets=(), records=()) -> dict:
+    """Everything the parts need, as plain data (the part processes read it as JSON).
+    `budgets`: "part=seconds" overrides of the budget shares; `records`: the step part's
+    "kernels:memory_dtype:batch" records instead of the mode's (`accel_bench.py`'s flags)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    s = _settings(mode)
+    s["budgets"] |= dict(_budget(b) for b in budgets)
+    if records:
+        s["step_records"] = [_step_record(r) for r in records]
+    return s
+
+
+def _budget(text: str) -> tuple[str, float]:
+    part, _, sec = text.partition("=")
+    try:
+        seconds = float(sec)
+    except ValueError:
+        seconds = -1.0
+    if part not in DEVICE_BUDGETS or not seconds > 0:
+        raise ValueError(
+            f"--budgets entry {text!r}: write PART=SECONDS, PART one of {', '.join(DEVICE_BUDGETS)}"
+        )
+    return part, seconds
+
+
+def _step_record(text: str) -> tuple[str, str, int]:
+    kernels, dtype, batch = (text.split(":") + ["", "", ""])[:3]
+    if (
+        kernels not in ("xla", "pallas")
+        or dtype not in ("float32", "bfloat16")
+        or not (batch.isdigit() and int(batch) > 0)
+    ):
+        raise ValueError(
+            f"--step_records entry {text!r}: write KERNELS:MEMORY_DTYPE:BATCH, e.g. "
+            "pallas:float32:128 (kernels xla or pallas, dtype float32 or bfloat16)"
+        )
+    return kernels, dtype, int(batch)
+
+
+def _settings(mode: str) -> dict:
     if mode == "rehearse":
         tiny = bench_tiny.get_config().models
         models = {k: tiny[k].to_dict() for k in ("gpn_m", "transformer", "gdn")}

@@ -64,8 +64,9 @@ def run_part(
         cmd + [out_path, scratch], env=env, cwd=_ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
     ) as proc:  # fmt: skip
-        tail = _follow(proc, t0 + timeout)
-    status = {0: "ok", None: "timeout"}.get(proc.returncode, "failed")
+        tail, killed = _follow(proc, t0 + timeout)
+    # (Popen's exit waits again, and reads a killed child it already reaped as code 0)
+    status = "timeout" if killed else "ok" if proc.returncode == 0 else "failed"
     rec = {"part": part, "status": status, "seconds": round(time.monotonic() - t0, 1)}
     if status != "ok":
         rec["tail"] = tail[-5:]
@@ -73,10 +74,10 @@ def run_part(
     return rec
 
 
-def _follow(proc, deadline: float) -> list[str]:
+def _follow(proc, deadline: float) -> tuple[list[str], bool]:
     """Prints the part's output as it comes (read in chunks: a line the part has not ended
-    cannot hold this loop past `deadline`); kills its process group at `deadline` (the return
-    code then reads None). The last lines, for the run's record."""
+    cannot hold this loop past `deadline`); kills its process group at `deadline`. The last
+    lines, for the run's record, and whether it was killed."""
     import selectors
 
     fd, buf, tail = proc.stdout.fileno(), b"", []
@@ -87,8 +88,7 @@ def _follow(proc, deadline: float) -> list[str]:
         if left <= 0:
             os.killpg(proc.pid, 9)
             proc.wait()
-            proc.returncode = None
-            return tail
+            return tail, True
         if not sel.select(timeout=min(left, 1.0)):
             continue
         chunk = os.read(fd, 1 << 16)
@@ -99,7 +99,7 @@ def _follow(proc, deadline: float) -> list[str]:
             tail = (tail + [text[-300:]])[-20:]
         if not chunk:
             proc.wait()
-            return tail
+            return tail, False
 
 
 def smoke(settings_path: str, scratch: str, budget: float, env=None) -> dict:
@@ -144,7 +144,7 @@ def _run_in(settings, out, deadline, parts, smoke_settings, scratch: str) -> dic
         budget = min(settings["budgets"]["smoke"], deadline - time.monotonic())
         _amend(vpath, smoke=smoke(paths["smoke_settings"], scratch, budget, env))
     carry = 0.0
-    for part in (p for p in PARTS if p in parts):
+    for part in dict.fromkeys(parts):  # in the caller's order
         start = time.monotonic()
         timeout = min(settings["budgets"][part] + carry, deadline - start)
         if timeout < 5:

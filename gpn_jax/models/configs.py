@@ -208,8 +208,13 @@ class TransformerConfig:
     compute_dtype: str = switch("float32", cpu=becomes("float32"))
     loss_chunk: int = switch(128, minimum=1)  # positions decoded to logits at once in the loss
     remat: bool = switch(False)  # rematerialise each block in the backward pass
+    # the training window's attention: "auto" (cuDNN's fused kernel on a GPU with a 16-bit
+    # compute dtype, else XLA's) | "xla" | "cudnn" (`transformer.attention_impl`; same math)
+    attention: str = switch("auto")
 
     def __post_init__(self):
+        if self.attention not in ("auto", "xla", "cudnn"):
+            raise ValueError(f"attention must be 'auto', 'xla' or 'cudnn', got {self.attention!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} not divisible by n_heads {self.n_heads}")
         if (self.d_model // self.n_heads) % 2:

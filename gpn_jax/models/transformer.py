@@ -6,9 +6,11 @@ Architecture (the "Transformer++" recipe): token embedding, then `n_layers` pre-
     x = x + W2 · (silu(W1 · rms(x)) * W3 · rms(x))                            SwiGLU MLP
 
 then a final RMSNorm and the LM head (the transposed embedding when `tie_embeddings`, else
-a separate (d, V) matrix). No biases anywhere. Attention goes through
-`jax.nn.dot_product_attention(..., is_causal=True)`, so XLA / cuDNN pick a fused kernel
-where one exists (cuDNN needs a 16-bit compute dtype).
+a separate (d, V) matrix). No biases anywhere. The training window's attention is
+`jax.nn.dot_product_attention(..., is_causal=True)` with the implementation that
+`attention_impl` picks: on a GPU with a 16-bit compute dtype, cuDNN's fused (flash) kernel,
+which never stores the (T, T) scores; elsewhere XLA's, which does (jax's own default is
+XLA's everywhere).
 
 Initialisation (our choice, documented here):
   * embedding: N(0, 0.02);
@@ -113,11 +115,30 @@ def qkv(lp: dict, x_BxTxD: Array, positions_T: Array, cfg: TransformerConfig):
     return q, k, v
 
 
+def attention_impl(choice: str, q_BxTxNxH: Array) -> str:
+    """The implementation `jax.nn.dot_product_attention` gets for `choice` ("auto" | "xla" |
+    "cudnn"): "auto" is cuDNN where its fused kernel applies (the default backend a GPU,
+    16-bit queries, a head dimension a multiple of 8 up to 128), else XLA. An explicit
+    "cudnn" off a GPU is refused in one line."""
+    on_gpu = jax.default_backend() == "gpu"
+    if choice == "cudnn" and not on_gpu:
+        raise ValueError(
+            f"model.attention='cudnn' needs a GPU (cuDNN); this backend is "
+            f"{jax.default_backend()}: use 'auto' or 'xla'"
+        )
+    if choice != "auto":
+        return choice
+    H = q_BxTxNxH.shape[-1]
+    fits = q_BxTxNxH.dtype in (jnp.bfloat16, jnp.float16) and H % 8 == 0 and H <= 128
+    return "cudnn" if on_gpu and fits else "xla"
+
+
 def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig) -> Array:
     """One pre-norm block over a full causal window (positions 0..T-1)."""
     B, T, D = x_BxTxD.shape
     q, k, v = qkv(lp, x_BxTxD, jnp.arange(T), cfg)
-    att = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    impl = attention_impl(cfg.attention, q)
+    att = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
     x = x_BxTxD + mm(att.reshape(B, T, D), lp["wo"])
     return x + swiglu(lp, rms_norm(x, lp["mlp_norm"]))
 

@@ -198,3 +198,24 @@ def test_config_validation():
         make(n_heads=5)
     with pytest.raises(TypeError):
         make(bogus=1)
+
+
+def test_attention_choice():
+    """'auto' takes cuDNN's fused kernel only on a GPU (16-bit queries, head dim a multiple of 8
+    up to 128); here, on the CPU, XLA's, and the loss is the explicit 'xla' one bit for bit.
+    An explicit 'cudnn' off a GPU, or an unknown choice, is refused in one line."""
+    from gpn_jax.models.transformer import attention_impl
+
+    q16 = jnp.zeros((1, 4, 2, 64), jnp.bfloat16)
+    assert jax.default_backend() == "cpu"
+    assert attention_impl("auto", q16) == "xla" and attention_impl("xla", q16) == "xla"
+    with pytest.raises(ValueError, match="needs a GPU .cuDNN.; this backend is cpu"):
+        attention_impl("cudnn", q16)
+    with pytest.raises(ValueError, match="attention must be 'auto', 'xla' or 'cudnn'"):
+        make(attention="flash")
+    losses = {}
+    for choice in ("auto", "xla"):
+        m = make(attention=choice)
+        params = m.init(jax.random.PRNGKey(0))
+        losses[choice] = float(jax.jit(m.loss)(params, tokens())[0])
+    assert losses["auto"] == losses["xla"]

@@ -5,7 +5,9 @@ microseconds per token and the bytes over M-sized arrays that each pass must mov
 
 Each pass runs `reps` times inside one jitted loop whose carry chains the calls (the memory for
 `step`, the segment's last memory for `stack`, the cotangent for `grad`, which also takes a
-different t each time), so neither dispatch nor loop-invariant hoisting hides the pass.
+different t each time), so neither dispatch nor loop-invariant hoisting hides the pass. The
+inputs are the loop's arguments, never closed over: at the 130M shapes they are gigabytes,
+which XLA would otherwise embed in the program as constants.
 On the CPU the kernels run in Pallas's interpreter: slow, and no measure of the GPU kernels.
 """
 
@@ -39,13 +41,13 @@ def _inputs(B, H, K, U, S, dtype, key):
     }
 
 
-def _loops(ops: dict, x: dict, reps: int) -> dict:
-    """One jitted function per pass: `reps` chained calls (see the module docstring)."""
-    S = x["k"].shape[0]
-    one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
-    keep_B = x["keep"][0]
+def _loops(ops: dict, reps: int) -> dict:
+    """One function per pass, `reps` chained calls (see the module docstring): (carry, x) ->
+    carry, where x is `_inputs`' dict."""
 
-    def step(M):
+    def step(M, x):
+        one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+
         def body(i, c):
             M, acc = c
             Mn, o = ops["step"](M, one["k"], one["q"], one["v"], one["beta"], one["eg"])
@@ -53,16 +55,21 @@ def _loops(ops: dict, x: dict, reps: int) -> dict:
 
         return jax.lax.fori_loop(0, reps, body, (M, jnp.zeros((), F32)))
 
-    def stack(M0):
+    def stack(M0, x):
+        S = x["k"].shape[0]
+
         def body(i, c):
             Ms, kM, qM = ops["stack"](c[0], x["k"], x["q"], x["v"], x["beta"], x["eg"], x["keep"])
             return Ms[S - 1], c[1] + kM[0, 0, 0, 0] + qM[0, 0, 0, 0]
 
         return jax.lax.fori_loop(0, reps, body, (M0, jnp.zeros((), F32)))
 
-    def grad(dM):
+    def grad(dM, x):
+        S = x["k"].shape[0]
+        one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+        keep_B, v = x["keep"][0], one["v"]
+
         def body(i, c):
-            v = one["v"]
             d, dMk, dMw, inner, mk, mq = ops["grad"](
                 x["Ms"], i % S, keep_B, c[0], one["k"], one["q"], v, one["beta"], one["eg"], v, v
             )
@@ -70,23 +77,20 @@ def _loops(ops: dict, x: dict, reps: int) -> dict:
 
         return jax.lax.fori_loop(0, reps, body, (dM, jnp.zeros((), F32)))
 
-    # pass -> (loop, its argument, whether the loop may take that argument's buffer)
-    return {
-        "step": (step, "M", True),
-        "stack": (stack, "M", True),
-        "grad": (grad, "dM", True),
-    }
+    # pass -> (loop, its carried argument, whose buffer the loop may take)
+    return {"step": (step, "M"), "stack": (stack, "M"), "grad": (grad, "dM")}
 
 
-def _seconds(fn, arg, donate: bool, device) -> float:
-    """Wall seconds of one call of a compiled `fn` (compiled and run once first)."""
-    f = jax.jit(fn, donate_argnums=0 if donate else ())
+def _seconds(fn, arg, x: dict, device) -> float:
+    """Wall seconds of one call of a compiled `fn(arg, x)` (compiled and run once first; `arg`
+    donated, a fresh copy each call)."""
+    f = jax.jit(fn, donate_argnums=0)
     fresh = lambda: jax.device_put(jnp.copy(arg), device)  # noqa: E731
-    jax.block_until_ready(f(fresh()))
+    jax.block_until_ready(f(fresh(), x))
     a = fresh()
     jax.block_until_ready(a)
     t0 = time.perf_counter()
-    jax.block_until_ready(f(a))
+    jax.block_until_ready(f(a, x))
     return time.perf_counter() - t0
 
 
@@ -127,9 +131,9 @@ def time_passes(
         minimum = min_bytes_per_token(K, U, H, memory_dtype)
         out = {n: {"min_bytes_per_token": minimum[n]} for n in passes}
         for label, ops in (("xla", xla), ("pallas", pallas)):
-            for name, (fn, arg, donate) in _loops(ops, x, reps).items():
+            for name, (fn, arg) in _loops(ops, reps).items():
                 if name not in passes:
                     continue
-                sec = _seconds(fn, x[arg], donate, device)
+                sec = _seconds(fn, x[arg], x, device)
                 out[name][f"{label}_us_per_token"] = sec * 1e6 / (reps * tokens[name])
     return out
