@@ -89,7 +89,28 @@ _SYNTHETIC = [
     ("Gated DeltaNet", "{gdn}", "r"),
     ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
 ]
+_ACCEL_STEP = [
+    ("model", "{model}", "l"),
+    ("kernels", "{kernels}", "l"),
+    ("memory", "{memory_dtype}", "l"),
+    ("B × T", "{batch_size} × {seq_len}", "r"),
+    ("tokens/s", "{tokens_per_s:,.0f}", "r"),
+    ("step (s)", "{step_time_s:.2f}", "r"),
+    ("MFU (%)", "{mfu_pct:.1f}", "r"),
+    ("peak memory (GiB)", "{peak_mem_gib:.1f}", "r"),
+    ("ops/token", "{ops_per_token:.1f}", "r"),
+    ("compile (s)", "{compile_s:.0f}", "r"),
+    ("outcome", "{outcome}", "l"),
+]
+_ACCEL_CHECK = [
+    ("check", "{what}", "l"),
+    ("passed", "{ok}", "l"),
+    ("relative error", "{rel_err:.2e}", "r"),
+    ("bound", "{bound:.2e}", "r"),
+]
 COLUMNS = {
+    "accel_h100_step": _ACCEL_STEP,
+    "accel_h100_check": _ACCEL_CHECK,
     "bench_small": [
         ("model", "{model}", "l"),
         ("params", "{params_m:.2f}M", "r"),
@@ -379,6 +400,10 @@ class _Fields(string.Formatter):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", field_name):
             raise KeyError(field_name)
         return kwargs[field_name], field_name
+
+    def format_field(self, value, format_spec):
+        """None (a figure a record did not reach) reads "—"."""
+        return "—" if value is None else super().format_field(value, format_spec)
 
 
 def load(root: str, name: str, required: tuple[str, ...] = REQUIRED) -> dict:

@@ -2,6 +2,7 @@
 
     python experiments/bench/accel_bench.py --device --out=DIR      # on the GPU (under 8 min)
     python experiments/bench/accel_bench.py --rehearse --out=DIR    # here: toy shapes, CPU
+    python experiments/bench/accel_bench.py --summarise=DIR --out=experiments/results/NAME
 
 Versions first, then (with --device) a smoke test of every part at toy shapes, then the parts
 in order of value, each in its own process under its own budget, each writing its result file
@@ -42,6 +43,10 @@ _RECORDS = flags.DEFINE_list(
     "step_records", [], "The step part's KERNELS:MEMORY_DTYPE:BATCH records, e.g. "
     "pallas:float32:128 (default: all, in order of value)."
 )  # fmt: skip
+_SUMMARISE = flags.DEFINE_string(
+    "summarise", None, "A run's folder: write its result files OUT_step.json and "
+    "OUT_check.json for tools/render_results.py (no run)."
+)  # fmt: skip
 _BUDGET = flags.DEFINE_float(
     "budget_s", None, "Seconds the run may take (default: 430 with --device, 900 rehearsing)."
 )
@@ -52,6 +57,12 @@ def _body():
     from experiments.bench import bench_accel
     from gpn_jax.benchmarks import accel
 
+    if _SUMMARISE.value:
+        from gpn_jax.benchmarks import accel_summary
+
+        for path in accel_summary.write(_SUMMARISE.value, _OUT.value):
+            print(f"{PROG}: wrote {path}", flush=True)
+        return
     if _DEVICE.value == _REHEARSE.value:
         raise ValueError("pass exactly one of --device (the accelerator run) and --rehearse")
     unknown = sorted(set(_PARTS.value) - set(accel.PARTS))

@@ -2,7 +2,8 @@
 fused window is handed (`gpn_jax.core.kernel_ops.MemoryKernels`).
 
   auto    Pallas on a GPU (once they pass their first-use self-check there,
-          `gpn_jax.kernels.selfcheck`); XLA on a TPU (the Pallas TPU kernels are an explicit
+          `gpn_jax.kernels.selfcheck`; on an H100 they ran the 130M step faster than XLA,
+          docs/performance.md, "Measured on one H100"); XLA on a TPU (the Pallas TPU kernels are an explicit
           choice, for per-chip batches whose memory XLA moves through HBM; see `resolve`); the C++
           kernels on a CPU they were measured faster on (AVX-512, or AVX2 with FMA) where they
           build; XLA otherwise. A backend that cannot be used falls back to XLA with one
