@@ -27,14 +27,16 @@ from absl import flags  # noqa: E402
 from gpn_jax.io import cli  # noqa: E402 - after the path to this checkout
 
 PROG = "accel_bench"
-_OUT = flags.DEFINE_string("out", None, "Results folder (at most 8 files).")
+_OUT = flags.DEFINE_string(
+    "out", None, "Results folder (at most 8 files); with --summarise, the result files' stem."
+)
 _DEVICE = flags.DEFINE_bool("device", False, "The full run on this machine's accelerator.")
 _REHEARSE = flags.DEFINE_bool("rehearse", False, "Every part at toy shapes (a CPU is enough).")
 _PARTS = flags.DEFINE_list(
     "parts", ["check", "passes", "step", "baselines", "hlo"], "Parts to run, in this order."
 )
 _SMOKE = flags.DEFINE_bool(
-    "smoke", True, "With --device: every part at toy shapes on the device first (60 s)."
+    "smoke", True, "With --device: every part at toy shapes on the device first (its own budget)."
 )
 _BUDGETS = flags.DEFINE_list(
     "budgets", [], "PART=SECONDS overrides of the parts' budget shares, e.g. baselines=150."
