@@ -29,6 +29,8 @@ statistics stay float32; matrices are cast once to `compute_dtype` and matmuls a
 float32 (`mm`). Attention inputs are in `compute_dtype`.
 """
 
+import functools
+import logging
 import math
 
 import flax.linen as nn
@@ -120,11 +122,12 @@ def attention_impl(choice: str, q_BxTxNxH: Array) -> str:
     "cudnn"): "auto" is cuDNN where its fused kernel applies (the default backend a GPU,
     16-bit queries, a head dimension a multiple of 8 up to 128), else XLA. An explicit
     "cudnn" off a GPU is refused in one line."""
-    on_gpu = jax.default_backend() == "gpu"
+    backend = _backend()
+    on_gpu = backend == "gpu"
     if choice == "cudnn" and not on_gpu:
         raise ValueError(
-            f"model.attention='cudnn' needs a GPU (cuDNN); this backend is "
-            f"{jax.default_backend()}: use 'auto' or 'xla'"
+            f"model.attention='cudnn' needs a GPU (cuDNN); this backend is {backend}: use "
+            "'auto' or 'xla'"
         )
     if choice != "auto":
         return choice
@@ -133,12 +136,38 @@ def attention_impl(choice: str, q_BxTxNxH: Array) -> str:
     return "cudnn" if on_gpu and fits else "xla"
 
 
+def _backend() -> str:
+    return jax.default_backend()
+
+
+@functools.cache
+def _warn_cudnn_fallback(reason: str) -> None:
+    logging.warning(
+        "gpn_jax: cuDNN's fused attention is unavailable here (%s); Transformer++ uses XLA's "
+        "(model.attention=xla says so without this warning)",
+        reason,
+    )
+
+
+def causal_attention(q: Array, k: Array, v: Array, choice: str) -> Array:
+    """Causal attention over the window (B, T, N, H) with `attention_impl(choice, q)`; where
+    "auto" takes cuDNN and cuDNN refuses when traced (no cuDNN found, an unsupported GPU), XLA's
+    with one warning. An explicit "cudnn" raises what cuDNN raised."""
+    impl = attention_impl(choice, q)
+    if impl == "cudnn" and choice == "auto":
+        try:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        except (RuntimeError, NotImplementedError, ValueError) as e:
+            _warn_cudnn_fallback(" ".join(str(e).split())[:200])
+            impl = "xla"
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+
+
 def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig) -> Array:
     """One pre-norm block over a full causal window (positions 0..T-1)."""
     B, T, D = x_BxTxD.shape
     q, k, v = qkv(lp, x_BxTxD, jnp.arange(T), cfg)
-    impl = attention_impl(cfg.attention, q)
-    att = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+    att = causal_attention(q, k, v, cfg.attention)
     x = x_BxTxD + mm(att.reshape(B, T, D), lp["wo"])
     return x + swiglu(lp, rms_norm(x, lp["mlp_norm"]))
 

@@ -219,3 +219,22 @@ def test_attention_choice():
         params = m.init(jax.random.PRNGKey(0))
         losses[choice] = float(jax.jit(m.loss)(params, tokens())[0])
     assert losses["auto"] == losses["xla"]
+
+
+def test_auto_attention_falls_back_to_xla_with_one_warning_where_cudnn_refuses(monkeypatch, caplog):
+    """On a GPU whose cuDNN refuses (here: a CPU posing as a GPU, so cuDNN is not found),
+    'auto' trains with XLA's attention, the same loss bit for bit, and says so once; an
+    explicit 'cudnn' raises cuDNN's own error."""
+    from gpn_jax.models import transformer
+
+    params = make(compute_dtype="bfloat16").init(jax.random.PRNGKey(0))
+    want = float(make(compute_dtype="bfloat16", attention="xla").loss(params, tokens())[0])
+    monkeypatch.setattr(transformer, "_backend", lambda: "gpu")
+    transformer._warn_cudnn_fallback.cache_clear()
+    with caplog.at_level("WARNING"):
+        got = float(make(compute_dtype="bfloat16").loss(params, tokens())[0])
+    assert got == want
+    warned = [r.message for r in caplog.records if "cuDNN's fused attention" in r.message]
+    assert len(warned) == 1 and "model.attention=xla" in warned[0]
+    with pytest.raises(RuntimeError, match="cuDNN"):
+        make(compute_dtype="bfloat16", attention="cudnn").loss(params, tokens())
