@@ -3,7 +3,8 @@
 #   run(command="bash experiments/bench/h200_run.sh", carry=[".whl"], timeout_s=540)
 # It installs the carried wheels and the project (--no-deps: the image's jax 0.11.2 stays),
 # prints versions, then runs accel_bench.py --device (versions, smoke test, parts a-e, about
-# 7 minutes at most) into $OUT, with its whole output in $OUT/log.txt. Rehearsed here with
+# 7 minutes at most) into $OUT, with its whole output (the versions and GPU lines too) in
+# $OUT/log.txt. Rehearsed here with
 #   OUT=/tmp/x ACCEL_ARGS="--rehearse --parts=passes" bash experiments/bench/h200_run.sh
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/accel_device}
@@ -14,7 +15,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
   --target /tmp/site . >/dev/null 2>&1 || echo "h200_run: project not installed; running from the checkout"
 export PYTHONPATH=$PWD:/tmp/site
-python3 -c "import sys, jax, flax, optax, ml_collections; print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+{ python3 -c "import sys, jax, flax, optax, ml_collections; print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+} 2>&1 | tee "$OUT/log.txt"
 set -o pipefail
-timeout 470 python3 experiments/bench/accel_bench.py ${ACCEL_ARGS:---device} --out="$OUT" 2>&1 | tee "$OUT/log.txt"
+timeout 470 python3 experiments/bench/accel_bench.py ${ACCEL_ARGS:---device} --out="$OUT" 2>&1 | tee -a "$OUT/log.txt"
