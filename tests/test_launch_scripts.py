@@ -131,9 +131,12 @@ def test_started_job_outlives_its_session_and_stops_with_a_checkpoint(fake, tmp_
     plan("hang", "finish")
     workdir = tmp_path / "run"
     # `start` in a session of its own, as an ssh session's shell; then the session hangs up
+    # (SIGHUP's default action restored: under nohup the session would inherit it ignored,
+    # and a shell cannot undo that, so it would sleep out its 30 s)
     session = subprocess.Popen(
         ["bash", "-c", f"launch/job.sh start --workdir={workdir}; sleep 30"],
         cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )  # fmt: skip
     wait_for(lambda: (d / "count.0").exists(), "the trainer to start")
     os.killpg(session.pid, signal.SIGHUP)
