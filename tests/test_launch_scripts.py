@@ -131,13 +131,17 @@ def test_started_job_outlives_its_session_and_stops_with_a_checkpoint(fake, tmp_
     plan("hang", "finish")
     workdir = tmp_path / "run"
     # `start` in a session of its own, as an ssh session's shell; then the session hangs up
-    # (SIGHUP's default action restored: under nohup the session would inherit it ignored,
-    # and a shell cannot undo that, so it would sleep out its 30 s)
-    session = subprocess.Popen(
-        ["bash", "-c", f"launch/job.sh start --workdir={workdir}; sleep 30"],
-        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
-    )  # fmt: skip
+    # It starts with SIGHUP's default action: under nohup it would inherit SIGHUP ignored,
+    # which a shell cannot undo, and sleep out its 30 s. (Set here, not in a preexec_fn, which
+    # would make Popen fork this multithreaded process.)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        session = subprocess.Popen(
+            ["bash", "-c", f"launch/job.sh start --workdir={workdir}; sleep 30"],
+            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     wait_for(lambda: (d / "count.0").exists(), "the trainer to start")
     os.killpg(session.pid, signal.SIGHUP)
     session.wait(timeout=WAIT_S)
