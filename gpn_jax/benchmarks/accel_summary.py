@@ -17,6 +17,8 @@ import json
 import os
 import re
 
+from gpn_jax.io import files, untrusted
+
 MAX_BYTES = 16 * 2**20
 MODELS = {"gpn_m": "GPN+M 130M", "transformer": "Transformer++ 130M", "gdn": "Gated DeltaNet 130M"}
 _TIMEOUT = re.compile(r"timed out after (\d+) seconds")
@@ -28,11 +30,7 @@ def _read(folder: str, name: str) -> dict:
         raise ValueError(f"{path}: missing; pass the folder an accel_bench.py run wrote")
     if os.path.getsize(path) > MAX_BYTES:
         raise ValueError(f"{path}: larger than 16 MiB; not an accel_bench.py part file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not JSON ({e}); rerun the part that writes it") from e
+    data = untrusted.read_json(path, fix="rerun the part that writes it", max_bytes=MAX_BYTES)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object; rerun the part that writes it")
     return data
@@ -164,10 +162,6 @@ def write(folder: str, out_stem: str) -> list[str]:
     paths = []
     for suffix, data in zip(("step", "check"), summarise(folder, out_stem), strict=True):
         path = f"{out_stem}_{suffix}.json"
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        files.atomic_write(path, (json.dumps(data, indent=1) + "\n").encode())
         paths.append(path)
     return paths
