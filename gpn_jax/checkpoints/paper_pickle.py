@@ -167,13 +167,22 @@ class _Budget:
         self.limit -= nbytes
 
 
+def _is_flag(value) -> bool:
+    """numpy pickles a dtype as `dtype(spec, 0, 1)` (align, copy: ints or bools)."""
+    return isinstance(value, (bool, int, np.bool_, np.integer)) and value in (0, 1)
+
+
 def _checked_dtype(*args, **kwargs) -> np.dtype:
-    """A numeric dtype from a pickle's arguments. Strings are limited to a type code or name
-    ('f4', '<f4', 'float32'): numpy parses anything longer (comma lists, subarrays) with
-    `ast.literal_eval`, whose errors would escape as SyntaxError."""
+    """A numeric dtype from a pickle's arguments: a spec and at most the align / copy flags.
+    Strings are limited to a type code or name ('f4', '<f4', 'float32'): numpy parses anything
+    longer (comma lists, subarrays) with `ast.literal_eval`, whose errors would escape as
+    SyntaxError; a flag that is not 0 / 1 would reach numpy's deprecation warnings."""
     spec = args[0] if args else kwargs.get("dtype")
     if isinstance(spec, str) and not _DTYPE_SPEC.fullmatch(spec):
         raise _Refused(f"numpy.dtype {spec[:40]!r} (only a numeric type code or name is data)")
+    flags = [*args[1:], *(v for k, v in kwargs.items() if k != "dtype")]
+    if len(args) > 3 or set(kwargs) - {"dtype", "align", "copy"} or not all(map(_is_flag, flags)):
+        raise _Refused(f"numpy.dtype arguments {flags!r:.60} (only the align / copy flags 0 / 1)")
     try:
         dtype = np.dtype(*args, **kwargs)
     except (TypeError, ValueError, SyntaxError) as e:

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import warnings
 
 import jax
 import numpy as np
@@ -266,6 +267,19 @@ def test_a_dtype_string_numpy_would_parse_as_code_is_one_line(tmp_path):
     path.write_bytes(data)
     with pytest.raises(ValueError, match=r"numpy.dtype '04' \(only a numeric type code or name"):
         paper_pickle.read_pickle(str(path))
+
+
+def test_dtype_flags_that_are_not_0_or_1_are_one_line_and_warn_nothing(tmp_path):
+    """`numpy.dtype(spec, align, copy)` with a string flag (a fuzz find) made numpy warn about a
+    deprecated argument instead of the reader refusing the file; numpy's own flags load."""
+    path = tmp_path / "dtype.pkl"
+    path.write_bytes(pickle.dumps(_Alloc(np.dtype, "f4", "4", 1), protocol=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"numpy.dtype arguments \['4', 1\] \(only the alig"):
+            paper_pickle.read_pickle(str(path))
+    path.write_bytes(pickle.dumps(np.dtype("<f4"), protocol=2))  # numpy's dtype('f4', 0, 1)
+    assert paper_pickle.read_pickle(str(path)) == np.float32
 
 
 @pytest.mark.parametrize(
