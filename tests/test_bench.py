@@ -23,8 +23,11 @@ def _cache_every_compile():
         yield
 
 
-@pytest.mark.slow
-def test_all_suites_in_process(tmp_path):
+@pytest.fixture(scope="module")
+def all_suites(tmp_path_factory):
+    """Every suite of the toy config run once in process (train, scaling, generate; profiled):
+    (its config, output folder and records)."""
+    tmp_path = tmp_path_factory.mktemp("all_suites")
     config = bench_tiny.get_config()
     config.train.models = "gpn_m,gdn"
     config.scaling.update(dict(seq_lens=(8, 16), batch_size=1, batch_sizes=(1,), seq_len=8))
@@ -40,8 +43,12 @@ def test_all_suites_in_process(tmp_path):
         profile=True,
         isolate=False,
     )
+    return config, tmp_path, json.loads(out.read_text())
 
-    records = json.loads(out.read_text())
+
+@pytest.mark.slow
+def test_all_suites_in_process(all_suites):
+    config, tmp_path, records = all_suites
     assert all(k in r for r in records for k in REQUIRED)
     assert not [r for r in records if r.get("error")]
     train = [r for r in records if r["suite"] == "train"]
@@ -93,26 +100,32 @@ def test_one_record_in_its_own_process(tmp_path):
     assert result["peak_flops"][0] > 0
 
 
-def test_bfloat16_training_records_match_float32_loss(tmp_path):
+@pytest.mark.slow
+def test_bfloat16_training_records_match_float32_loss(all_suites, tmp_path):
     """The accelerator setting (`compute_dtype=bfloat16`, what 'auto' picks on GPU / TPU) runs
     the same command unchanged; here on CPU, where the loss of a random model stays within
-    2 % of float32's (the state, memory and norms stay float32)."""
+    2 % of float32's (the state, memory and norms stay float32). The float32 records are the
+    in-process run's (`all_suites`: the same toy train config, float32 on a CPU)."""
+    f32 = [r for r in all_suites[2] if r["suite"] == "train"]
+    config = bench_tiny.get_config()
+    config.train.models = "gpn_m,gdn"
+    config.compute_dtype = "bfloat16"
+    bf16 = [
+        orchestrate.run_spec(spec, isolate=False)["records"][0]
+        for spec in orchestrate.build_specs(config, ["train"], str(tmp_path), profile=False)
+    ]
     losses = {}
-    for dtype in ("float32", "bfloat16"):
-        config = bench_tiny.get_config()
-        config.train.models = "gpn_m,gdn"
-        config.compute_dtype = dtype
-        for spec in orchestrate.build_specs(config, ["train"], str(tmp_path), profile=False):
-            (record,) = orchestrate.run_spec(spec, isolate=False)["records"]
-            assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
-            assert record["ops_per_token"] > 0  # its per-token loops (the roofline's latency)
-            losses[record["model"], dtype] = record["loss"]
-            if record["model"] == "gpn_m":  # 2 x 8 x 8 memory cells, float32: 5 x 4 + 8 bytes
-                assert record["memory_bytes_per_token_min"] == 2 * 8 * 8 * 28
-                assert record["memory_bytes_per_token_hlo"] > 0
-            else:  # Gated DeltaNet: no GPN+M memory
-                assert record["memory_bytes_per_token_hlo"] is None
-                assert record["memory_bytes_per_token_min"] is None
+    for record, dtype in [(r, "float32") for r in f32] + [(r, "bfloat16") for r in bf16]:
+        assert record["compute_dtype"] == dtype and record["tokens_per_s"] > 0
+        assert record["ops_per_token"] > 0  # its per-token loops (the roofline's latency)
+        losses[record["model"], dtype] = record["loss"]
+        if record["model"] == "gpn_m":  # 2 x 8 x 8 memory cells, float32: 5 x 4 + 8 bytes
+            assert record["memory_bytes_per_token_min"] == 2 * 8 * 8 * 28
+            assert record["memory_bytes_per_token_hlo"] > 0
+        else:  # Gated DeltaNet: no GPN+M memory
+            assert record["memory_bytes_per_token_hlo"] is None
+            assert record["memory_bytes_per_token_min"] is None
+    assert sorted(losses) == [(m, d) for m in ("gdn", "gpn_m") for d in ("bfloat16", "float32")]
     for name in ("gpn_m", "gdn"):
         f32, bf16 = losses[name, "float32"], losses[name, "bfloat16"]
         assert bf16 != f32 and abs(bf16 - f32) < 0.02 * f32, (name, f32, bf16)
