@@ -41,12 +41,17 @@ def _inputs(B, H, K, U, S, dtype, key):
     }
 
 
+def _first_token(x: dict) -> dict:
+    """The per-token inputs of `_inputs`' dict at token 0 (what `step` and `grad` take)."""
+    return {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+
+
 def _loops(ops: dict, reps: int) -> dict:
     """One function per pass, `reps` chained calls (see the module docstring): (carry, x) ->
     carry, where x is `_inputs`' dict."""
 
     def step(M, x):
-        one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+        one = _first_token(x)
 
         def body(i, c):
             M, acc = c
@@ -66,7 +71,7 @@ def _loops(ops: dict, reps: int) -> dict:
 
     def grad(dM, x):
         S = x["k"].shape[0]
-        one = {n: x[n][0] for n in ("k", "q", "v", "beta", "eg")}
+        one = _first_token(x)
         keep_B, v = x["keep"][0], one["v"]
 
         def body(i, c):
