@@ -6,10 +6,20 @@ import tempfile
 
 import pytest
 
-from tests.environment import xla_flags
+from tests.environment import SESSION_CORES, worker_cores, xla_flags
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(devices=8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Each xdist worker (and every process it starts) on its own share of the cores, before JAX
+# sizes its CPU thread pool (tests/environment.py says why).
+_OWN_CORES = worker_cores(
+    os.environ.get("PYTEST_XDIST_WORKER"),
+    int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")),
+    SESSION_CORES,
+)
+if _OWN_CORES and hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, _OWN_CORES)
 
 # Many tests (and the CLI subprocesses they start) compile the same tiny train steps: share
 # compiled executables through JAX's persistent cache for the duration of the machine.
@@ -78,3 +88,18 @@ def _train_each_tokenizer_once():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pipeline, "train_tokenizer", once)
         yield
+
+
+@pytest.fixture
+def all_cores():
+    """This test, and every process it starts, on all the session's cores instead of its
+    worker's share: for tests of code that spreads work over cores (`core_pool`)."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield SESSION_CORES
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, SESSION_CORES)
+    try:
+        yield SESSION_CORES
+    finally:
+        os.sched_setaffinity(0, own)

@@ -9,9 +9,34 @@ tokens/s), so the few tests that mostly run (not compile) start their processes 
 defaults (`fast=False`). The two xdist workers already keep both cores busy, so test processes
 also run Eigen's matmuls on one thread and give LLVM one code-generation split (no thread
 contention between the workers).
+
+For the same reason each xdist worker runs on its own share of the cores (`worker_cores`, set
+by `tests/conftest.py` before JAX starts), and so does every process it starts: XLA:CPU sizes
+its runtime thread pools by the cores a process may use, and on 2 cores a worker's pools would
+otherwise spin on the core the other worker needs. Tests of code that spreads work over cores
+take the `all_cores` fixture (`SESSION_CORES`).
 """
 
 import os
+
+# The cores the test session may use, read before a worker is pinned to its share.
+SESSION_CORES = frozenset(
+    os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+)
+
+
+def worker_cores(worker: str | None, workers: int, cores) -> set | None:
+    """The cores of xdist worker `worker` ('gw<i>') of `workers`: every `workers`-th core from
+    its index (one core each when the workers are at least as many as the cores). None where
+    there is nothing to split: not an xdist worker, or one worker."""
+    cores = sorted(cores)
+    if not worker or workers < 2 or len(cores) < 2:
+        return None
+    index = int(worker.removeprefix("gw"))
+    if workers >= len(cores):
+        return {cores[index % len(cores)]}
+    return set(cores[index % workers :: workers])
+
 
 FAST_COMPILE = (
     "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"

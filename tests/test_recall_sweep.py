@@ -99,6 +99,7 @@ def test_report_only_tabulates_finished_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_cores")  # a worker per core: the session's cores, not this worker's
 def test_runs_train_side_by_side_one_core_each(tmp_path):
     """Two workers (`gpn_jax.parallel.core_pool`): every run trains in a process pinned to one
     core, the table holds every run, and a rerun trains nothing."""
@@ -168,6 +169,7 @@ def test_pool_workers_share_one_compilation_cache(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_cores")
 def test_compute_floor_times_steps_side_by_side_with_the_sweeps_workers():
     """With 2 workers each step is timed in 2 single-core processes at once, and the grid's
     stepping time is the runs' time over 2."""
