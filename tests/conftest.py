@@ -6,18 +6,14 @@ import tempfile
 
 import pytest
 
-from tests.environment import SESSION_CORES, worker_cores, xla_flags
+from tests.environment import SESSION_CORES, this_worker_cores, xla_flags
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(devices=8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Each xdist worker (and every process it starts) on its own share of the cores, before JAX
 # sizes its CPU thread pool (tests/environment.py says why).
-_OWN_CORES = worker_cores(
-    os.environ.get("PYTEST_XDIST_WORKER"),
-    int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")),
-    SESSION_CORES,
-)
+_OWN_CORES = this_worker_cores()
 if _OWN_CORES and hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, _OWN_CORES)
 

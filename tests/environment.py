@@ -19,10 +19,10 @@ take the `all_cores` fixture (`SESSION_CORES`).
 
 import os
 
+from gpn_jax.parallel.core_pool import usable_cpus  # imports no JAX
+
 # The cores the test session may use, read before a worker is pinned to its share.
-SESSION_CORES = frozenset(
-    os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-)
+SESSION_CORES = frozenset(usable_cpus())
 
 
 def worker_cores(worker: str | None, workers: int, cores) -> set | None:
@@ -36,6 +36,15 @@ def worker_cores(worker: str | None, workers: int, cores) -> set | None:
     if workers >= len(cores):
         return {cores[index % len(cores)]}
     return set(cores[index % workers :: workers])
+
+
+def this_worker_cores() -> set | None:
+    """`worker_cores` of this process, from the variables pytest-xdist sets in its workers."""
+    return worker_cores(
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")),
+        SESSION_CORES,
+    )
 
 
 FAST_COMPILE = (

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.environment import SESSION_CORES, worker_cores
+from tests.environment import SESSION_CORES, this_worker_cores, worker_cores
 
 
 @pytest.mark.parametrize(
@@ -26,11 +26,6 @@ def test_worker_cores(worker, workers, cores, want):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
 def test_this_worker_runs_on_its_share_and_all_cores_widens_it(request):
-    own = worker_cores(
-        os.environ.get("PYTEST_XDIST_WORKER"),
-        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")),
-        SESSION_CORES,
-    )
-    assert os.sched_getaffinity(0) == (own or SESSION_CORES)
+    assert os.sched_getaffinity(0) == (this_worker_cores() or SESSION_CORES)
     assert request.getfixturevalue("all_cores") == SESSION_CORES
     assert os.sched_getaffinity(0) == SESSION_CORES
