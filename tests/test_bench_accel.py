@@ -176,7 +176,7 @@ def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-    assert accel._follow(proc, time.monotonic() + 5) == (["row 1"], True)
+    assert accel._follow(proc, time.monotonic() + 2) == (["row 1"], True)
     assert proc.poll() is not None
 
 
@@ -192,7 +192,7 @@ def test_a_part_is_recorded_as_it_ended(tmp_path, monkeypatch, body, status):
     part.write_text(f"#!/bin/sh\necho row 1\n{body}\n")
     part.chmod(0o755)
     monkeypatch.setattr(accel.sys, "executable", str(part))  # the part's interpreter
-    rec = accel.run_part("check", "s.json", str(tmp_path / "o.json"), str(tmp_path), 3)
+    rec = accel.run_part("check", "s.json", str(tmp_path / "o.json"), str(tmp_path), 1.5)
     assert rec["status"] == status
     assert rec.get("tail", ["row 1"]) == ["row 1"]
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tests.helpers.cli import run_train
+from experiments.configs import demo
+from tests.helpers.training import train_on_one_device
 from tests.tolerance import assert_rel_close, f32_bound
 
-DEMO = "experiments/configs/demo.py"
 STEPS = 5
 
 
@@ -25,22 +25,11 @@ def _losses_and_kernels(workdir) -> tuple[list[float], str]:
 def test_five_demo_steps_log_the_same_losses_with_pallas_as_with_xla(tmp_path):
     runs = {}
     for kernels in ("xla", "pallas"):
-        # the pallas run reads the tokenizer the xla run trained (the same tokens, one
-        # SentencePiece training fewer)
-        tokenizer = [f"--config.data.tokenizer_path={tmp_path / 'xla' / 'tokenizer.model'}"]
-        proc = run_train(
-            tmp_path / kernels,
-            f"--config.train.steps={STEPS}",
-            "--config.train.batch_size=4",
-            "--config.train.log_every=1",
-            "--config.train.eval_every=0",
-            "--config.train.final_eval_batches=1",  # the training losses are compared, not it
-            f"--config.model.kernels={kernels}",
-            *(tokenizer if kernels == "pallas" else []),
-            config=DEMO,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        config = demo.get_config()
+        config.train.update(dict(steps=STEPS, batch_size=4, log_every=1, eval_every=0))
+        config.train.final_eval_batches = 1  # the training losses are compared, not it
+        config.model.kernels = kernels
+        train_on_one_device(config, str(tmp_path / kernels))
         runs[kernels] = _losses_and_kernels(tmp_path / kernels)
     (xla, xla_name), (pallas, pallas_name) = runs["xla"], runs["pallas"]
     assert (xla_name, pallas_name) == ("xla", "pallas")
