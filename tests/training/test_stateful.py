@@ -49,9 +49,8 @@ def test_resumed_stateful_run_is_bit_identical_to_an_uninterrupted_one(tmp_path)
     two = jax.devices()[:2]  # the carry sharded over 2 rows of devices, as over any number
     train_and_evaluate(stateful_config(steps=4), straight, devices=two)
     train_and_evaluate(stateful_config(steps=2), resumed, devices=two)
-    train_and_evaluate(
-        stateful_config(steps=4), resumed, devices=two
-    )  # resumes at step 2, carry included
+    # resumes at step 2, carry included
+    train_and_evaluate(stateful_config(steps=4), resumed, devices=two)
     sa, a, data_a = final_state(straight, stateful_config())
     sb, b, data_b = final_state(resumed, stateful_config())
     assert sa == sb == 4 and data_a == data_b and data_a["layout"] == "streams"
