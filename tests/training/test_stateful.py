@@ -46,7 +46,7 @@ def test_carry_state_selects_the_streams_layout():
 @pytest.mark.slow
 def test_resumed_stateful_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    two = jax.devices()[:2]  # the carry sharded over 2 rows of devices, as over any number
+    two = jax.devices()[:2]  # the carry split over 2 devices, as it is over any number
     train_and_evaluate(stateful_config(steps=4), straight, devices=two)
     train_and_evaluate(stateful_config(steps=2), resumed, devices=two)
     # resumes at step 2, carry included
