@@ -53,6 +53,7 @@ def evaluate(workdir: str | None, model_dir: str | None = None) -> dict:
     from gpn_jax.checkpoints.model_dir import load_either
     from gpn_jax.eval import lambada, suite
 
+    cli.settle_heap()  # the imported stack out of the garbage collector's passes
     evals = suite.parse_evals(_EVAL.value)
     if "lambada" in evals:
         if not _LAMBADA.value:

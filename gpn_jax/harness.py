@@ -142,6 +142,7 @@ def _cli_evaluate(argv: list[str]) -> None:
     except ImportError as e:
         raise ValueError(f"lm-eval is not installed ({e}); pip install -e '.[eval]'") from None
     args = harness_argv(argv)
+    cli.settle_heap()  # lm-eval's and JAX's stack out of the garbage collector's passes
     if wants_help:  # lm-eval's CLI prints its help and exits
         saved, sys.argv = sys.argv, [PROG, *args]
         try:

@@ -39,6 +39,7 @@ def _body():
     from gpn_jax.training import host_memory
     from gpn_jax.training.loop import train_and_evaluate
 
+    cli.settle_heap()  # the imported stack out of the garbage collector's passes
     if config.train.get("reuse_step_memory", True):
         host_memory.inline_cpu_steps()  # before JAX starts its CPU client
 
