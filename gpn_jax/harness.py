@@ -142,7 +142,6 @@ def _cli_evaluate(argv: list[str]) -> None:
     except ImportError as e:
         raise ValueError(f"lm-eval is not installed ({e}); pip install -e '.[eval]'") from None
     args = harness_argv(argv)
-    cli.settle_heap()  # lm-eval's and JAX's stack out of the garbage collector's passes
     if wants_help:  # lm-eval's CLI prints its help and exits
         saved, sys.argv = sys.argv, [PROG, *args]
         try:
@@ -150,6 +149,7 @@ def _cli_evaluate(argv: list[str]) -> None:
         finally:
             sys.argv = saved
         return
+    cli.settle_heap()  # lm-eval's and JAX's stack out of the garbage collector's passes
     model_args = ",".join(flag_values(args, "--model_args", "-a"))
     if flag_values(args, "--model", "-M")[:1] == ["gpn_jax"] and model_args:
         # before lm-eval's CLI, which indexes every task file (~12 s) before building the model

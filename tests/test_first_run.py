@@ -19,9 +19,10 @@ DEMO = str(ROOT / "experiments" / "configs" / "demo.py")
 TPU_NOISE = re.compile(r"tpu|InitGoogle|E0000|Source Location Trace|jellyfish", re.IGNORECASE)
 
 
-def user_env() -> dict:
-    """A user's shell: JAX chooses its platforms (the tests' own JAX_PLATFORMS=cpu removed)."""
-    env = one_device_env()
+def user_env(fast: bool = True) -> dict:
+    """A user's shell: JAX chooses its platforms (the tests' own JAX_PLATFORMS=cpu removed);
+    `fast=False`: XLA's default compile flags, as a user's."""
+    env = one_device_env(fast=fast)
     env.pop("JAX_PLATFORMS")
     return env | {"PYTHONPATH": str(ROOT)}
 
@@ -135,13 +136,11 @@ def test_the_main_job_prints_only_the_projects_lines_and_beats_the_unigram_basel
     flags), shortened to 50 steps (warm-up 10) to fit the test budget: stderr holds no TPU
     probing, and the held-out PPL is below half the unigram model's (a model that learned
     nothing is at 1x; at 50 steps it is at about 0.39x, at 40 steps still about 0.53x)."""
-    env = one_device_env(fast=False)  # 50 steps: mostly running, 3x slower with fast compiles
-    env.pop("JAX_PLATFORMS")
     proc = subprocess.run(
         [sys.executable, "-m", "gpn_jax.train", f"--config={DEMO}", f"--workdir={tmp_path}/run"]
         + ["--config.train.steps=50", "--config.train.warmup_steps=10"]
         + ["--config.train.eval_every=0"],
-        env=env | {"PYTHONPATH": str(ROOT)},
+        env=user_env(fast=False),  # 50 steps: mostly running, 3x slower with fast compiles
         capture_output=True,
         text=True,
         timeout=900,
