@@ -5,7 +5,8 @@ unsigned words (bf16 as uint16, f32 as uint32, ...), each word is mixed with its
 (MurmurHash3's 32-bit finaliser, two independently seeded lanes), and the mixed words are
 summed modulo 2**32. The sum of integers is exact and order-free, so the checksum is the same
 whatever the array's sharding or the number of hosts, and no array leaves its device (a small
-array whose every shard is in this CPU process is hashed by the same arithmetic in numpy: it is
+array whose every shard is in this CPU process, or whose whole replica is, as a replicated
+array's on each CPU host of a multi-host run, is hashed by the same arithmetic in numpy: it is
 already in host memory, and a tiny model's tree then needs no compiled program; large arrays
 hash several times faster compiled). Any
 change of one word changes a lane's sum unless the mixer maps two words to the same value
@@ -81,7 +82,8 @@ def _leaf_hash(x) -> jax.Array:
 
 
 def _host_words(x: jax.Array) -> np.ndarray:
-    """`_words(x)` in numpy, for an array already in this CPU process's memory."""
+    """`_words(x)` in numpy, for an array already in this CPU process's memory (`_local`)."""
+    x = _local(x)
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     a = np.ascontiguousarray(np.asarray(x))
@@ -100,11 +102,23 @@ def _host_hash(x: jax.Array) -> np.ndarray:
 _HOST_WORDS = 2**18  # above this a leaf is hashed compiled: numpy's passes cost more than XLA's
 
 
+def _local(x: jax.Array) -> jax.Array:
+    """`x` itself if this process holds every shard of it; else this process's replica of a
+    replicated `x` (every host of a multi-host run holds the whole value)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return x
+    return x.addressable_shards[0].data
+
+
 def _in_host_memory(x: jax.Array) -> bool:
-    """`x` is small and every shard of it is in this process, on the CPU: its bytes are
-    already host memory, and hashing them in numpy costs less than compiling a program."""
+    """`x` is small and all of it is in this process, on the CPU (every shard, or a whole
+    replica): its bytes are already host memory, and hashing them in numpy costs less than
+    compiling a program (on a multi-host CPU run, one program per host)."""
     cpu = all(d.platform == "cpu" for d in x.devices())
-    return x.size <= _HOST_WORDS and x.is_fully_addressable and cpu
+    whole = x.is_fully_addressable or (
+        x.sharding.is_fully_replicated and bool(x.addressable_shards)
+    )
+    return x.size <= _HOST_WORDS and whole and cpu
 
 
 @jax.jit
