@@ -53,9 +53,11 @@ def pytest_sessionstart(session):
 
 def pytest_collection_finish(session):
     """Everything imported by collection (JAX, TensorFlow's data stack, every test module) lives
-    for the whole session: frozen, later full collections no longer walk it."""
-    gc.collect()
-    gc.freeze()
+    for the whole session: frozen, later full collections no longer walk it (as the CLIs do
+    once their stack is imported)."""
+    from gpn_jax.io import cli
+
+    cli.settle_heap()
 
 
 @pytest.fixture(scope="session", autouse=True)

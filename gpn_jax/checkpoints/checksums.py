@@ -105,9 +105,7 @@ _HOST_WORDS = 2**18  # above this a leaf is hashed compiled: numpy's passes cost
 def _local(x: jax.Array) -> jax.Array:
     """`x` itself if this process holds every shard of it; else this process's replica of a
     replicated `x` (every host of a multi-host run holds the whole value)."""
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-        return x
-    return x.addressable_shards[0].data
+    return x if x.is_fully_addressable else x.addressable_shards[0].data
 
 
 def _in_host_memory(x: jax.Array) -> bool:
