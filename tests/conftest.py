@@ -101,3 +101,11 @@ def all_cores():
         yield SESSION_CORES
     finally:
         os.sched_setaffinity(0, own)
+
+
+@pytest.fixture
+def system_temp_in_tmp_path(tmp_path, monkeypatch):
+    """The system temp directory of this test is its `tmp_path`: what a library leaves there
+    (tfds's builder makes a directory in it to fetch a new dataset's info) goes with the test."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path

@@ -101,7 +101,7 @@ class TinyGpnText(tfds.core.GeneratorBasedBuilder):
             yield i, {"text": f"document number {i} é", "label": f"L{i}"}
 
 
-def test_tfds_array_record_round_trip(tmp_path):
+def test_tfds_array_record_round_trip(tmp_path, system_temp_in_tmp_path):
     tfds.disable_progress_bar()
     builder = TinyGpnText(data_dir=str(tmp_path), file_format="array_record")
     builder.download_and_prepare()
@@ -115,7 +115,7 @@ def test_tfds_array_record_round_trip(tmp_path):
     assert got == docs[:3] and "3 docs" in what
 
 
-def test_tfds_prepared_dataset_reads_without_its_builder_code(tmp_path):
+def test_tfds_prepared_dataset_reads_without_its_builder_code(tmp_path, system_temp_in_tmp_path):
     """Like c4 / lm1b here: the builder class is not importable, only the prepared files."""
     tfds.disable_progress_bar()
     TinyGpnText(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()

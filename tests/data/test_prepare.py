@@ -241,7 +241,7 @@ class TinyPrepareText(tfds.core.GeneratorBasedBuilder):
             yield i, {"text": doc}
 
 
-def test_tfds_and_txt_inputs(tmp_path, tokenizer_path):
+def test_tfds_and_txt_inputs(tmp_path, tokenizer_path, system_temp_in_tmp_path):
     tfds.disable_progress_bar()
     TinyPrepareText(
         data_dir=str(tmp_path / "tfds"), file_format="array_record"
