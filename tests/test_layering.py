@@ -366,11 +366,14 @@ def test_config_literals_are_told_from_code():
 # Module basenames shared on purpose: the same role in parallel places. Anything else gets a
 # name of its own, so a basename says which module it is.
 SHARED_BASENAMES = {
-    # `python -m gpn_jax.<name>` launchers and the package module that does the work
+    # a `python -m gpn_jax.<name>` launcher and its namesake in `benchmarks/`: the module that
+    # does its work (aot), or the benchmark suite that measures that work (train, generate,
+    # prepare)
     "aot": {"gpn_jax.aot", "gpn_jax.benchmarks.aot"},
     "train": {"gpn_jax.train", "gpn_jax.benchmarks.train"},
     "generate": {"gpn_jax.generate", "gpn_jax.benchmarks.generate"},
     "prepare": {"gpn_jax.prepare", "gpn_jax.benchmarks.prepare"},
+    # benchmarks at two levels: the whole-model suites' launcher, the memory kernels' microbench
     "bench": {"gpn_jax.bench", "gpn_jax.kernels.pallas.bench"},
     # one family or task seen from two layers: its math / model, its data / evaluation
     "gpn": {"gpn_jax.core.gpn", "gpn_jax.models.gpn"},
