@@ -399,3 +399,65 @@ def test_module_basenames_are_unique_unless_parallel_roles():
     assert not bad, (
         "modules sharing a basename (rename one, or list the shared role):\n" + "\n".join(bad)
     )
+
+
+# Renames and temporary files outside io/, each with its reason. Everything else writes
+# atomically through `io.files` (`atomic_write`, `atomic_output`) or `io.paths.atomic_open`.
+OWN_RENAMES = {
+    # publishes a whole directory at once, and merges into a folder it owns (`write_owned`)
+    "gpn_jax/checkpoints/owned_dir.py",
+    # appends to a partial shard across resumed runs, renamed into place once full
+    "gpn_jax/data/prepare/shards.py",
+}
+_RENAMES = {("os", "replace"), ("os", "rename"), ("tempfile", "mkstemp")}
+
+
+def _calls(node):
+    """(owner, name) of each `owner.name(...)` call and (None, name) of each `name(...)` under
+    `node`."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                yield f.value.id, f.attr
+            elif isinstance(f, ast.Attribute):
+                yield None, f.attr
+            elif isinstance(f, ast.Name):
+                yield None, f.id
+
+
+def test_atomic_writes_and_file_hashing_go_through_io():
+    """Outside gpn_jax/io/ no module renames a temporary file into place by hand (OWN_RENAMES
+    aside), and no function streams a file into a hash (`io.files.sha256_file` does)."""
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).as_posix()
+        if rel.startswith("gpn_jax/io/"):
+            continue
+        tree = ast.parse(path.read_text())
+        renames = sorted({f"{o}.{n}" for o, n in _calls(tree) if (o, n) in _RENAMES})
+        if renames and rel not in OWN_RENAMES:
+            bad.append(f"{rel}: {', '.join(renames)} (use io.files.atomic_write / atomic_output)")
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                calls = set(_calls(fn))
+                hashes = any(o == "hashlib" for o, _ in calls)
+                if hashes and ((None, "open") in calls or (None, "read") in calls):
+                    bad.append(f"{rel}:{fn.name} hashes a file (use io.files.sha256_file)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_io_rule_sees_a_hand_written_rename_and_a_file_hash(tmp_path, monkeypatch):
+    """The rule above is not vacuous: a planted module doing both is reported twice."""
+    pkg = tmp_path / "gpn_jax"
+    pkg.mkdir()
+    (pkg / "planted.py").write_text(
+        "import hashlib, os\n"
+        "def save(tmp, out):\n    os.replace(tmp, out)\n"
+        "def digest(p):\n    h = hashlib.sha256()\n    with open(p, 'rb') as f:\n"
+        "        h.update(f.read())\n    return h.hexdigest()\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", pkg)
+    with pytest.raises(AssertionError) as e:
+        test_atomic_writes_and_file_hashing_go_through_io()
+    assert "planted.py: os.replace" in str(e.value) and "planted.py:digest" in str(e.value)

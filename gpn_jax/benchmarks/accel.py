@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from gpn_jax.io import files
+
 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # inherited by every part
 
 PARTS = ("check", "passes", "step", "baselines", "hlo")
@@ -155,7 +157,7 @@ def _run_in(settings, out, deadline, parts, smoke_settings, scratch: str) -> dic
         carry = max(0.0, timeout - (time.monotonic() - start))
     _amend(vpath, parts=runs)
     for name in os.listdir(out):  # a part killed while saving leaves its temporary file
-        if name.endswith(".tmp"):
+        if ".tmp-" in name:  # `io.paths.atomic_open`'s temporary names
             os.unlink(os.path.join(out, name))
     return runs
 
@@ -167,7 +169,4 @@ def _amend(path: str, **fields) -> None:
         with open(path) as f:
             data = json.load(f)
     data.update(fields)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
+    files.atomic_write(path, json.dumps(data, indent=1, default=str).encode())

@@ -30,6 +30,8 @@ import platform as pyplatform
 import sys
 import time
 
+from gpn_jax.io import files
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any JAX client
 
 MAX_HLO_BYTES = 15 * 2**20  # under the 16 MiB a result file may have
@@ -54,10 +56,7 @@ class Out:
         self.save()
 
     def save(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1, default=str)
-        os.replace(tmp, self.path)
+        files.atomic_write(self.path, json.dumps(self.data, indent=1, default=str).encode())
 
 
 def _error(e: BaseException) -> str:

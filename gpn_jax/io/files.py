@@ -4,8 +4,10 @@ Temporary names are unique per host, process and call (`paths.write_bytes`); on 
 store (`gs://`) one object upload is atomic by itself.
 """
 
+import contextlib
 import hashlib
 import os
+import tempfile
 
 import numpy as np
 from etils import epath
@@ -18,9 +20,29 @@ DIGEST_SUFFIX = ".sha256"  # `<cache>.npy.sha256`: the sha256 of the cached arra
 _CACHE_FIX = "delete this cache file (it is rebuilt on the next run)"
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Writes `data` to `path` via a uniquely named temporary file and a rename."""
-    paths.write_bytes(path, data)
+def atomic_write(path: str, data: bytes, *, private: bool = False) -> None:
+    """Writes `data` to `path` via a uniquely named temporary file and a rename. `private`
+    (local paths): the file is readable and writable by its owner only, whatever the umask."""
+    if not private:
+        paths.write_bytes(path, data)
+        return
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_output(path, suffix: str = ".tmp"):
+    """A private (0600) temporary file beside the local `path`, for the block (or a tool it
+    runs, e.g. a compiler's `-o`) to write: renamed over `path` when the block succeeds, removed
+    when it fails, so `path` holds the old or the new content, never a part."""
+    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def sha256_file(path) -> str:

@@ -31,9 +31,10 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
+
+from gpn_jax.io import files
 
 PASSES = ("step", "stack", "grad")
 STORAGE = ("float32", "bfloat16")  # the kernels' storage dtypes (`pallas.MEMORY_DTYPES`)
@@ -226,20 +227,13 @@ def load_cache(path: Path) -> dict:
 
 
 def store(path: Path, key: str, entry: dict) -> None:
-    """Adds `entry` under `key` (atomically: a temporary file renamed over the cache)."""
+    """Adds `entry` under `key` (atomically: `io.files.atomic_write`)."""
     data = load_cache(path)
     data[key] = {k: entry.get(k) for k in _ENTRY_KEYS}
     text = json.dumps(data, indent=1, sort_keys=True)
     if len(text) > MAX_CACHE_BYTES:  # a cache that grew over its limit starts afresh
         text = json.dumps({key: data[key]}, indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".selfcheck-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    files.atomic_write(str(path), (text + "\n").encode(), private=True)
 
 
 # ----------------------------------------------------------------------------- the check

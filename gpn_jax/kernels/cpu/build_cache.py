@@ -19,17 +19,17 @@ process will execute. The cache therefore trusts nothing it finds:
   temporary files are pruned after every build.
 """
 
-import hashlib
 import json
 import os
 import shlex
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from gpn_jax.io import files
 
 COMPILE_TIMEOUT_S = 600.0
 PRUNE_AFTER_S = 30 * 24 * 3600.0
@@ -110,10 +110,8 @@ def compile_library(out: Path, source: Path, flags: Sequence[str], includes: Seq
     """Compiles `source` into the shared library `out` (a temporary file renamed into place),
     then records its digest in the sidecar. RuntimeError on a failure or a timeout."""
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
-    os.close(fd)
-    cmd = [*compiler(), *flags, *includes, str(source), "-o", tmp]
-    try:
+    with files.atomic_output(out, suffix=".so.tmp") as tmp:
+        cmd = [*compiler(), *flags, *includes, str(source), "-o", tmp]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_timeout())
         except subprocess.TimeoutExpired:
@@ -125,35 +123,17 @@ def compile_library(out: Path, source: Path, flags: Sequence[str], includes: Seq
         if os.path.getsize(tmp) == 0:
             raise RuntimeError(f"{shlex.join(cmd)} wrote an empty library")
         os.chmod(tmp, 0o700)
-        digest = sha256(Path(tmp))
-        os.replace(tmp, out)
-        _write_sidecar(out, digest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        digest = files.sha256_file(tmp)
+    _write_sidecar(out, digest)
 
 
 def sidecar(library: Path) -> Path:
     return library.with_suffix(".json")
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_sidecar(library: Path, digest: str) -> None:
-    fd, tmp = tempfile.mkstemp(suffix=".json.tmp", dir=library.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"sha256": digest, "library": library.name}, f)
-        os.replace(tmp, sidecar(library))
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    record = json.dumps({"sha256": digest, "library": library.name})
+    files.atomic_write(str(sidecar(library)), record.encode(), private=True)
 
 
 def _private_file(path: Path) -> bool:
@@ -178,7 +158,7 @@ def trusted(library: Path) -> bool:
             recorded = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(recorded, dict) and recorded.get("sha256") == sha256(library)
+    return isinstance(recorded, dict) and recorded.get("sha256") == files.sha256_file(library)
 
 
 def _remove(*files: Path) -> None:
