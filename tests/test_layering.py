@@ -413,15 +413,13 @@ _RENAMES = {("os", "replace"), ("os", "rename"), ("tempfile", "mkstemp")}
 
 
 def _calls(node):
-    """(owner, name) of each `owner.name(...)` call and (None, name) of each `name(...)` under
-    `node`."""
+    """(owner, name) of each call under `node`: `os.replace(...)` -> ("os", "replace"),
+    `f.read()` -> ("f", "read"), `open(...)` -> (None, "open"); owner None when not a name."""
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
             f = n.func
-            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
-                yield f.value.id, f.attr
-            elif isinstance(f, ast.Attribute):
-                yield None, f.attr
+            if isinstance(f, ast.Attribute):
+                yield (f.value.id if isinstance(f.value, ast.Name) else None), f.attr
             elif isinstance(f, ast.Name):
                 yield None, f.id
 
@@ -442,7 +440,7 @@ def test_atomic_writes_and_file_hashing_go_through_io():
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 calls = set(_calls(fn))
                 hashes = any(o == "hashlib" for o, _ in calls)
-                if hashes and ((None, "open") in calls or (None, "read") in calls):
+                if hashes and {n for _, n in calls} & {"open", "read"}:
                     bad.append(f"{rel}:{fn.name} hashes a file (use io.files.sha256_file)")
     assert not bad, "\n".join(bad)
 

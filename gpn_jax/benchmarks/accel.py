@@ -28,6 +28,7 @@ import tempfile
 import time
 
 from gpn_jax.io import files
+from gpn_jax.io.paths import is_temporary
 
 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # inherited by every part
 
@@ -157,7 +158,7 @@ def _run_in(settings, out, deadline, parts, smoke_settings, scratch: str) -> dic
         carry = max(0.0, timeout - (time.monotonic() - start))
     _amend(vpath, parts=runs)
     for name in os.listdir(out):  # a part killed while saving leaves its temporary file
-        if ".tmp-" in name:  # `io.paths.atomic_open`'s temporary names
+        if is_temporary(name):
             os.unlink(os.path.join(out, name))
     return runs
 

@@ -14,6 +14,7 @@ start at once never touch each other's files.
 import contextlib
 import io
 import os
+import re
 import secrets
 import sys
 import time
@@ -52,6 +53,15 @@ def unique_suffix() -> str:
     jax = sys.modules.get("jax")
     host = jax.process_index() if jax is not None and jax.distributed.is_initialized() else 0
     return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+# The name `atomic_open` gives its temporary file: `<path>.tmp-<unique_suffix()>`.
+_TEMPORARY = re.compile(r"\.tmp-[0-9]+-[0-9]+-[0-9a-f]+$")
+
+
+def is_temporary(name: str) -> bool:
+    """True for the name of a temporary file `atomic_open` leaves when its writer is killed."""
+    return _TEMPORARY.search(name) is not None
 
 
 def exists(path) -> bool:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from gpn_jax.io import untrusted
+from gpn_jax.io import paths, untrusted
 from gpn_jax.io.files import atomic_write
 
 MANIFEST = "manifest.json"
@@ -66,7 +66,7 @@ def claim_output(output: str, overwrite: bool = False) -> None:
         )
 
 
-_WRITTEN = re.compile(r"^data_\d{4,}\.bin(\.partial)?$|\.tmp-[0-9]+-[0-9]+-[0-9a-f]+$")
+_SHARD = re.compile(r"^data_\d{4,}\.bin(\.partial)?$")
 
 
 def clear_output(output: str) -> list[str]:
@@ -77,8 +77,10 @@ def clear_output(output: str) -> list[str]:
         if not os.path.isdir(d) or os.path.islink(d):
             continue
         for name in os.listdir(d):
-            ours = _WRITTEN.search(name) or (
-                d == output and name in (MANIFEST, PROGRESS, TOKENIZER)
+            ours = (
+                _SHARD.search(name)
+                or paths.is_temporary(name)
+                or (d == output and name in (MANIFEST, PROGRESS, TOKENIZER))
             )
             path = os.path.join(d, name)
             if ours and (os.path.isfile(path) or os.path.islink(path)):
