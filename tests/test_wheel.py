@@ -16,6 +16,7 @@ import os
 import pathlib
 import re
 import shutil
+import site
 import subprocess
 import sys
 
@@ -112,9 +113,24 @@ def _build_wheel(tmp: pathlib.Path) -> pathlib.Path:
     return wheel
 
 
+def _site_packages() -> list[str]:
+    """This interpreter's package directories (the README's environment: a venv or not)."""
+    dirs = site.getsitepackages() + [site.getusersitepackages()] * site.ENABLE_USER_SITE
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
 def _venv(tmp: pathlib.Path, wheel: pathlib.Path) -> pathlib.Path:
+    """A new venv that sees this interpreter's packages (JAX and the rest, pip too) after its
+    own, through a .pth file: `--system-site-packages` would show the base interpreter's
+    instead, which a venv-based install leaves bare. The directories are added as plain paths,
+    so their own .pth files (the checkout's editable-install hook) do not run."""
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    own = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (pathlib.Path(own) / "_outer_packages.pth").write_text("\n".join(_site_packages()) + "\n")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
     subprocess.run([*pip, str(wheel)], check=True, capture_output=True, timeout=300)
     return venv
