@@ -115,7 +115,9 @@ def _build_wheel(tmp: pathlib.Path) -> pathlib.Path:
 
 def _site_packages() -> list[str]:
     """This interpreter's package directories (the README's environment: a venv or not)."""
-    dirs = site.getsitepackages() + [site.getusersitepackages()] * site.ENABLE_USER_SITE
+    dirs = site.getsitepackages()
+    if site.ENABLE_USER_SITE:  # True, False, or None (disabled for security)
+        dirs.append(site.getusersitepackages())
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 

@@ -161,8 +161,8 @@ def trusted(library: Path) -> bool:
     return isinstance(recorded, dict) and recorded.get("sha256") == files.sha256_file(library)
 
 
-def _remove(*files: Path) -> None:
-    for f in files:
+def _remove(*doomed: Path) -> None:
+    for f in doomed:
         try:
             os.unlink(f)
         except FileNotFoundError:
