@@ -51,6 +51,23 @@ def pytest_sessionstart(session):
     gc.set_threshold(10_000, 10, 10)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """An xdist worker leaves as soon as its session is over. It has already sent the
+    controller every result (the `workerfinished` event precedes this hook), and the run's
+    time includes waiting for the workers to exit: JAX's exit handler tears down each of the
+    thousands of executables a worker compiled, and the interpreter then waits on library
+    threads, about 5 s of a full run's wall time that tests nothing. A run without xdist
+    exits normally."""
+    if not hasattr(config, "workerinput"):
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def pytest_collection_finish(session):
     """Everything imported by collection (JAX, TensorFlow's data stack, every test module) lives
     for the whole session: frozen, later full collections no longer walk it (as the CLIs do
