@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 import tempfile
 
 import pytest
@@ -61,8 +62,6 @@ def pytest_unconfigure(config):
     exits normally."""
     if not hasattr(config, "workerinput"):
         return
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
