@@ -1,5 +1,6 @@
 """Test setup: 8 forced CPU host devices (for sharding tests) before JAX starts."""
 
+import atexit
 import gc
 import os
 import sys
@@ -58,10 +59,16 @@ def pytest_unconfigure(config):
     controller every result (the `workerfinished` event precedes this hook), and the run's
     time includes waiting for the workers to exit: JAX's exit handler tears down each of the
     thousands of executables a worker compiled, and the interpreter then waits on library
-    threads, about 5 s of a full run's wall time that tests nothing. A run without xdist
-    exits normally."""
+    threads, about 5 s of a full run's wall time that tests nothing. So the worker drops
+    JAX's handler, runs every other one (the temporary directories that tests and the
+    library remove at exit), and exits without the interpreter's shutdown. A run without
+    xdist exits normally."""
     if not hasattr(config, "workerinput"):
         return
+    from jax._src import api as jax_api
+
+    atexit.unregister(jax_api.clean_up)
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
