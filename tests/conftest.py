@@ -65,9 +65,9 @@ def pytest_unconfigure(config):
     xdist exits normally."""
     if not hasattr(config, "workerinput"):
         return
-    from jax._src import api as jax_api
-
-    atexit.unregister(jax_api.clean_up)
+    jax_api = sys.modules.get("jax._src.api")  # JAX is not imported just to leave
+    if getattr(jax_api, "clean_up", None) is not None:
+        atexit.unregister(jax_api.clean_up)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
