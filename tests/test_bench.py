@@ -10,17 +10,8 @@ import pytest
 from experiments.bench import bench_tiny
 from gpn_jax.benchmarks import measure, orchestrate, report, roofline
 from gpn_jax.kernels.cpu import small_matmul
-from tests.helpers import compile_cache
 
 REQUIRED = ("model", "config", "tokens_per_s", "mfu", "peak_mem_bytes")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_every_compile():
-    """Several tests here build the same toy steps (float32 records, the same models in and out
-    of a worker process): every compile is cached, so a later build reads it back."""
-    with compile_cache.every_compile():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from experiments.bench import bench_accel
-from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what the H200 image does not have and the run does not carry (experiments/bench/README.md)
@@ -24,14 +23,6 @@ class _Absent(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Absent())
 """
 PASSES = ("step", "stack", "grad")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_every_compile():
-    """The rehearsal's part processes build some programs twice (the HLO part compiles the step
-    part's first record again): every compile is cached, so the second reads it back."""
-    with compile_cache.every_compile():
-        yield
 
 
 @pytest.fixture(scope="module")

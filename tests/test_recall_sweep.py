@@ -7,15 +7,6 @@ import pytest
 
 from experiments import recall_sweep as rs
 from experiments.configs import recall_sweep as sweep_config
-from tests.helpers import compile_cache
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_every_compile():
-    """The runs here, in this process and in the sweep's workers, train the same tiny models:
-    every compile is cached, so a later run reads back what an earlier one compiled."""
-    with compile_cache.every_compile():
-        yield
 
 
 def test_families_are_matched_to_gpn_m_parameters():

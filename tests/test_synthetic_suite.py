@@ -17,17 +17,8 @@ from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import memorisation, state
 from gpn_jax.io.errors import CheckpointError
-from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_every_compile():
-    """The tiny suite's command and the in-process runs train the same cells (Transformer++ on
-    parity and MQAR): every compile is cached, so the later one reads them back."""
-    with compile_cache.every_compile():
-        yield
 
 
 def test_score_reads_answer_positions_only():

@@ -37,12 +37,8 @@ def micro_config() -> ml_collections.ConfigDict:
 
 
 def run_one_device(code: str, *args):
-    """`python -c code *args` from the repository root on one CPU device; must exit 0.
-
-    Every compile goes to the persistent cache (not only those over the tests' 0.2 s): the
-    runs of one model (seeds, evaluations) compile the same small programs, and a later run
-    reads them back instead of compiling them again."""
-    env = one_device_env(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    """`python -c code *args` from the repository root on one CPU device; must exit 0."""
+    env = one_device_env()
     proc = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
         cwd=ROOT,
