@@ -23,7 +23,7 @@ if _OWN_CORES and hasattr(os, "sched_setaffinity"):
 # compiled executables through JAX's persistent cache for the duration of the machine. Every
 # compile is cached, not only slow ones: the processes the tests start each compile the same
 # small programs (initialisation, evaluation, data steps) of the same tiny models, and reading
-# one back costs less than compiling it again (a full run's CPU time fell by about 5%).
+# one back costs less than compiling it again (a full run takes 2-5% less CPU time).
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "gpn_jax_test_xla_cache")
 )
