@@ -17,7 +17,9 @@ otherwise spin on the core the other worker needs. Tests of code that spreads wo
 take the `all_cores` fixture (`SESSION_CORES`).
 """
 
+import importlib.metadata
 import os
+import sys
 
 from gpn_jax.parallel.core_pool import usable_cpus  # imports no JAX
 
@@ -74,3 +76,44 @@ def one_device_env(fast: bool = True, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     flags = {"XLA_FLAGS": xla_flags(fast=fast), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     return env | flags | extra
+
+
+# Test processes allocate through mimalloc (the `cmeel-mimalloc` wheel of the dev extra), not
+# glibc's malloc: XLA's compiler makes millions of small allocations, and glibc's bin searches
+# (`_int_malloc`, `unlink_chunk`, `malloc_consolidate`) took a fifth of the CPU time of the
+# sharding tests' compiles. Only the allocator of the test processes changes; the tests of
+# glibc's heap (`tests/training/test_host_memory.py`) start their processes with `glibc_env`.
+# Transparent huge pages stay off (each 2 MiB page zeroed on first touch cost more system time
+# than the allocator saved). GPN_TESTS_SYSTEM_MALLOC=1 runs every test on the system's malloc.
+MIMALLOC_OPTIONS = {"MIMALLOC_ALLOW_THP": "0"}
+
+
+def mimalloc_library() -> str | None:
+    """The installed libmimalloc shared library; None where there is none, or off Linux (the
+    preload is an ELF dynamic loader feature)."""
+    if not sys.platform.startswith("linux") or os.environ.get("GPN_TESTS_SYSTEM_MALLOC") == "1":
+        return None
+    try:
+        files = importlib.metadata.files("cmeel-mimalloc") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    libs = sorted(str(f.locate()) for f in files if f.name.startswith("libmimalloc.so"))
+    return next((lib for lib in libs if os.path.isfile(lib)), None)
+
+
+def malloc_env(env) -> dict:
+    """`env` with mimalloc preloaded (`mimalloc_library`), for a test process and every process
+    it starts; `env` unchanged where there is no library."""
+    lib, env = mimalloc_library(), dict(env)
+    preload = env.get("LD_PRELOAD", "").split()
+    if lib is None or lib in preload:
+        return env
+    return env | MIMALLOC_OPTIONS | {"LD_PRELOAD": " ".join([lib, *preload])}
+
+
+def glibc_env(env) -> dict:
+    """`env` without the mimalloc preload: a process that allocates through glibc's malloc."""
+    lib, env = mimalloc_library(), dict(env)
+    preload = [p for p in env.get("LD_PRELOAD", "").split() if p != lib]
+    env.pop("LD_PRELOAD", None)
+    return env | ({"LD_PRELOAD": " ".join(preload)} if preload else {})

@@ -1,11 +1,13 @@
 """`training.host_memory.release_free_heap`: the heap's free pages go back to the OS."""
 
 import ctypes
+import os
 import platform
 
 import pytest
 
 from gpn_jax.training import host_memory
+from tests.environment import glibc_env
 
 
 def _rss_bytes() -> int:
@@ -73,7 +75,7 @@ def test_a_freed_buffer_is_reused_without_page_faults():
 
     def second_touch_faults(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _TOUCH_TWICE, mode], check=True,
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True, env=glibc_env(os.environ))  # fmt: skip
         return int(out.stdout)
 
     assert second_touch_faults("default") > 8_000  # half its pages, at least
@@ -126,7 +128,7 @@ def test_inline_steps_reuse_their_temporaries_without_page_faults():
 
     def steady_faults(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _STEPS, mode], check=True,
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True, env=glibc_env(os.environ))  # fmt: skip
         return int(out.stdout.split()[-1])
 
     assert steady_faults("async") > 16_384  # half the temporary's pages, at least
