@@ -114,6 +114,5 @@ def malloc_env(env) -> dict:
 def glibc_env(env) -> dict:
     """`env` without the mimalloc preload: a process that allocates through glibc's malloc."""
     lib, env = mimalloc_library(), dict(env)
-    preload = [p for p in env.get("LD_PRELOAD", "").split() if p != lib]
-    env.pop("LD_PRELOAD", None)
+    preload = [p for p in env.pop("LD_PRELOAD", "").split() if p != lib]
     return env | ({"LD_PRELOAD": " ".join(preload)} if preload else {})
