@@ -46,6 +46,7 @@ def analyze(workdir: str) -> dict:
     from gpn_jax.analysis.analyses import check_analysis_out, check_model
     from gpn_jax.checkpoints.restore import load_run
 
+    cli.settle_heap()  # the imported stack out of the garbage collector's passes
     config = AnalysisConfig(
         max_batches=_MAX_BATCHES.value,
         ablation_batches=_ABL_BATCHES.value,

@@ -99,6 +99,9 @@ def _define_flags() -> None:
 def _body():
     command = " ".join(["python -m gpn_jax.export", *map(shlex.quote, sys.argv[1:])])
     workdir, out = _FLAGS["workdir"].value, _FLAGS["out"].value
+    from gpn_jax.checkpoints import model_card, model_dir, restore  # noqa: F401 (what export uses)
+
+    cli.settle_heap()  # the imported stack out of the garbage collector's passes
     record = export(workdir, out, _FLAGS["step"].value, command, _FLAGS["overwrite"].value)
     print(f"exported step {record['step']} of {workdir} to {out}")
 

@@ -64,6 +64,7 @@ def generate(workdir: str | None, model_dir: str | None = None) -> list:
     from gpn_jax.eval import sampling
     from gpn_jax.eval.suite import run_tokenizer
 
+    cli.settle_heap()  # the imported stack out of the garbage collector's passes
     cfg = _sampling_flags(sampling)  # before the run is loaded: a bad flag costs nothing
     run = load_either(workdir, model_dir, _STEP.value)
     tokenizer = None
