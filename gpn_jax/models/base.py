@@ -111,10 +111,6 @@ class SpecModel:
     def init(self, rng: Array) -> Params:
         return params_lib.init_params(self.param_specs(self.config), rng)
 
-    def init_sharded(self, rng: Array, shardings: dict) -> Params:
-        """`init(rng)`, each parameter created in place with its sharding in `shardings`."""
-        return params_lib.init_params_sharded(self.param_specs(self.config), rng, shardings)
-
     def param_axes(self) -> dict:
         return params_lib.flat_axes(self.param_specs(self.config))
 

@@ -17,12 +17,10 @@ Logical axis names (one per dimension; None: that dimension is never split):
 whole, d_ffn evenly), so a mesh that would cut a head is not used for that axis.
 """
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import flax.linen as nn
-import jax
 
 lecun = nn.initializers.lecun_normal()
 zeros, ones = nn.initializers.zeros, nn.initializers.ones
@@ -85,35 +83,6 @@ def init_params(specs: dict, rng) -> dict:
     """Initial values of `specs` as a nested dict (each leaf drawn from `rng` by linen)."""
     flat = tuple((name, s.init, s.shape) for name, s in flatten(specs).items())
     return nest(dict(_Declare(flat).init(rng)["params"]))
-
-
-def leaf_keys(specs: dict, rng) -> dict:
-    """{'a/b': key}: the key linen hands each parameter's initialiser in `init_params`."""
-    flat = tuple((name, _own_key, s.shape) for name, s in flatten(specs).items())
-    return dict(_Declare(flat).init(rng)["params"])
-
-
-def init_params_sharded(specs: dict, rng, shardings: dict) -> dict:
-    """`init_params(specs, rng)`, each leaf created in place with its sharding (`shardings`:
-    nested like the parameters) by a jitted initialiser of its own.
-
-    The same values, bit for bit: each leaf's initialiser gets the key linen gives it. One
-    small program per (initialiser, shape, sharding), shared by every model that has such a
-    leaf, compiles in a fraction of the time one program drawing every leaf takes."""
-    keys, where = leaf_keys(specs, rng), flatten(shardings)
-    return nest(
-        {n: _leaf_init(s.init, s.shape, where[n])(keys[n]) for n, s in flatten(specs).items()}
-    )
-
-
-def _own_key(key, *shape):
-    del shape
-    return key
-
-
-@functools.lru_cache(maxsize=1024)
-def _leaf_init(init: Callable, shape: tuple, sharding):
-    return jax.jit(lambda key: init(key, shape), out_shardings=sharding)
 
 
 def nest(flat: dict, sep: str = "/") -> dict:

@@ -57,16 +57,8 @@ class Run:
     kernels: str = "xla"
 
     def init_state(self, rng: jax.Array) -> ts.TrainState:
-        """A freshly initialised train state, created in place with its shardings.
-
-        A model that draws its parameters one by one (`init_sharded`) does so, each in a small
-        program shared by every model with such a parameter; the rest of the state is one
-        more program. Either way the values are those of `ts.init_train_state(..., rng)`."""
-        init_sharded = getattr(self.model, "init_sharded", None)
-        if init_sharded is None:
-            return self._jit_init(rng)
-        init_rng, state_rng = jax.random.split(rng)
-        return self._jit_start(init_sharded(init_rng, self.state_shardings.params), state_rng)
+        """A freshly initialised train state, created in place with its shardings."""
+        return self._jit_init(rng)
 
     def fresh_carry(self):
         """Stateful training: the initial carry of every stream, with its shardings."""
@@ -77,13 +69,6 @@ class Run:
         rows = carry_rows(self.config)
         fresh = lambda: self.model.init_state(rows)
         return jax.jit(fresh, out_shardings=self.state_shardings.carry)
-
-    @functools.cached_property
-    def _jit_start(self):
-        """`ts.train_state_from` around parameters already in place (donated: no copy)."""
-        rows = carry_rows(self.config)
-        start = lambda p, r: ts.train_state_from(self.model, self.optimizer, p, r, rows)
-        return jax.jit(start, out_shardings=self.state_shardings, donate_argnums=0)
 
     @functools.cached_property
     def _jit_init(self):

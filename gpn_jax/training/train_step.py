@@ -38,14 +38,9 @@ def init_train_state(model, optimizer, rng: Array, carry_rows: int = 0) -> Train
     """Step 0; with `carry_rows` > 0 (stateful training) also the initial carry of that many
     streams."""
     init_rng, state_rng = jax.random.split(rng)
-    return train_state_from(model, optimizer, model.init(init_rng), state_rng, carry_rows)
-
-
-def train_state_from(model, optimizer, params, rng: Array, carry_rows: int = 0) -> TrainState:
-    """Step 0 from initial `params` (`init_train_state` once they are drawn): the optimiser's
-    initial state, `rng`, and with `carry_rows` > 0 the initial carry."""
+    params = model.init(init_rng)
     carry = model.init_state(carry_rows) if carry_rows else None
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), rng, carry)
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), state_rng, carry)
 
 
 FINITE = "finite"  # metrics key: False when the step was rejected (see `keep_if_finite`)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny
+from experiments.configs import gpn_m_tiny
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints import restore
 from gpn_jax.checkpoints.manager import Checkpointer
@@ -53,34 +53,6 @@ def test_the_built_step_on_one_device_is_the_plain_step(one_device_run):
     rtol = norm_bound(n_tokens, n_params, config.train.seq_len)
     np.testing.assert_allclose(float(got["grad_norm"]), float(want["grad_norm"]), rtol=rtol)
     assert int(got_state.step) == int(want_state.step) == 1
-
-
-@pytest.mark.parametrize(
-    "family, axes, carry",
-    [("gpn_m", (1, 1, 1), False), ("gpn_m", (1, 2, 2), True), ("transformer", (1, 2, 2), False),
-     ("gdn", (2, 1, 2), False)],
-)  # fmt: skip
-def test_init_state_is_the_jitted_init_train_state_bit_for_bit_in_place(family, axes, carry):
-    """`Run.init_state` draws the parameters one by one (each in its own small program), yet
-    every leaf equals `ts.init_train_state`'s in one program, and lies as the run shards it."""
-    config = {"gpn_m": gpn_m_tiny, "transformer": transformer_tiny, "gdn": gdn_tiny}[family]
-    config = config.get_config()
-    config.train.update(batch_size=4, grad_accum=1, carry_state=carry)
-    shape = dict(zip(("data", "fsdp", "tensor"), axes, strict=True))
-    mesh = meshlib.make_mesh(ConfigDict(shape), jax.devices()[: int(np.prod(axes))])
-    run = setup.build(config, mesh)
-    got = run.init_state(jax.random.PRNGKey(7))
-    rows = setup.carry_rows(config)
-    want = jax.jit(lambda r: ts.init_train_state(run.model, run.optimizer, r, rows))(
-        jax.random.PRNGKey(7)
-    )
-    assert (got.carry is None) == (not carry)
-    chex.assert_trees_all_equal(jax.device_get(got), jax.device_get(want))
-    shardings = jax.tree.leaves(run.state_shardings)
-    for leaf, sharding in zip(jax.tree.leaves(got), shardings, strict=True):
-        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (leaf.sharding, sharding)
-    split = [not s.is_fully_replicated for s in jax.tree.leaves(run.state_shardings.params)]
-    assert any(split) == (mesh.size > 1)
 
 
 def test_build_refuses_a_batch_that_does_not_split_over_the_mesh():
