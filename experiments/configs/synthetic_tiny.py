@@ -33,4 +33,5 @@ def get_config(arg: str | None = None):
     c.n_test = 8
     c.eval_batch = 8
     c.log_every = 3
+    c.eval_every = 2
     return c

@@ -92,25 +92,32 @@ def programs(fields_items: tuple, weight_decay: float, clip: float) -> Programs:
     return Programs(dict(fields_items), weight_decay, clip)
 
 
-def accuracy(prog: Programs, params, ex: Examples, window: int, batch: int) -> np.ndarray:
-    """(R,) accuracy of every run on `ex` (answer positions only), `batch` examples at a time."""
+def correct_by_position(prog: Programs, params, ex: Examples, window: int, batch: int):
+    """((R, T) correct answers of every run per position, (T,) answers per position) on `ex`,
+    `batch` examples at a time (answer positions only)."""
     x, y, m = model_window(ex, window)
-    n = len(x)
-    correct, total = np.zeros(jax.tree.leaves(params)[0].shape[0]), 0
+    n, T = len(x), ex.inputs.shape[1]
+    correct = np.zeros((jax.tree.leaves(params)[0].shape[0], T))
     for lo in range(0, n, batch):
         rows = min(batch, n - lo)
         xb = x[lo : lo + batch]
         if rows < batch:  # one compiled shape: fill the last batch with copies, unscored
             xb = np.concatenate([xb, np.repeat(xb[:1], batch - rows, 0)])
-        pred = np.asarray(prog.predict(params, xb))[:, :rows]
-        yb, mb = y[lo : lo + rows], m[lo : lo + rows]
-        correct += [score(p, yb, mb)[0] for p in pred]
-        total += int(mb.sum())
-    return correct / max(total, 1)
+        pred = np.asarray(prog.predict(params, xb))[:, :rows, :T]
+        yb, mb = y[lo : lo + rows, :T], m[lo : lo + rows, :T]
+        correct += ((pred == yb) & mb).sum(1)
+    return correct, m[:, :T].sum(0)
 
 
-def train(prog, train_ex: Examples, c, window: int, log=None) -> tuple:
-    """Trains every run of the cell; returns (stacked params, (R,) final losses, first-step s)."""
+def accuracy(prog: Programs, params, ex: Examples, window: int, batch: int) -> np.ndarray:
+    """(R,) accuracy of every run on `ex` (answer positions only), `batch` examples at a time."""
+    correct, total = correct_by_position(prog, params, ex, window, batch)
+    return correct.sum(1) / max(int(total.sum()), 1)
+
+
+def train(prog, train_ex: Examples, c, window: int, log=None, evaluate=None) -> tuple:
+    """Trains every run of the cell; returns (stacked params, (R,) final losses, first-step s).
+    `evaluate(step, params)` runs after every `c.eval_every` steps (when set and > 0)."""
     lrs = np.repeat(np.asarray(c.learning_rates, np.float32), len(c.seeds))
     seeds = np.tile(np.asarray(c.seeds), len(c.learning_rates))
     keys = jnp.stack([jax.random.PRNGKey(int(s)) for s in seeds])
@@ -128,6 +135,9 @@ def train(prog, train_ex: Examples, c, window: int, log=None) -> tuple:
         if first is None:
             jax.block_until_ready(losses)
             first = time.time() - start
+        every = c.get("eval_every", 0)
+        if evaluate is not None and every and ((step + 1) % every == 0 or step + 1 == c.steps):
+            evaluate(step + 1, params)
         if log and (step + 1) % c.log_every == 0:
             log(f"step {step + 1}/{c.steps} loss {np.asarray(losses).mean():.3f}")
     return params, np.asarray(losses), first

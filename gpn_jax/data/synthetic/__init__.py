@@ -40,7 +40,16 @@ def chance(name: str, vocab: int, params: dict) -> float | None:
     """1 / the number of answer symbols (uniform guessing); None where answers are multi-token
     motifs of varying length (fuzzy recall: per-token chance depends on the motif mix)."""
     count = TASKS[name][1]
-    return None if count is None else 1.0 / count(vocab, params)
+    if count is None:
+        return None
+    symbols = count(vocab, params)
+    if symbols < 2:
+        raise ValueError(
+            f"task {name} with vocab {vocab} and {params or 'default settings'} has "
+            f"{max(symbols, 0)} answer symbol(s): chance would be 1.0 and nothing is tested; "
+            "raise its vocab (or lower its noise_vocab)"
+        )
+    return 1.0 / symbols
 
 
 __all__ = ["TASKS", "STATE_TASKS", "Examples", "chance", "from_next_token", "generate", "rng"]
