@@ -208,6 +208,11 @@ def test_outputs(two_runs, tmp_path):
                               "wall_s": round(sum(x["wall_s"] for x in cells), 1),
                               "first_step_s": cells[0]["first_step_s"]}]  # fmt: skip
     assert (tmp_path / "synthetic_tiny_length.png").stat().st_size > 1000
+    for plot in ("positions", "curves"):  # per position past the training length; validation
+        assert (tmp_path / f"synthetic_tiny_{plot}.png").stat().st_size > 1000
+    parity = next(r for r in out["level_rows"] if r["measured"].startswith("positions"))
+    assert parity["task"] == "parity" and parity["measured"] == "positions 9–24 of T = 24"
+    assert [r["task"] for r in out["onset_rows"]] == ["mqar", "parity"]
 
 
 @pytest.mark.slow
@@ -220,4 +225,7 @@ def test_command_runs_the_tiny_suite(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads((tmp_path / "synthetic_tiny.json").read_text())
     assert len(out["rows"]) == 10 and len(out["cells"]) == 20
+    assert len(out["level_rows"]) == 13  # ten tasks, three of them also past their length
+    parity = next(x for x in out["cells"] if x["task"] == "parity")
+    assert len(parity["position_acc"]) == 24 and len(parity["valid_curve"]) == 2
     assert "[20/20]" in done.stdout

@@ -89,6 +89,36 @@ _SYNTHETIC = [
     ("Gated DeltaNet", "{gdn}", "r"),
     ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
 ]
+# The decisive suite's verdict tables, each a key of experiments/results/synthetic_decisive.json:
+# every cell against its level without the ability (✓: cleared by the seeds' margin), the
+# step learning started, and the published claims beside ours.
+_FAMILY_COLUMNS = [
+    ("GPN+M", "{gpn_m}", "r"),
+    ("GPN", "{gpn}", "r"),
+    ("Transformer++", "{transformer}", "r"),
+    ("Gated DeltaNet", "{gdn}", "r"),
+    ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
+]
+_SYNTHETIC_LEVELS = [
+    ("Task", "{task}", "l"),
+    ("Measured on", "{measured}", "l"),
+    ("Chance", "{chance}", "r"),
+    ("Level without the ability", "{level}", "r"),
+    *_FAMILY_COLUMNS,
+]
+_SYNTHETIC_ONSETS = [("Task", "{task}", "l"), ("of steps", "{steps:,}", "r"), *_FAMILY_COLUMNS]
+_SYNTHETIC_PUBLISHED = [
+    ("Published", "{source}: {claim}", "l"),
+    ("Ours", "{ours}", "l"),
+    ("Agrees when", "{rule}", "l"),
+    ("Agrees", "{agrees}", "l"),
+]
+# Tables that are one key of a result file other than its `rows`: name -> (file, key).
+VIEWS = {
+    "synthetic_decisive": ("synthetic_decisive", "level_rows"),
+    "synthetic_decisive_onsets": ("synthetic_decisive", "onset_rows"),
+    "synthetic_decisive_published": ("synthetic_decisive", "published"),
+}
 _ACCEL_STEP = [
     ("model", "{model}", "l"),
     ("kernels", "{kernels}", "l"),
@@ -178,6 +208,10 @@ COLUMNS = {
         ("Accuracy (mean over seeds)", "{accuracy:.3f}", "r"),
         ("Seeds", "{seeds}", "l"),
     ],
+    "synthetic_decisive": _SYNTHETIC_LEVELS,
+    "synthetic_decisive_onsets": _SYNTHETIC_ONSETS,
+    "synthetic_decisive_published": _SYNTHETIC_PUBLISHED,
+    "synthetic_decisive_bench": _SYNTHETIC_BENCH,
     "synthetic_quick": _SYNTHETIC,
     "synthetic_small": _SYNTHETIC,
     "synthetic_quick_bench": _SYNTHETIC_BENCH,
@@ -441,6 +475,17 @@ def load(root: str, name: str, required: tuple[str, ...] = REQUIRED) -> dict:
     return data
 
 
+def load_view(root: str, name: str) -> dict:
+    """A VIEWS table: the rows under one key of a result file, linked to that file."""
+    stem, key = VIEWS[name]
+    data = load(root, stem)
+    rows = data.get(key)
+    rel = os.path.join(RESULTS, f"{stem}.json")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ResultError(f"{rel}: {key!r} must be a non-empty list of objects")
+    return data | {"rows": rows, "members": [rel]}
+
+
 def _aot_row(record: dict, topology: str) -> dict:
     """One compile of `gpn_jax.aot` as a table row (sizes in GiB, the traffic as a ratio)."""
     vmem = record.get("m_in_vmem_per_token_loops")
@@ -539,7 +584,12 @@ def render_page(text: str, page_dir: str, root: str) -> str:
 
     def block(m):
         name = m.group("name")
-        data = load_collection(root, name) if name in COLLECTIONS else load(root, name)
+        if name in COLLECTIONS:
+            data = load_collection(root, name)
+        elif name in VIEWS:
+            data = load_view(root, name)
+        else:
+            data = load(root, name)
         return (
             f"<!-- results:{name} -->\n{table(name, data, page_dir, root)}<!-- /results:{name} -->"
         )

@@ -6,7 +6,7 @@ import os
 import platform
 import sys
 
-from experiments.synthetic import families
+from experiments.synthetic import families, verdicts
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
 
@@ -40,13 +40,18 @@ def params_row(cells: list[dict]) -> dict:
 
 def record(c, cells: list[dict], wall_s: float, command: str) -> dict:
     """The result file: renderer header fields, task rows and every cell in full."""
-    return record_header(command) | {
+    out = record_header(command) | {
         "wall_s": round(wall_s, 1),  # this invocation (a resumed run reads finished cells back)
         "cells_wall_s": round(sum(x["wall_s"] for x in cells), 1),  # every cell's training
         "params": params_row(cells),
         "rows": task_rows(c, cells),
-        "cells": cells,
     }
+    if verdicts.has_levels(cells):  # cells that carry their levels: the verdict tables
+        marked = verdicts.annotate(c, cells)
+        out |= {"level_rows": verdicts.level_rows(marked),
+                "onset_rows": verdicts.onset_rows(marked, c.steps),
+                "published": verdicts.published_rows(marked)}  # fmt: skip
+    return out | {"cells": cells}
 
 
 def bench(cells: list[dict], wall_s: float, command: str) -> dict:
@@ -117,6 +122,62 @@ def plot_lengths(cells: list[dict], path: str) -> bool:
     return True
 
 
+def _figure(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def plot_positions(cells: list[dict], path: str) -> bool:
+    """Accuracy at each position of the longest test length, state tasks: one panel per task,
+    one line per family (mean over seeds); the training length marked. False when no cell
+    has per-position results."""
+    tasks = list(dict.fromkeys(x["task"] for x in cells if x.get("position_acc")))
+    if not tasks:
+        return False
+    plt, fig, axes = _figure(len(tasks))
+    for ax, task in zip(axes, tasks, strict=True):
+        mine = [x for x in cells if x["task"] == task and x.get("position_acc")]
+        for x in mine:
+            ax.plot(range(1, len(x["position_acc"]) + 1), x["position_acc"], lw=1, label=x["model"])
+        trained = min(int(k) for k in mine[0]["length_acc"])
+        ax.axvline(trained, color="black", ls="--", lw=0.8, label=f"trained on {trained}")
+        ax.axhline(mine[0]["chance"], color="grey", ls=":", lw=1, label="chance")
+        ax.set(title=task, xlabel="position", ylabel="accuracy (mean over seeds)", ylim=(0, 1.02))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_curves(cells: list[dict], tasks, path: str) -> bool:
+    """Validation accuracy during training (mean over the chosen rate's seeds), one panel per
+    task, one line per family, the level to clear dotted. False without curves."""
+    names = list(dict.fromkeys(x["task"] for x in cells if x.get("valid_curve")))
+    if not names:
+        return False
+    plt, fig, axes = _figure(len(names))
+    for ax, task in zip(axes, names, strict=True):
+        for x in (x for x in cells if x["task"] == task):
+            lr = list(x["valid_acc_by_lr"]).index(f"{x['best_lr']:g}")
+            n = len(x["test_acc"])
+            steps = [s for s, _ in x["valid_curve"]]
+            accs = [sum(a[lr * n : (lr + 1) * n]) / n for _, a in x["valid_curve"]]
+            ax.plot(steps, accs, lw=1, label=x["model"])
+        ax.set(title=f"{task} (T = {tasks[task].seq_len})", xlabel="step",
+               ylabel="validation accuracy", ylim=(0, 1.02))  # fmt: skip
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_all(c, workdir: str, cells: list[dict], wall_s: float) -> dict:
     """Writes <workdir>/<name>.json, <name>.md, <name>_length.png and <name>_bench.json."""
     command = "python -m experiments.synthetic " + " ".join(sys.argv[1:])
@@ -126,4 +187,6 @@ def write_all(c, workdir: str, cells: list[dict], wall_s: float) -> dict:
     atomic_write(stem + ".md", table_md(out["rows"]).encode())
     atomic_write(stem + "_bench.json", json.dumps(bench(cells, wall_s, command), indent=1).encode())
     plot_lengths(cells, stem + "_length.png")
+    plot_positions(cells, stem + "_positions.png")
+    plot_curves(cells, c.tasks, stem + "_curves.png")
     return out

@@ -97,17 +97,39 @@ def test_memorisation_answers():
     assert len(memorisation.key_value_map(vocab, 0)) == (vocab - 1) // 2
 
 
-def test_mqar_answers():
-    """Each query's label is the value that followed the same key among the pairs."""
+@pytest.mark.parametrize("repeat", [False, True])
+def test_mqar_answers(repeat):
+    """Each query's label is the value that followed the same key among the pairs; by default
+    every key is queried exactly once (Zoology), with `repeat_queries` the sequence fills."""
     pairs, T = 8, 64
-    ex = gen("mqar", T, 33, pairs=pairs)
+    ex = gen("mqar", T, 33, pairs=pairs, repeat_queries=repeat)
     for x, y, m in zip(ex.inputs, ex.labels, ex.mask, strict=True):
         kv = dict(zip(x[0 : 2 * pairs : 2].tolist(), x[1 : 2 * pairs : 2].tolist(), strict=True))
         assert len(kv) == pairs
         queries = np.flatnonzero(m)
-        assert len(queries) == (T - 2 * pairs) // 2
+        asked = sorted(x[queries].tolist())
+        if repeat:
+            assert len(queries) == (T - 2 * pairs) // 2
+        else:
+            assert asked == sorted(kv) and (x[4 * pairs :] == 32).all()  # once each, then pad
         for i in queries:
             assert y[i] == kv[int(x[i])] == x[i + 1]
+
+
+def test_mqar_once_needs_room_for_every_query():
+    with pytest.raises(ValueError, match="seq_len must be >= 4 x pairs = 32"):
+        gen("mqar", 24, 33, pairs=8)
+
+
+@pytest.mark.parametrize(
+    "name,vocab,params",
+    [("selective_copying", 3, {}), ("noisy_recall", 32, {"noise_vocab": 30}),
+     ("in_context_recall", 2, {})],
+)  # fmt: skip
+def test_a_task_whose_chance_is_one_is_refused(name, vocab, params):
+    with pytest.raises(ValueError, match=r"answer symbol\(s\): chance would be 1\.0") as e:
+        synthetic.chance(name, vocab, params)
+    assert "\n" not in str(e.value)
 
 
 def _compose_by_hand(perm_ids):
