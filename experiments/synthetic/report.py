@@ -128,8 +128,12 @@ def _figure(n: int):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False)
-    return plt, fig, axes[0]
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return plt, fig, list(axes.flat[:n])
 
 
 def plot_positions(cells: list[dict], path: str) -> bool:
@@ -169,6 +173,8 @@ def plot_curves(cells: list[dict], tasks, path: str) -> bool:
             steps = [s for s, _ in x["valid_curve"]]
             accs = [sum(a[lr * n : (lr + 1) * n]) / n for _, a in x["valid_curve"]]
             ax.plot(steps, accs, lw=1, label=x["model"])
+        if "level" in x:
+            ax.axhline(x["level"], color="grey", ls=":", lw=1, label="level without it")
         ax.set(title=f"{task} (T = {tasks[task].seq_len})", xlabel="step",
                ylabel="validation accuracy", ylim=(0, 1.02))  # fmt: skip
         ax.legend(fontsize=7)

@@ -104,8 +104,8 @@ PUBLISHED = (
      lambda c: _beyond(c, "parity", "gdn", False), "not learnt past the training length"),
     ("Arora et al. 2023 (Zoology)", "attention solves MQAR at every model width tested",
      lambda c: _solves(c, "mqar", "transformer"), "learnt, ≥ 0.9 in every MQAR row"),
-    ("Yang et al. 2024 (DeltaNet)", "the delta rule solves MQAR, unlike gated linear "
-     "attention and state-space models of its size",
+    ("Yang et al. 2024 (DeltaNet)", "the delta rule makes a linear transformer recall "
+     "associatively (MQAR) far better than additive linear attention and state-space models",
      lambda c: _solves(c, "mqar", "gdn"), "learnt, ≥ 0.9 in every MQAR row"),
     ("Merrill et al. 2024", "S5 state tracking is beyond transformers of fixed depth: they "
      "do not track it at lengths past what their depth allows",
