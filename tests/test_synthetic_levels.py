@@ -56,6 +56,18 @@ def test_learnt_needs_the_margin_the_seeds_support():
     assert levels.learnt([0.70, 0.71, 0.69], 0.6)
     assert not levels.learnt([0.63, 0.64, 0.65], 0.6)  # within MIN_MARGIN of the level
     assert not levels.learnt([1.0, 0.55, 0.56], 0.55)  # one seed: the spread does not support it
+    # three seeds: the one-sided 95 % t bound, 2.920 sd / sqrt(3), here 0.169
+    accs = [0.40, 0.50, 0.60]
+    assert levels.margin(accs) == pytest.approx(2.920 * 0.1 / np.sqrt(3))
+    assert levels.learnt(accs, 0.33) and not levels.learnt(accs, 0.34)
+    assert not levels.learnt([], 0.0) and levels.margin([0.9]) == levels.MIN_MARGIN
+
+
+def test_onset_is_the_first_step_the_chosen_runs_clear_the_level():
+    curve = [[100, [0.1, 0.9, 0.2, 0.2]], [200, [0.1, 0.9, 0.9, 0.9]], [300, [0.9, 0.9, 0.9, 0.9]]]
+    assert levels.onset(curve, slice(2, 4), 0.5) == 200  # runs 2 and 3: the chosen rate's
+    assert levels.onset(curve, slice(0, 2), 0.5) == 300
+    assert levels.onset(curve, slice(0, 2), 0.95) is None
 
 
 def test_held_out_splits_never_repeat_a_training_example():

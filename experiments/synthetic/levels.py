@@ -13,7 +13,8 @@ ability a task tests.
   position is seen directly, so the level there is chance.
 
 A cell is learnt (`learnt`) when its mean over seeds clears the level by a margin its seeds
-support: max(`MIN_MARGIN`, 2 x the seeds' sample sd).
+support: the one-sided 95 % Student t bound on the mean (t x sd / sqrt(n) over n seeds), and
+at least `MIN_MARGIN`.
 """
 
 import numpy as np
@@ -22,6 +23,9 @@ from gpn_jax.data.synthetic import Examples
 
 CONTEXT_TASKS = ("in_context_recall", "noisy_recall", "fuzzy_recall", "mqar", "selective_copying")
 MIN_MARGIN = 0.05
+# one-sided 95 % quantiles of Student's t by degrees of freedom (n seeds: n - 1)
+T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833}
+T95_MANY = 1.812  # 10 degrees of freedom; more seeds keep this (slightly wider) bound
 
 
 def context_guess(ex: Examples) -> float:
@@ -52,11 +56,23 @@ def state_level(chance: float, length: int, direct: int) -> float:
 
 
 def margin(accs) -> float:
+    """max(MIN_MARGIN, t95 x sd / sqrt(n)); one seed gives no spread, only MIN_MARGIN."""
     accs = np.asarray(accs, float)
-    sd = accs.std(ddof=1) if accs.size > 1 else 0.0
-    return max(MIN_MARGIN, 2.0 * sd)
+    if accs.size < 2:
+        return MIN_MARGIN
+    t = T95.get(accs.size - 1, T95_MANY)
+    return max(MIN_MARGIN, t * accs.std(ddof=1) / np.sqrt(accs.size))
 
 
 def learnt(accs, level: float) -> bool:
-    """The seeds' mean clears `level` by max(MIN_MARGIN, 2 sd)."""
-    return bool(np.mean(accs) - margin(accs) > level)
+    """The seeds' mean clears `level` by `margin`."""
+    return bool(len(accs)) and bool(np.mean(accs) - margin(accs) > level)
+
+
+def onset(curve: list, pick: slice, level: float) -> int | None:
+    """The first step of a validation curve ([step, every run's accuracy] pairs) at which the
+    runs in `pick` are `learnt` above `level`, or None."""
+    for step, accs in curve:
+        if learnt(accs[pick], level):
+            return step
+    return None

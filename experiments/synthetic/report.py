@@ -51,6 +51,7 @@ def record(c, cells: list[dict], wall_s: float, command: str) -> dict:
         out |= {"level_rows": verdicts.level_rows(marked),
                 "onset_rows": verdicts.onset_rows(marked, c.steps),
                 "published": verdicts.published_rows(marked)}  # fmt: skip
+        cells = [verdicts.judge(x) for x in cells]
     return out | {"cells": cells}
 
 

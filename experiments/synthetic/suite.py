@@ -220,23 +220,11 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
         "test_acc": test[pick].tolist(), "test_acc_mean": float(test[pick].mean()),
         "test_acc_std": float(test[pick].std(ddof=1)) if n_seeds > 1 else 0.0,
         "final_loss": losses[pick].tolist(), "length_acc": lengths,
-        "chance": chance, "level": lvl, "learnt": levels.learnt(test[pick], lvl),
-        "beyond_acc": beyond,
-        "learnt_beyond": levels.learnt(beyond, chance) if beyond else None,
+        "chance": chance, "level": lvl, "beyond_acc": beyond,
         "position_acc": positions, "valid_curve": curve,
-        "onset_step": onset(curve, pick, lvl),
         "leak_score": leak, "wall_s": round(time.time() - start, 1),
         "first_step_s": round(first, 1),
     }  # fmt: skip
-
-
-def onset(curve: list, pick: slice, lvl: float) -> int | None:
-    """The first evaluated step at which the chosen rate's seeds clear `lvl` on validation
-    (`levels.learnt`), or None."""
-    for step, accs in curve:
-        if levels.learnt(accs[pick], lvl):
-            return step
-    return None
 
 
 def _cell_task(job: tuple) -> dict:

@@ -5,6 +5,8 @@ docs render them, so no sentence about a result is written by hand."""
 
 import numpy as np
 
+from experiments.synthetic import levels
+
 COLUMNS = ("gpn_m", "gpn", "transformer", "gdn", "gdn_neg")
 LEARNT = " ✓"  # the cell clears its level by the margin its seeds support
 
@@ -125,13 +127,28 @@ def published_rows(cells: list[dict]) -> list[dict]:
     return rows
 
 
+def judge(x: dict) -> dict:
+    """The cell with its verdicts from its own accuracies (`levels`): learnt at the training
+    length, learnt past it (state tasks), and the validation step where learning showed."""
+    lr = list(x["valid_acc_by_lr"]).index(f"{x['best_lr']:g}")
+    n = len(x["test_acc"])
+    beyond = x.get("beyond_acc") or []
+    return x | {
+        "learnt": levels.learnt(x["test_acc"], x["level"]),
+        "learnt_beyond": levels.learnt(beyond, x["chance"]) if beyond else None,
+        "onset_step": levels.onset(
+            x.get("valid_curve", []), slice(lr * n, (lr + 1) * n), x["level"]
+        ),
+    }
+
+
 def annotate(c, cells: list[dict]) -> list[dict]:
-    """The cells with the task settings the rows read (training length, task parameters)."""
+    """The judged cells with the task settings the rows read (training length, parameters)."""
     out = []
     for x in cells:
         t = c.tasks[x["task"]]
-        out.append(x | {"settings_seq_len": t.seq_len, "task_params": dict(t.get("params", {})),
-                        "kind": x.get("kind") or t.get("kind") or x["task"]})  # fmt: skip
+        out.append(judge(x) | {"settings_seq_len": t.seq_len, "task_params": dict(t.get("params", {})),
+                               "kind": x.get("kind") or t.get("kind") or x["task"]})  # fmt: skip
     return out
 
 
