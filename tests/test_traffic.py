@@ -169,10 +169,37 @@ def test_minimum_per_token():
     )
     cells = 15 * 128 * 256
     assert traffic.min_bytes_per_token(cfg) == cells * 28  # 5 x 4 + 8
+    # the memory on chip between tokens: its stack's write and read (2m)
+    assert traffic.min_bytes_per_token(cfg, (True, False)) == cells * 8
+    assert traffic.min_bytes_per_token(cfg, (True, True)) == 0  # the stack on chip too
     cfg.memory_dtype = "bfloat16"
     assert traffic.min_bytes_per_token(cfg) == cells * 18  # 5 x 2 + 8
+    assert traffic.min_bytes_per_token(cfg, (True, False)) == cells * 4
     cfg.memory = False
     assert traffic.min_bytes_per_token(cfg) is None
+
+
+def test_placement_reads_where_the_per_token_loops_carry_the_memory():
+    """`loop` carries M in HBM; in VMEM (`S(1)`) the memory is on chip; a carried stack in HBM
+    keeps the stack off chip, one in VMEM puts it on chip too. Outer loops do not count."""
+    hbm = loop("")
+    assert traffic.placement(hbm, N) == (False, False)
+    vmem = hbm.replace("f32[2,3,4,5]{3,2,1,0}) while", "f32[2,3,4,5]{3,2,1,0:S(1)}) while")
+    assert traffic.placement(vmem, N) == (True, False)
+    stack = "f32[2,3,4,5]{3,2,1,0:S(1)}, f32[6,2,3,4,5]{4,3,2,1,0}) while"
+    with_stack = vmem.replace("f32[2,3,4,5]{3,2,1,0:S(1)}) while", stack)
+    assert traffic.loop_carries(with_stack, N) == [(1, True), (6, False)]
+    assert traffic.placement(with_stack, N) == (True, False)
+    on_chip = with_stack.replace(
+        "f32[6,2,3,4,5]{4,3,2,1,0}) while", "f32[6,2,3,4,5]{4,3,2,1,0:S(1)}) while"
+    )
+    assert traffic.placement(on_chip, N) == (True, True)
+    # a loop whose body runs a loop is no per-token loop
+    outer = vmem.replace(
+        "  ROOT %r = (s32[]",
+        "  %x = (s32[]) while(%i), condition=%cond, body=%body\n  ROOT %r = (s32[]",
+    )
+    assert traffic.loop_carries(outer, N) == []
 
 
 def test_no_entry_is_an_error():

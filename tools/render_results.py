@@ -490,13 +490,15 @@ def _aot_row(record: dict, topology: str) -> dict:
     """One compile of `gpn_jax.aot` as a table row (sizes in GiB, the traffic as a ratio)."""
     vmem = record.get("m_in_vmem_per_token_loops")
     hbm = record.get("hbm_bytes_per_device")
+    minimum = record["memory_bytes_per_token_min"]
     return record | {
         "topology": topology or record.get("device_kind", "?"),
         "fits_word": "yes" if record["fits"] else "no",
         "peak_gib": record["peak_bytes_per_device"] / 2**30,
         "hbm_gib": float("nan") if hbm is None else hbm / 2**30,
-        "traffic_ratio": record["memory_bytes_per_token_hlo"]
-        / record["memory_bytes_per_token_min"],
+        "traffic_ratio": record["memory_bytes_per_token_hlo"] / minimum
+        if minimum  # 0 where the memory and its stack stay on chip
+        else float("nan"),
         "vmem_word": "—" if vmem is None else ("yes" if vmem else "no"),
     }
 

@@ -278,19 +278,9 @@ def m_in_vmem(text: str, elements: int, innermost: bool = False) -> bool | None:
     on TPU); None when no loop carries one. `innermost`: only the loops whose body runs no
     loop (the per-token loops); the outer ones (per segment) may hold M in HBM."""
     from gpn_jax.benchmarks import traffic
-    from gpn_jax.parallel import hlo
 
-    comps, _ = hlo.parse(text)
-    found = []
-    for instrs in comps.values():
-        for ins in instrs:
-            body = re.search(r"body=%?([\w.\-]+)", ins.attrs) if ins.opcode == "while" else None
-            if body is None or (
-                innermost and any(i.opcode == "while" for i in comps.get(body.group(1), []))
-            ):
-                continue
-            found += [b for k, b in traffic.arrays(ins.result, elements) if k == 1]
-    return None if not found else not any(found)
+    found = [on_chip for k, on_chip in traffic.loop_carries(text, elements, innermost) if k == 1]
+    return None if not found else all(found)
 
 
 def step_record(config, result, report, memory_bytes: int | None) -> dict:
@@ -302,7 +292,7 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
     per_step, micro = batch_shard(config, mesh)
     tensor = dict(mesh.shape).get("tensor", 1)
     cells = traffic.memory_cells(config.model) // tensor
-    minimum = traffic.min_bytes_per_token(config.model)
+    minimum = traffic.min_bytes_per_token(config.model)  # until the compile shows M on chip
     rec = {
         "platform": device.platform,
         "device_kind": getattr(device, "device_kind", device.platform),
@@ -327,6 +317,11 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
     text = result["compiled"].as_text()
     if cells:
         t = traffic.hlo_bytes(text, micro * cells)  # the whole step: every micro-batch
+        on_chip = traffic.placement(text, micro * cells)
+        rec["memory_on_chip"], rec["stack_on_chip"] = on_chip
+        rec["memory_bytes_per_token_min"] = (
+            traffic.min_bytes_per_token(config.model, on_chip) / tensor
+        )
         rec["memory_bytes_per_token_hlo"] = t.bytes / (per_step * config.train.seq_len)
         rec["unknown_trip_counts"] = t.unknown_trip_counts
         rec["m_in_vmem"] = m_in_vmem(text, micro * cells)

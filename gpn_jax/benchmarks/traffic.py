@@ -23,14 +23,25 @@ array of the same size, in any dtype) that an instruction reads or writes in dev
   `opt-barrier`, ...) moves nothing.
 
 `min_bytes_per_token(...)` is the analytic minimum of the fused window's schedule per token,
-per memory cell, with m the storage dtype's bytes (`model.memory_dtype`):
+per memory cell, with m the storage dtype's bytes (`model.memory_dtype`), for where the compiled
+step holds the memory between tokens (`placement`: read off its per-token loops' carries):
 
-    forward                  read M_{t-1}, write M_t                         2m
+    memory in HBM between tokens (every GPU and CPU compile; TPU where M does not fit VMEM)
+    forward                  read M_{t-1}, write M_t                          2m
     backward recomputation   read M_{t-1}, write M_t (from the segment start) 2m
     backward per-token pass  read M_t; read + write the float32 cotangent     m + 8
-                                                                      total  5m + 8
+                                                                       total  5m + 8
 
-i.e. 28 bytes per cell in float32 storage, 18 in bfloat16; times H x K x U cells per token.
+    memory (and its cotangent) on chip between tokens (XLA:TPU's VMEM, `S(1)`)
+    forward                  nothing: M_t stays on chip                       0
+    backward recomputation   write M_t into the segment's stack               m
+    backward per-token pass  read M_t from the stack                          m
+                                                                       total  2m
+
+i.e. 28 bytes per cell in float32 storage, 18 in bfloat16 (2m: 8 and 4), and 0 where the
+segment's stack of memories stays on chip too (tiny sizes); times H x K x U cells per token.
+The HBM-resident minimum is no floor for a step that keeps M in VMEM: XLA:TPU does so at the
+per-chip batches whose memory fits, and its count then falls below 5m + 8.
 """
 
 import dataclasses
@@ -286,18 +297,50 @@ def memory_cells(model_cfg) -> int:
     return math.prod(sizes)
 
 
-def min_bytes_per_cell(memory_dtype: str) -> int:
-    """5m + 8: the module docstring's minimum per memory cell per token."""
+def loop_carries(text: str, elements: int, innermost: bool = True) -> list[tuple[int, bool]]:
+    """(multiple, on chip) of each array a while loop of the module in `text` carries whose
+    element count is a multiple of `elements` (1: the memory, k > 1: a stack of k memories);
+    `innermost`: only the loops whose body runs no loop (the per-token loops)."""
+    comps, _ = hlo.parse(text)
+    found = []
+    for instrs in comps.values():
+        for ins in instrs:
+            parts = hlo.while_parts(ins)
+            if parts is None or (
+                innermost and any(i.opcode == "while" for i in comps.get(parts[1], []))
+            ):
+                continue
+            found += [(k, b == 0) for k, b in arrays(ins.result, elements)]
+    return found
+
+
+def placement(text: str, elements: int) -> tuple[bool, bool]:
+    """(memory on chip, stack on chip) of a compiled step: whether a per-token loop carries
+    the memory (`elements` elements) in on-chip memory, and whether the stacks of memories its
+    per-token loops carry are all on chip too."""
+    carried = loop_carries(text, elements)
+    stacks = [on_chip for k, on_chip in carried if k > 1]
+    memory = any(on_chip for k, on_chip in carried if k == 1)
+    return memory, memory and bool(stacks) and all(stacks)
+
+
+def min_bytes_per_cell(memory_dtype: str, on_chip: tuple[bool, bool] = (False, False)) -> int:
+    """The module docstring's minimum per memory cell per token: 5m + 8 with the memory in
+    HBM between tokens; 2m with it on chip (`placement`); 0 with its stack on chip too."""
     m = {"float32": 4, "bfloat16": 2}[str(memory_dtype)]
-    return 5 * m + 8
+    memory, stack = on_chip
+    if not memory:
+        return 5 * m + 8
+    return 0 if stack else 2 * m
 
 
-def min_bytes_per_token(model_cfg) -> int | None:
-    """The analytic minimum of the memory's HBM traffic per token (None without a memory)."""
+def min_bytes_per_token(model_cfg, on_chip: tuple[bool, bool] = (False, False)) -> int | None:
+    """The analytic minimum of the memory's HBM traffic per token (None without a memory),
+    for the memory's `placement` in the compiled step (default: in HBM)."""
     cells = memory_cells(model_cfg)
     if not cells:
         return None
-    return cells * min_bytes_per_cell(_field(model_cfg, "memory_dtype", "float32"))
+    return cells * min_bytes_per_cell(_field(model_cfg, "memory_dtype", "float32"), on_chip)
 
 
 def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dict:
@@ -307,8 +350,9 @@ def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dic
     if not cells:
         return {"memory_bytes_per_token_hlo": None, "memory_bytes_per_token_min": None}
     t = hlo_bytes(hlo_text, batch_local * cells)
+    on_chip = placement(hlo_text, batch_local * cells)
     return {
         "memory_bytes_per_token_hlo": t.bytes / (batch_local * seq_len),
-        "memory_bytes_per_token_min": min_bytes_per_token(model_cfg),
+        "memory_bytes_per_token_min": min_bytes_per_token(model_cfg, on_chip),
         "unknown_trip_counts": t.unknown_trip_counts,
     }
