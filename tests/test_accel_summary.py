@@ -35,7 +35,8 @@ def _folder(tmp_path, finished=("versions", "step", "baselines", "check")) -> st
         "step": {"seq_len": 64, "records": [
             _record(kernels="pallas", memory_dtype="bfloat16", compile_s=3.0),
             {"kernels": "pallas", "memory_dtype": "float32", "batch_size": 8, "error": TIMEOUT},
-            {"kernels": "xla", "memory_dtype": "float32", "batch_size": 8, "skipped": "x"},
+            {"kernels": "xla", "memory_dtype": "float32", "batch_size": 8,
+             "skipped": "out of time"},
         ]},
         "baselines": {"records": [_record(family="transformer"), {"family": "gdn",
                                                                   "error": "OOM"}]},
@@ -103,7 +104,9 @@ def test_a_targeted_rerun_overrides_budgets_and_step_records():
     s = bench_accel.settings("device", ["baselines=150", "step=90"], ["pallas:float32:128"])
     assert s["budgets"]["baselines"] == 150 and s["budgets"]["step"] == 90
     assert s["budgets"]["check"] == bench_accel.DEVICE_BUDGETS["check"]
-    assert s["step_records"] == [("pallas", "float32", 128)]
+    assert [(r["kernels"], r["memory_dtype"], r["batch"]) for r in s["step_records"]] == [
+        ("pallas", "float32", 128)
+    ]
     with pytest.raises(ValueError, match="--budgets entry 'bogus=1': write PART=SECONDS"):
         bench_accel.settings("device", ["bogus=1"])
     with pytest.raises(ValueError, match="--budgets entry 'step=-5'"):

@@ -159,6 +159,13 @@ COLUMNS = {
         ("GPN MFU", "{gpn_mfu_pct:.1f} %", "r"),
         ("GPN+M peak RSS", "{rss_gib:.2f} GiB", "r"),
     ],
+    "accel_peaks": [
+        ("model", "{family}", "l"),
+        ("attention", "{attention}", "l"),
+        ("B", "{batch_size}", "r"),
+        ("peak per device", "{peak_gib:.1f} GiB", "r"),
+        ("from", "{source}", "l"),
+    ],
     "step_memory": [
         ("model", "{model}", "l"),
         ("minor faults a step: default → reuse", "{faults_default:,} → {faults_reuse:,}", "r"),

@@ -9,28 +9,31 @@ XLA:CPU's memory analysis of the 130M step (`python -m gpn_jax.aot --devices=1 -
 gives about 39 GiB per device at B = 128, which an 80 GB+ GPU holds.
 """
 
+import dataclasses
+import math
+import os
+
 import ml_collections
 
 from experiments.bench import bench_tiny
 from experiments.configs import gdn_130m, gpn_m_1l_130m, transformer_130m
-from gpn_jax.benchmarks import bench_config
+from gpn_jax.benchmarks import accel_plan, bench_config
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODES = ("device", "rehearse")
-# The 130M step records in order of value: each kernel choice in both storages at B = 128,
-# then smaller batches as the budget allows (each 130M compile costs tens of seconds).
-STEP_RECORDS = (
-    ("pallas", "bfloat16", 128),
-    ("xla", "bfloat16", 128),
-    ("pallas", "float32", 128),
-    ("xla", "float32", 128),
-    ("pallas", "bfloat16", 32),
-    ("xla", "bfloat16", 32),
-    ("pallas", "bfloat16", 8),
-    ("xla", "bfloat16", 8),
-)
-# Seconds of each part (in order); time a part leaves unused passes to the next ones. From the
-# H100 run (experiments/results/accel_h100/): the check took 35 s, a 130M record about 50 s.
+RESULTS = os.path.join(_ROOT, "experiments", "results")
+# The device run's parts in order of value: the three families at the same tokens per step
+# (`baselines`), the check, the GPN+M sweep and float32 (`step`), the passes, the HLO.
+DEVICE_PARTS = ("baselines", "check", "step", "passes", "hlo")
+# Seconds of each part; time a part leaves unused passes to the next ones. From the H100 run
+# (experiments/results/accel_h100/): the check took 35 s. The device run's `baselines` and
+# `step` budgets are its plan's estimates (`accel_plan`) with a fifth to spare.
 DEVICE_BUDGETS = dict(smoke=45, check=40, passes=45, step=160, baselines=110, hlo=30)
+SPARE = 1.2
+# the compile cache of the device run, inside the checkout (git-ignored `runs/`): a lent
+# machine keeps it between the calls of one session, so a rerun's compiles are cache reads
+CACHE_DIR = os.path.join(_ROOT, "runs", "jax_cache")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -55,17 +58,29 @@ def _small_gpn_m() -> dict:
     return m | dict(d_key=16, d_value=32, compute_dtype="float32")
 
 
-def settings(mode: str, budgets=(), records=()) -> dict:
+def settings(mode: str, budgets=(), records=(), kind: str = "h100") -> dict:
     """Everything the parts need, as plain data (the part processes read it as JSON).
     `budgets`: "part=seconds" overrides of the budget shares; `records`: the step part's
-    "kernels:memory_dtype:batch" records instead of the mode's (`accel_bench.py`'s flags)."""
+    "kernels:memory_dtype:batch" records instead of the mode's (`accel_bench.py`'s flags);
+    `kind`: the device the run's plan is for (`accel_plan.make`)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-    s = _settings(mode)
+    s = _settings(mode, kind)
     s["budgets"] |= dict(_budget(b) for b in budgets)
     if records:
-        s["step_records"] = [_step_record(r) for r in records]
+        s["step_records"] = [gpn_record(*_step_record(r)) for r in records]
     return s
+
+
+def gpn_record(kernels: str, memory_dtype: str, batch: int, seconds=None) -> dict:
+    """A GPN+M step record as the settings hold it (`accel_plan.Record`'s fields)."""
+    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype)
+    return dataclasses.asdict(rec) | {"seconds": seconds}
+
+
+def plan(kind: str) -> dict:
+    """The device run's plan for `kind` from the committed result files."""
+    return accel_plan.make(kind, RESULTS)
 
 
 def _budget(text: str) -> tuple[str, float]:
@@ -95,15 +110,17 @@ def _step_record(text: str) -> tuple[str, str, int]:
     return kernels, dtype, int(batch)
 
 
-def _settings(mode: str) -> dict:
+def _settings(mode: str, kind: str) -> dict:
     if mode == "rehearse":
         tiny = bench_tiny.get_config().models
         models = {k: tiny[k].to_dict() for k in ("gpn_m", "transformer", "gdn")}
         batch, seq_len, peak_size, copy_mib = 2, 16, 256, 16
         check_dims, pass_dims, reps = (2, 2, 8, 16, 3), (2, 2, 8, 16, 4), 2
-        # the first and the last of the kinds of record (the HLO part compiles the first
-        # again: a persistent compilation cache serves it)
-        records = [(k, d, batch) for k, d, _ in (STEP_RECORDS[0], STEP_RECORDS[3])]
+        # the three families at the same batch (their GPN+M record's HLO is the HLO part's),
+        # then the kind of record the sweep ends with
+        compare = [gpn_record("pallas", "bfloat16", batch)]
+        compare += [dataclasses.asdict(accel_plan.Record(f, batch)) for f in ("transformer", "gdn")]
+        records = [gpn_record("xla", "float32", batch)]
         budgets = {k: 300 for k in DEVICE_BUDGETS} | {"smoke": 0}
         train_check = {"model": _small_gpn_m(), "batch_size": 2, "seq_len": 16, "steps": 5}
         env = {"JAX_PLATFORMS": "cpu"}  # no accelerator plugin probes the machine
@@ -113,12 +130,19 @@ def _settings(mode: str) -> dict:
             "transformer": transformer_130m.get_config().model.to_dict(),
             "gdn": gdn_130m.get_config().model.to_dict(),
         }
-        batch, seq_len, peak_size = 128, 2048, 0  # 0: an 8192 square matmul off a CPU
+        p = plan(kind)
+        if p["compare_batch"] is None:
+            raise ValueError(f"no batch at which the three 130M families fit {kind}: {p['rows']}")
+        batch, seq_len, peak_size = p["compare_batch"], 2048, 0  # 0: an 8192 matmul off a CPU
         copy_mib = 0  # 0: the copy bandwidth over 2 GiB off a CPU
         check_dims, pass_dims, reps = (4, 15, 128, 256, 16), (128, 15, 128, 256, 16), 8
-        records, budgets = list(STEP_RECORDS), dict(DEVICE_BUDGETS)
+        compare = accel_plan.settings_records(p, "baselines")
+        records = accel_plan.settings_records(p, "step")
+        budgets = dict(DEVICE_BUDGETS)
+        for part, recs in (("baselines", compare), ("step", records)):
+            budgets[part] = math.ceil(SPARE * sum(r["seconds"] for r in recs))
         train_check = {"model": _small_gpn_m(), "batch_size": 4, "seq_len": 64, "steps": 5}
-        env = {}
+        env = {"JAX_COMPILATION_CACHE_DIR": CACHE_DIR}
     return {
         "mode": mode,
         "models": models,
@@ -130,6 +154,7 @@ def _settings(mode: str) -> dict:
         "pass_dims": pass_dims,
         "pass_reps": reps,
         "train_check": train_check,
+        "baseline_records": compare,
         "step_records": records,
         "budgets": budgets,
         "env": env,

@@ -22,6 +22,7 @@ Everything else (workers' HLO, traces) goes to a scratch folder outside `out`, r
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,7 +68,12 @@ def run_part(
         cmd + [out_path, scratch], env=env, cwd=_ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
     ) as proc:  # fmt: skip
-        tail, killed = _follow(proc, t0 + timeout)
+        try:
+            tail, killed = _follow(proc, t0 + timeout)
+        finally:  # this process stopped (a signal, an error): the part and its workers too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     # (Popen's exit waits again, and reads a killed child it already reaped as code 0)
     status = "timeout" if killed else "ok" if proc.returncode == 0 else "failed"
     rec = {"part": part, "status": status, "seconds": round(time.monotonic() - t0, 1)}
@@ -121,8 +127,21 @@ def smoke(settings_path: str, scratch: str, budget: float, env=None) -> dict:
     return outcome
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (an outer `timeout`, a closed session) end this process through
+    Python's exit, so the part running then is killed with its process group (`run_part`),
+    not left holding the device in a session of its own."""
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
+
+
 def run(settings: dict, out: str, budget_s: float, parts=PARTS, smoke_settings=None) -> dict:
     """The run into folder `out` within `budget_s` seconds; {part: its run record}."""
+    stop_on_signals()
     deadline = time.monotonic() + budget_s
     os.makedirs(out, exist_ok=True)
     # a scratch file that cannot be removed must not turn the finished run into an error

@@ -7,7 +7,8 @@
 row it finishes, so a part cut off by its timeout keeps what it measured. On a CPU the Pallas
 kernels run in Pallas's interpreter (the rehearsal); elsewhere compiled for the device.
 
-  versions   the platform, device and package versions
+  versions   the platform, device and package versions; on a GPU whether cuDNN's fused
+             attention runs
   check      (a) each Pallas pass against the XLA formulas on this device, float32 and bfloat16
              storage (`kernels.selfcheck.compare_passes`, its bounds); 5 training steps of a
              small GPN+M with kernels=pallas against kernels=xla (float32, `highest` matmul
@@ -16,11 +17,12 @@ kernels run in Pallas's interpreter (the rehearsal); elsewhere compiled for the 
              another order; x4 for what the optimiser carries into the next step)
   passes     (b) µs per token of each pass, XLA against Pallas, and the GB/s of the pass's
              minimum bytes against a copy bandwidth measured in the same process
-  step       (c) the GPN+M training step per (kernels, memory dtype, batch) record, each in its
-             own worker process: tokens/s, MFU against the matmul peak measured by the worker,
+  step       (c) the GPN+M training step per (kernels, memory dtype, batch) record (the
+             batch sweep, then float32 memory), each in its own worker process: tokens/s, MFU against the matmul peak measured by the worker,
              peak device memory, operations per token of the per-token loops (compiled HLO)
-  baselines  (d) Transformer++ and Gated DeltaNet at the same batch and window
-  hlo        (e) the optimised HLO of the first Pallas step record, its per-token loop
+  baselines  (d) GPN+M, Transformer++ (cuDNN's attention, checked first: `versions` records
+             whether it runs) and Gated DeltaNet at the same batch and window
+  hlo        (e) the optimised HLO of the comparison's Pallas step, its per-token loop
              operations, and a profile of one step (`benchmarks.op_profile`)
 """
 
@@ -97,7 +99,10 @@ def versions(settings: dict, out: Out, scratch: str) -> None:
         device_count=jax.device_count(),
         memory_stats=d.memory_stats() if d.platform != "cpu" else None,
         preallocate=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+        compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR"),
     )
+    if d.platform == "gpu":  # checked before any record that needs it
+        out.set(cudnn_attention=cudnn_attention())
     print(f"versions: {json.dumps(out.data)}", flush=True)
 
 
@@ -189,19 +194,22 @@ def _record(spec: dict, isolate: bool) -> dict:
     return r | {"peak_flops": peak, "mfu": r["achieved_flops"] / peak}
 
 
-def _records(settings, out: Out, scratch: str, jobs) -> None:
-    """jobs: (name, model block, batch, labels); each record within the part's time left
-    (the parent's deadline, passed as GPN_JAX_ACCEL_DEADLINE seconds since the epoch)."""
+def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
+    """jobs: (name, model block, batch, labels, estimated seconds or None); each record within
+    the part's time left (the parent's deadline, passed as GPN_JAX_ACCEL_DEADLINE seconds
+    since the epoch); a job with a "skip" label is recorded as skipped."""
     deadline = float(os.environ.get("GPN_JAX_ACCEL_DEADLINE", time.time() + 3600))
     isolate = settings["mode"] != "rehearse"
-    for i, (name, model, batch, labels) in enumerate(jobs):
+    for i, (name, model, batch, labels, estimate) in enumerate(jobs):
         left = deadline - time.time() - 2
-        if left < 10:
-            out.add("records", labels | {"batch_size": batch, "skipped": "out of time"})
+        if labels.get("skipped") or left < 10:
+            out.add("records", {"skipped": "out of time"} | labels | {"batch_size": batch})
             continue
-        # a record that hangs leaves the next ones their share (at least RECORD_FLOOR_S each)
-        timeout = min(left, max(left / (len(jobs) - i), RECORD_FLOOR_S))
-        hlo = os.path.join(scratch, f"step_{name}_{i}.hlo.txt")
+        # a record that hangs leaves the next ones their share (at least RECORD_FLOOR_S each);
+        # one with the plan's estimate gets twice that
+        share = 2 * estimate if estimate else left / (len(jobs) - i)
+        timeout = min(left, max(share, RECORD_FLOOR_S))
+        hlo = os.path.join(scratch, f"{prefix}_{name}_{i}.hlo.txt")
         spec = _spec(settings, name, model, batch, timeout, hlo)
         row = labels | {"batch_size": batch} | _record(spec, isolate)
         row["hlo_file"] = hlo if os.path.exists(hlo) else None
@@ -210,38 +218,81 @@ def _records(settings, out: Out, scratch: str, jobs) -> None:
         print(f"{name} {labels}: { ({k: row.get(k) for k in keys}) }", flush=True)
 
 
+def _jobs(settings: dict, records: list[dict], cudnn: str | None = None) -> list:
+    """The records' jobs: each family's model block with the record's kernels, memory dtype
+    and attention; a record of cuDNN's attention is skipped with `cudnn` when that failed."""
+    jobs = []
+    for r in records:
+        labels = {"family": r["family"]}
+        labels |= {k: r[k] for k in ("kernels", "memory_dtype", "attention") if r[k] != "-"}
+        model = settings["models"][r["family"]] | {k: v for k, v in labels.items() if k != "family"}
+        if r["attention"] == "cudnn" and cudnn not in (None, "ok"):
+            labels["skipped"] = f"cuDNN attention failed at the start: {cudnn}"
+        jobs.append((r["family"], model, r["batch"], labels, r.get("seconds")))
+    return jobs
+
+
 def step(settings: dict, out: Out, scratch: str) -> None:
-    gpn = settings["models"]["gpn_m"]
-    jobs = [
-        ("gpn_m", gpn | {"kernels": k, "memory_dtype": d}, b, {"kernels": k, "memory_dtype": d})
-        for k, d, b in settings["step_records"]
-    ]
     out.set(seq_len=settings["seq_len"])
-    _records(settings, out, scratch, jobs)
+    _records(settings, out, scratch, _jobs(settings, settings["step_records"]), "step")
 
 
 def baselines(settings: dict, out: Out, scratch: str) -> None:
+    """GPN+M, Transformer++ and Gated DeltaNet at the same tokens per step."""
     B = settings["batch_size"]
-    jobs = [(n, settings["models"][n], B, {"family": n}) for n in ("transformer", "gdn")]
     out.set(seq_len=settings["seq_len"], tokens_per_step=B * settings["seq_len"])
-    _records(settings, out, scratch, jobs)
+    records = settings["baseline_records"]
+    cudnn = None
+    if any(r["attention"] == "cudnn" for r in records):
+        versions = os.path.join(os.path.dirname(out.path), "versions.json")
+        if os.path.isfile(versions):  # our own part's file: data only
+            with open(versions) as f:
+                cudnn = json.load(f).get("cudnn_attention")
+        cudnn = cudnn or cudnn_attention()
+    _records(settings, out, scratch, _jobs(settings, records, cudnn), "baselines")
+
+
+def cudnn_attention() -> str:
+    """ "ok" when cuDNN's fused causal attention compiles and runs here (bfloat16, a small
+    window), else what failed (one line): the run's Transformer++ record needs it."""
+    import jax
+    import jax.numpy as jnp
+
+    if jax.default_backend() != "gpu":
+        return f"no GPU ({jax.default_backend()})"
+    try:
+        q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
+        jax.block_until_ready(
+            jax.jit(
+                lambda q: jax.nn.dot_product_attention(
+                    q, q, q, is_causal=True, implementation="cudnn"
+                )
+            )(q)
+        )
+    except Exception as e:  # noqa: BLE001 - the failure is the result
+        return _error(e)
+    return "ok"
 
 
 # ----------------------------------------------------------------------------- (e) hlo
 def hlo(settings: dict, out: Out, scratch: str) -> None:
     """The optimised HLO of the Pallas bfloat16 step next to OUT (train_step.hlo.txt) with
-    its per-token loop operations: the one the step part saved for its first record when
-    there is one (at once), else compiled here; then a profile of one step (compiled in this
+    its per-token loop operations: the one the baselines part saved for its GPN+M record when
+    there is one (at once), else compiled here (a compile-cache read on the device); then a profile of one step (compiled in this
     process, within this part's own budget: a cut-off loses nothing else)."""
     from gpn_jax.benchmarks import train
 
     gpn = settings["models"]["gpn_m"] | {"kernels": "pallas", "memory_dtype": "bfloat16"}
     spec = _spec(settings, "gpn_m", gpn, settings["batch_size"], 0, "") | {"steps": 1}
-    saved = os.path.join(scratch, "step_gpn_m_0.hlo.txt")  # STEP_RECORDS[0]: pallas, bf16
-    first = settings["step_records"][0]
-    if os.path.exists(saved) and tuple(first) == ("pallas", "bfloat16", spec["batch_size"]):
+    saved = os.path.join(scratch, "baselines_gpn_m_0.hlo.txt")  # the comparison's GPN+M
+    first = settings["baseline_records"][0]
+    same = ("gpn_m", "pallas", "bfloat16", spec["batch_size"])
+    if (
+        os.path.exists(saved)
+        and tuple(first[k] for k in ("family", "kernels", "memory_dtype", "batch")) == same
+    ):
         with open(saved) as f:
-            _save_hlo(out, f.read(), settings, "the step part's first record")
+            _save_hlo(out, f.read(), settings, "the comparison's GPN+M record")
     one, _, _, _, compiled = train.compiled_step(spec, gpn)
     if "hlo_file" not in out.data:
         _save_hlo(out, compiled.as_text(), settings, "compiled by this part")

@@ -38,7 +38,8 @@ def _read(folder: str, name: str) -> dict:
 
 def _outcome(record: dict) -> str:
     if "skipped" in record:
-        return "not run: the part's budget was spent"
+        why = record["skipped"]
+        return "not run: the part's budget was spent" if why == "out of time" else f"not run: {why}"
     error = record.get("error")
     if error is None:
         return "ok"

@@ -1,0 +1,271 @@
+"""The device run's plan, made here before a GPU is booked (`accel_bench.py --plan=h100`):
+which training-step records it attempts and in what order, whether each fits the named
+device's memory, and how long the run takes, the first time and again with the compile cache.
+
+Order: GPN+M (Pallas, bfloat16 memory), Transformer++ (cuDNN attention) and Gated DeltaNet at
+the same tokens per step, the largest batch of `BATCHES` at which all three fit; then the
+GPN+M batch sweep and float32 memory. A record measured before on the same kind of device
+(`experiments/results/accel_<kind>_step.json`) is not measured again.
+
+Memory per record, in this order of preference:
+  - a peak from a compile of that step for the device (XLA's memory analysis: deviceless
+    sm_90 compiles, `experiments/results/accel_peaks.json`) or from a run
+    (`accel_<kind>_step.json`; H100 and H200 run the same sm_90 program);
+  - the step-memory model: peak = fixed + per-sequence x batch, a line through the record's
+    points at two batches or more; from one point at batch B0 the bound peak(B0) below B0 and
+    peak(B0) x B / B0 above it (the fixed part is never negative); float32 memory storage at
+    most doubles the bfloat16 step's bytes;
+  - none: the record is skipped ("no memory estimate").
+A device's usable memory is XLA's default client fraction (0.75) of what its driver reports.
+
+Time per record: process start + compile + (warm-up + 3 steps) x B x T / tokens per second,
+from a measured run (the kind's own first; an H100's rate is a floor for an H200), else the
+stated assumptions below.
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+from gpn_jax.io import untrusted
+
+GiB = 2**30
+# memory.total as nvidia-smi reports it: H100 SXM 80 GB 81559 MiB, H200 SXM 141 GB 143771 MiB
+DEVICE_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
+MEM_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default: the client's share of the device
+BATCHES = (128, 64, 32, 16, 8)  # the comparison's candidates, largest first
+SWEEP = (128, 64, 32, 8)  # the GPN+M batch sweep
+SEQ_LEN = 2048
+STEPS = 4  # the warm-up and three timed steps of a record
+START_S = 10.0  # a worker process's start and imports on the lent machine
+COMPILE_S = 30.0  # a 130M step's compile where the kind's run has none (H100: 18 to 24 s)
+CACHED_COMPILE_S = 3.0  # the same compile read back from the persistent cache (a rerun)
+# tokens/s where no run on the kind measured the record: assumed, stated in the plan
+ASSUMED_TOKENS_PER_S = 50_000.0
+FLOAT32_RATE = 0.3  # float32 memory against bfloat16's rate (the H100 float32 record's ~69 s)
+# the parts outside the step records, in seconds (the H100 run: check 35 s)
+FIXED_PARTS = {"versions": 15.0, "check": 40.0, "passes": 45.0, "hlo": 30.0}
+RUN_S = 430.0  # the run inside the 8 minutes (the install and the machine's start first)
+FAMILIES = {
+    "gpn_m": "GPN+M 130M",
+    "transformer": "Transformer++ 130M",
+    "gdn": "Gated DeltaNet 130M",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    family: str  # gpn_m | transformer | gdn
+    batch: int
+    kernels: str = "-"  # GPN+M: pallas | xla
+    memory_dtype: str = "-"  # GPN+M: bfloat16 | float32
+    attention: str = "-"  # Transformer++: cudnn | xla
+
+    def key(self) -> tuple:
+        return (self.family, self.kernels, self.memory_dtype, self.attention)
+
+    def label(self) -> str:
+        extra = [v for v in (self.kernels, self.memory_dtype, self.attention) if v != "-"]
+        return f"{self.family} B={self.batch}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
+    """({record key: {batch: (peak bytes, source)}}, {record key: (tokens/s, compile s)}, the
+    records measured) from the compiles in `accel_peaks.json` and the kind's run, if any."""
+    peaks, rates, measured = {}, {}, set()
+    path = os.path.join(results, "accel_peaks.json")
+    if os.path.isfile(path):
+        data = untrusted.read_json(path, fix="restore it from git")
+        for row in data.get("rows", []):
+            rec = _record(row)
+            peaks.setdefault(rec.key(), {})[rec.batch] = (row["peak_gib"] * GiB, row["source"])
+    for other in sorted(DEVICE_BYTES, key=lambda k: k != kind):  # the kind's own run first
+        path = os.path.join(results, f"accel_{other}_step.json")
+        if not os.path.isfile(path):
+            continue
+        for row in untrusted.read_json(path, fix="rerun --summarise").get("rows", []):
+            if row.get("tokens_per_s") is None:
+                continue
+            rec = _record(row | {"family": _family(row["model"])})
+            source = f"measured on {other}"
+            peaks.setdefault(rec.key(), {}).setdefault(
+                rec.batch, (row["peak_mem_gib"] * GiB, source)
+            )
+            rate = (row["tokens_per_s"], row.get("compile_s") or COMPILE_S)
+            rates.setdefault(rec.key(), rate)
+            if other == kind:
+                measured.add(rec)
+    return peaks, rates, measured
+
+
+def _family(model: str) -> str:
+    return {v: k for k, v in FAMILIES.items()}.get(model, model)
+
+
+def _record(row: dict) -> Record:
+    keys = ("kernels", "memory_dtype", "attention")
+    fields = {k: row[k] for k in keys if row.get(k) not in (None, "", "-", "—")}
+    return Record(row["family"], int(row["batch_size"]), **fields)
+
+
+def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
+    """(peak bytes, where the figure comes from) of `rec` (module docstring); (None, why)."""
+    points = peaks.get(rec.key(), {})
+    if rec.batch in points:
+        return points[rec.batch]
+    if len(points) >= 2:
+        xs, ys = zip(*sorted((b, p) for b, (p, _) in points.items()), strict=True)
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+        slope /= sum((x - mx) ** 2 for x in xs)
+        return my + slope * (rec.batch - mx), f"step-memory line through B = {list(xs)}"
+    if len(points) == 1:
+        ((b0, (p0, _)),) = points.items()
+        return p0 * max(1.0, rec.batch / b0), f"step-memory bound from B = {b0}"
+    if rec.memory_dtype == "float32":
+        half, source = estimate(dataclasses.replace(rec, memory_dtype="bfloat16"), peaks)
+        if half is not None:
+            return 2 * half, f"twice bfloat16's ({source})"
+    return None, "no memory estimate: compile it for the device first (gpn_jax.aot)"
+
+
+def seconds(rec: Record, rates: dict, cached: bool = False) -> tuple[float, str]:
+    """(estimated seconds of the record's worker, where its rate comes from)."""
+    rate = rates.get(rec.key())
+    source = "measured rate"
+    if rate is None and rec.memory_dtype == "float32":
+        bf16 = rates.get(dataclasses.replace(rec, memory_dtype="bfloat16").key())
+        if bf16:
+            rate, source = (bf16[0] * FLOAT32_RATE, bf16[1]), "assumed: 0.3 x bfloat16's"
+    if rate is None:
+        rate, source = (ASSUMED_TOKENS_PER_S, COMPILE_S), "assumed rate"
+    tokens_per_s, compile_s = rate
+    compile_s = CACHED_COMPILE_S if cached else compile_s
+    return START_S + compile_s + STEPS * rec.batch * SEQ_LEN / tokens_per_s, source
+
+
+def _fits(rec: Record, peaks: dict, usable: float) -> dict:
+    peak, source = estimate(rec, peaks)
+    row = {"record": rec, "peak_bytes": peak, "memory_source": source}
+    row["fits"] = peak is not None and peak <= usable
+    if peak is not None and not row["fits"]:
+        row["skip"] = f"needs {peak / GiB:.1f} GiB, {usable / GiB:.1f} usable"
+    elif peak is None:
+        row["skip"] = source
+    return row
+
+
+def compare_batch(peaks: dict, usable: float) -> tuple[int | None, list[dict]]:
+    """The largest batch of `BATCHES` at which the three families fit, and the rows of the
+    larger batches that did not (each with its reason)."""
+    tried = []
+    for b in BATCHES:
+        rows = [_fits(r, peaks, usable) for r in compare_records(b)]
+        if all(r["fits"] for r in rows):
+            return b, tried
+        tried += [r for r in rows if not r["fits"]]
+    return None, tried
+
+
+def compare_records(batch: int) -> list[Record]:
+    return [
+        Record("gpn_m", batch, "pallas", "bfloat16"),
+        Record("transformer", batch, attention="cudnn"),
+        Record("gdn", batch),
+    ]
+
+
+def sweep_records(skip_batch: int | None) -> list[Record]:
+    """The GPN+M batch sweep (Pallas, bfloat16 memory), then float32 memory at 128."""
+    sweep = [Record("gpn_m", b, "pallas", "bfloat16") for b in SWEEP if b != skip_batch]
+    return sweep + [Record("gpn_m", 128, k, "float32") for k in ("pallas", "xla")]
+
+
+def make(kind: str, results: str) -> dict:
+    """The plan for a device of `kind` (h100 | h200) from the result files in `results`."""
+    if kind not in DEVICE_BYTES:
+        raise ValueError(f"unknown device kind {kind!r}; choose from {', '.join(DEVICE_BYTES)}")
+    usable = MEM_FRACTION * DEVICE_BYTES[kind]
+    peaks, rates, measured = load_points(results, kind)
+    batch, larger = compare_batch(peaks, usable)
+    rows = [dict(r, part="baselines") for r in larger]
+    planned = compare_records(batch) if batch else []
+    for r in planned:
+        rows.append(dict(_fits(r, peaks, usable), part="baselines"))
+    for r in sweep_records(batch):
+        row = dict(_fits(r, peaks, usable), part="step")
+        if r in measured:
+            row["skip"] = f"measured before (accel_{kind}_step.json)"
+        rows.append(row)
+    _schedule(rows, rates)
+    return {"kind": kind, "usable_bytes": usable, "compare_batch": batch, "rows": rows}
+
+
+def _schedule(rows: list[dict], rates: dict) -> None:
+    """Seconds of each record that runs, in order, within `RUN_S` with the fixed parts; a
+    record past it is skipped with the reason."""
+    spent = sum(FIXED_PARTS.values())
+    for row in rows:
+        if row.get("skip"):
+            continue
+        row["seconds"], row["rate_source"] = seconds(row["record"], rates)
+        row["rerun_seconds"] = seconds(row["record"], rates, cached=True)[0]
+        if spent + row["seconds"] > RUN_S:
+            row["skip"] = f"past the run's {RUN_S:.0f} s"
+            continue
+        spent += row["seconds"]
+
+
+def totals(plan: dict) -> tuple[float, float]:
+    """(seconds of the run, of a rerun of its records with the compile cache warm: the
+    versions and the records, not the check, passes and HLO parts again)."""
+    runs = [r for r in plan["rows"] if not r.get("skip")]
+    run = sum(FIXED_PARTS.values()) + sum(r["seconds"] for r in runs)
+    return run, FIXED_PARTS["versions"] + sum(r["rerun_seconds"] for r in runs)
+
+
+def describe(plan: dict) -> str:
+    """The plan as text: one line per record (part, fits, peak, seconds or why skipped)."""
+    lines = [
+        f"plan for {plan['kind']}: {plan['usable_bytes'] / GiB:.1f} GiB usable "
+        f"({MEM_FRACTION} of {DEVICE_BYTES[plan['kind']] / GiB:.1f}); same tokens per step at "
+        f"B = {plan['compare_batch']} x T = {SEQ_LEN}"
+    ]
+    for r in plan["rows"]:
+        peak = "?" if r["peak_bytes"] is None else f"{r['peak_bytes'] / GiB:.1f} GiB"
+        what = f"skipped: {r['skip']}" if r.get("skip") else f"{r['seconds']:.0f} s"
+        lines.append(
+            f"  {r['part']:9s} {r['record'].label():38s} {peak:>9s} ({r['memory_source']}) {what}"
+        )
+    run, rerun = totals(plan)
+    fixed = ", ".join(f"{k} {v:.0f} s" for k, v in FIXED_PARTS.items())
+    lines.append(
+        f"  estimate: {run:.0f} s ({math.ceil(run / 60)} min; fixed parts: {fixed}), "
+        f"a rerun of the records with the compile cache {rerun:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+def as_json(plan: dict) -> str:
+    rows = [r | {"record": dataclasses.asdict(r["record"])} for r in plan["rows"]]
+    return json.dumps(plan | {"rows": rows}, indent=1)
+
+
+def settings_records(plan: dict, part: str) -> list[dict]:
+    """The records of `part` as the run's settings hold them (plain data)."""
+    rows = [r for r in plan["rows"] if r["part"] == part and not r.get("skip")]
+    return [dataclasses.asdict(r["record"]) | {"seconds": round(r["seconds"])} for r in rows]
+
+
+def wheels(folder: str) -> list[str]:
+    """The wheel files in `folder` (the ones the lent machine installs); a one-line error
+    when there are none, before a device is booked for a run that would stop at its install."""
+    found = (
+        sorted(n for n in os.listdir(folder) if n.endswith(".whl")) if os.path.isdir(folder) else []
+    )
+    if not found:
+        raise ValueError(
+            f"{folder}: no wheel file; download them first (experiments/bench/README.md, step 1)"
+        )
+    return found
