@@ -211,7 +211,9 @@ def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
         timeout = min(left, max(share, RECORD_FLOOR_S))
         hlo = os.path.join(scratch, f"{prefix}_{name}_{i}.hlo.txt")
         spec = _spec(settings, name, model, batch, timeout, hlo)
-        row = labels | {"batch_size": batch} | _record(spec, isolate)
+        # the record's own labels last: its `family` is the plan's (gpn_m), not the model
+        # block's (GPN+M's block says gpn)
+        row = {"batch_size": batch} | _record(spec, isolate) | labels
         row["hlo_file"] = hlo if os.path.exists(hlo) else None
         out.add("records", row)
         keys = ("tokens_per_s", "mfu", "peak_mem_bytes", "ops_per_token", "error")
