@@ -49,9 +49,23 @@ def this_worker_cores() -> set | None:
     )
 
 
+def _jaxlib_before(version: tuple[int, int]) -> bool:
+    """Whether the installed jaxlib is older than `version` (read from its metadata, without
+    importing JAX, which must not start before the flags are set)."""
+    try:
+        installed = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return tuple(int(p) for p in installed.split(".")[:2]) < version
+
+
+# jaxlib 0.11's XLA:CPU has no switch for its fusion emitters (always on) and stops a process
+# whose XLA_FLAGS name it, so the switch is set only where it exists.
+FUSION_SWITCH = _jaxlib_before((0, 11))
 FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-    " --xla_cpu_multi_thread_eigen=false --xla_cpu_parallel_codegen_split_count=1"
+    "--xla_backend_optimization_level=0"
+    + " --xla_cpu_use_fusion_emitters=false" * FUSION_SWITCH
+    + " --xla_cpu_multi_thread_eigen=false --xla_cpu_parallel_codegen_split_count=1"
 )
 # GPN_TESTS_XLA_DEFAULTS=1 runs every test with XLA's default flags (to compare the two).
 if os.environ.get("GPN_TESTS_XLA_DEFAULTS") == "1":
@@ -60,7 +74,7 @@ if os.environ.get("GPN_TESTS_XLA_DEFAULTS") == "1":
 # Per-compile options (`.lower(...).compile(PRODUCTION_HLO)`) for the tests that read the
 # optimised HLO (collectives per loop body): the fusion emitters change the HLO pipeline (the
 # loop structure it leaves), so those programs are built as a user's would be.
-PRODUCTION_HLO = {"xla_cpu_use_fusion_emitters": True}
+PRODUCTION_HLO = {"xla_cpu_use_fusion_emitters": True} if FUSION_SWITCH else None
 
 
 def xla_flags(devices: int | None = None, fast: bool = True) -> str:

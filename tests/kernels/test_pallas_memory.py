@@ -132,6 +132,15 @@ def test_refusals_name_the_xla_alternative():
         )
 
 
+def _on_h100():
+    """Lowering for a GPU from this CPU host: jax 0.11's Triton lowering reads the target GPU
+    from the abstract mesh's device (0.10 assumed one); an H100, as the device runs."""
+    device = jax.sharding.AbstractDevice("NVIDIA H100", None, "gpu")
+    return jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    )
+
+
 @pytest.mark.parametrize("dtype", MEMORY_DTYPES)
 def test_lowers_for_cuda_at_130m(dtype):
     """Triton lowering from this CPU host (jaxlib carries the Triton dialect; PTX is compiled on
@@ -139,7 +148,9 @@ def test_lowers_for_cuda_at_130m(dtype):
     and grad alias their memory operand to their first result."""
     mk = memory_kernels(interpret=False, platform="cuda")
     for name, args in ref.shapes_130m(jnp.dtype(dtype), 8).items():
-        text = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        with _on_h100():
+            lowered = jax.jit(getattr(mk, name)).trace(*args).lower(lowering_platforms=("cuda",))
+        text = lowered.as_text()
         assert text.count("xla.gpu.triton") == 1, name
         # one program per (b, h, U tile of 64): grid (8, 15, 4), 8 warps each
         for attr in ("grid_x = 8 ", "grid_y = 15 ", "grid_z = 4 ", "num_warps = 8 "):

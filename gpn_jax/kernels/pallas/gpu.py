@@ -294,7 +294,9 @@ def _grad_kernel(
     dMk = _col_sum(k, D)  # column-local: this tile's columns of dM^T k
     dmk_ref[...] = dMk
     dmw_ref[...] = _row_sum(D, w_ref[...])
-    inner = jnp.sum(D * M, axis=(-2, -1))
+    # one axis at a time: jax 0.11's Triton lowering of a two-axis sum keeps a stale sharding
+    # under an abstract mesh (lowering for a GPU from a host without one)
+    inner = jnp.sum(jnp.sum(D * M, axis=-1), axis=-1)
     in_ref[...] = _bc(keep, inner.ndim) * inner
     a = dkm_ref[...] - _bc(beta_ref[...], dMk.ndim) * dMk  # kM's whole cotangent
     c = dqm_ref[...]
