@@ -19,6 +19,7 @@ import numpy as np
 
 from gpn_jax.analysis import ablations, collect, figures, horizons, report, summarize
 from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_outside
 
 
@@ -173,10 +174,9 @@ def write_outputs(results: dict, col, out: str, config: AnalysisConfig) -> dict:
             results, col.moments.covariance, out, config.heatmap_dims, config.seed
         )
     results["figures"] = figs
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(summarize.to_json(results), f, indent=2)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report.render(summarize.to_json(results), figs))
+    summary = summarize.to_json(results)
+    atomic_write(os.path.join(out, "metrics.json"), json.dumps(summary, indent=2).encode())
+    atomic_write(os.path.join(out, "report.md"), report.render(summary, figs).encode())
     return figs
 
 

@@ -34,6 +34,7 @@ from etils import epath
 
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
+from gpn_jax.io.regular import NotRegularFileError, open_fd_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,10 @@ class WorkdirLock:
     def _acquire_local(self) -> None:
         import fcntl
 
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(self.path, flags | os.O_NONBLOCK, 0o644)
+        try:  # no link, FIFO, device or hard-linked file: it is truncated below
+            fd = open_fd_for_writing(self.path, os.O_RDWR, 0o644)
+        except NotRegularFileError:
+            raise
         except OSError as e:
             raise CheckpointError(
                 f"cannot open the workdir lock {self.path}: {e.strerror or e}; remove it if it "

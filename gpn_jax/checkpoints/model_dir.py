@@ -143,10 +143,8 @@ def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> dict:
         "tensor_sha256": {k: tensor_sha256(v) for k, v in tensors.items()},
         "files_sha256": files,
     }
-    with open(os.path.join(out, CONFIG), "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-    with open(os.path.join(out, CARD), "w") as f:
-        f.write(card)
+    atomic_write(os.path.join(out, CONFIG), json.dumps(record, indent=2, sort_keys=True).encode())
+    atomic_write(os.path.join(out, CARD), card.encode())
     return record
 
 

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
+from gpn_jax.io.files import atomic_write
 from gpn_jax.io.regular import NotRegularFileError, read_regular_file
 
 MARKER = ".gpn_jax-outputs.json"
@@ -92,5 +93,5 @@ def _merge(tmp: str, out: str, new: list[str], owned: list[str]) -> None:
 
 
 def _write_marker(folder: str, files: list[str]) -> None:
-    with open(os.path.join(folder, MARKER), "w") as f:
-        json.dump({"format": FORMAT, "version": VERSION, "files": files}, f, indent=2)
+    record = {"format": FORMAT, "version": VERSION, "files": files}
+    atomic_write(os.path.join(folder, MARKER), json.dumps(record, indent=2).encode())

@@ -1,18 +1,30 @@
-"""Opening only regular files, of bounded size: what a reader of untrusted directories needs.
+"""Opening only regular files: bounded reads of untrusted files, and writes into a run or output
+folder that never reach another file.
 
 A FIFO planted where a reader expects a file makes a plain `open` block forever (no writer),
 and a symlink to `/dev/zero` makes a plain `read()` allocate without end. `open_regular` opens
 with O_NONBLOCK (a FIFO opens at once) and checks the opened descriptor with `fstat` (no
 race between a check and the open), so only regular files are ever read, and
 `read_regular_file` never reads more than a bound the caller states.
+
+Writing into a folder a user may have prepared (a workdir, an `--output`), a symlink planted
+at a file's name would send the run's bytes elsewhere (`metrics.jsonl -> ~/notes.txt`), a
+hard link would make a truncation hit the other name's file (`cp -al` snapshots make them),
+and a FIFO or device would hang or fail naming no file. `open_fd_for_writing` and
+`open_for_writing` refuse all four on the opened descriptor, before anything is written.
 """
 
+import errno
 import os
 import stat
 
 
 class NotRegularFileError(OSError):
-    """`path` is not a regular file (a FIFO, device, socket or directory), or is too large."""
+    """`path` is not a regular file (a FIFO, device, socket or directory), or is too large, or
+    (writing) is a symlink or has other hard links."""
+
+
+_WRITE_FIX = "remove it (gpn_jax writes only its own regular files into a run or output folder)"
 
 
 def _kind(mode: int) -> str:
@@ -55,3 +67,45 @@ def read_regular_file(path, max_bytes: int) -> bytes:
     if len(data) > size:
         raise NotRegularFileError(f"{os.fspath(path)} grew while being read")
     return data
+
+
+def _refuse_write(path, what: str) -> NotRegularFileError:
+    return NotRegularFileError(f"{os.fspath(path)}: {what}; {_WRITE_FIX}")
+
+
+def open_fd_for_writing(path, flags: int = os.O_WRONLY, mode: int = 0o666) -> int:
+    """A descriptor of the regular file `path` (created if absent; `mode` before the umask)
+    opened with `flags` (never O_TRUNC: truncate the returned descriptor, once it is known to
+    be this file alone). NotRegularFileError for a symlink, a FIFO, device, socket or
+    directory, or a file with more than one hard link; nothing is written to any of them."""
+    flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags & ~os.O_TRUNC, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        info = os.lstat(path)  # ENXIO: a FIFO without a reader; ELOOP: the final name a link
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else _kind(info.st_mode)
+        raise _refuse_write(path, f"is {kind}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse_write(path, f"is {_kind(info.st_mode)}")
+        if info.st_nlink > 1:
+            raise _refuse_write(path, f"has {info.st_nlink - 1} other hard link(s)")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_for_writing(path, *, append: bool = False, text: bool = False):
+    """A file object writing the regular file `path` alone (`open_fd_for_writing`): appended to
+    (`append`), else emptied first. `text`: line-buffered UTF-8 text."""
+    fd = open_fd_for_writing(path, os.O_WRONLY | (os.O_APPEND if append else 0))
+    if not append:
+        os.ftruncate(fd, 0)
+    if text:
+        return os.fdopen(fd, "a" if append else "w", buffering=1, encoding="utf-8")
+    return os.fdopen(fd, "ab" if append else "wb")

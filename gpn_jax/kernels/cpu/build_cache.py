@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpn_jax.io import files
+from gpn_jax.io.regular import open_for_writing
 
 COMPILE_TIMEOUT_S = 600.0
 PRUNE_AFTER_S = 30 * 24 * 3600.0
@@ -81,8 +82,7 @@ def _claim(path: Path) -> Path | None:
 
 
 def _write_marker(marker: Path) -> None:
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with open_for_writing(marker, text=True) as f:
         f.write("gpn_jax compiled-kernel cache: its .so, .json and .tmp files are pruned.\n")
 
 
