@@ -27,7 +27,8 @@ class NotRegularFileError(OSError):
 _WRITE_FIX = "remove it (gpn_jax writes only its own regular files into a run or output folder)"
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a non-regular file of `mode` is, in words."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -46,7 +47,7 @@ def open_regular(path, max_bytes: int | None = None):
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFileError(f"{os.fspath(path)} is {_kind(info.st_mode)}")
+            raise NotRegularFileError(f"{os.fspath(path)} is {kind(info.st_mode)}")
         if max_bytes is not None and info.st_size > max_bytes:
             raise NotRegularFileError(
                 f"{os.fspath(path)} is {info.st_size} bytes, more than the {max_bytes} expected"
@@ -85,12 +86,12 @@ def open_fd_for_writing(path, flags: int = os.O_WRONLY, mode: int = 0o666) -> in
         if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
             raise
         info = os.lstat(path)  # ENXIO: a FIFO without a reader; ELOOP: the final name a link
-        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else _kind(info.st_mode)
-        raise _refuse_write(path, f"is {kind}") from None
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else kind(info.st_mode)
+        raise _refuse_write(path, f"is {what}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _refuse_write(path, f"is {_kind(info.st_mode)}")
+            raise _refuse_write(path, f"is {kind(info.st_mode)}")
         if info.st_nlink > 1:
             raise _refuse_write(path, f"has {info.st_nlink - 1} other hard link(s)")
         os.set_blocking(fd, True)
@@ -109,3 +110,29 @@ def open_for_writing(path, *, append: bool = False, text: bool = False):
     if text:
         return os.fdopen(fd, "a" if append else "w", buffering=1, encoding="utf-8")
     return os.fdopen(fd, "ab" if append else "wb")
+
+
+# Per kind of input: one document (a .txt file, a jsonl line) and a text read whole (a stream
+# to score). Tokenizing a document holds a few times its size; more is not a document.
+MAX_DOCUMENT_BYTES = 32 << 20
+MAX_TEXT_BYTES = 256 << 20
+
+
+def read_text(path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the regular file `path`, at most `max_bytes` (NotRegularFileError
+    otherwise; UnicodeDecodeError for bytes that are not UTF-8)."""
+    return read_regular_file(path, max_bytes).decode("utf-8")
+
+
+def bounded_lines(f, path, max_bytes: int = MAX_DOCUMENT_BYTES):
+    """The lines of the binary file `f` (read from `path`), each at most `max_bytes`: a longer
+    one is a one-line ValueError naming the line, read no further than the bound."""
+    number = 0
+    while line := f.readline(max_bytes + 1):
+        number += 1
+        if len(line) > max_bytes:
+            raise ValueError(
+                f"{os.fspath(path)}: line {number} is more than {max_bytes} bytes; split it "
+                "into smaller documents"
+            )
+        yield line
