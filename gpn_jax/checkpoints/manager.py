@@ -31,7 +31,7 @@ from etils import epath
 
 from gpn_jax.checkpoints import checksums, failures, step_files
 from gpn_jax.checkpoints import items as items_lib
-from gpn_jax.checkpoints import lock as workdir_lock
+from gpn_jax.io import lock as workdir_lock
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
 from gpn_jax.io.files import atomic_write
@@ -94,7 +94,7 @@ class Checkpointer:
             cleanup, and orbax's own read-only mode (no save, delete or
             metadata write). What evaluators and analyses use.
 
-    A writer (not `read_only`) holds the workdir's lock (`checkpoints.lock`) from here to
+    A writer (not `read_only`) holds the workdir's lock (`io.lock`) from here to
     `close`, before it removes anything: a second writer is refused in one line naming the
     holder, and never deletes the first one's unfinished save.
 

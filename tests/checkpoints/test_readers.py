@@ -159,10 +159,10 @@ def test_the_lock_of_a_trainer_killed_with_sigkill_is_taken_over(tmp_path, caplo
     import subprocess
     import sys
 
-    from gpn_jax.checkpoints import lock
+    from gpn_jax.io import lock
 
     code = (
-        "import sys, time; from gpn_jax.checkpoints import lock; "
+        "import sys, time; from gpn_jax.io import lock; "
         f"lock.acquire({str(tmp_path)!r}); print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -360,7 +360,7 @@ def test_the_object_store_lock_refuses_a_live_holder_and_takes_over_a_silent_one
     a local folder standing in for the bucket."""
     import time
 
-    from gpn_jax.checkpoints import lock
+    from gpn_jax.io import lock
 
     monkeypatch.setattr(lock.paths, "is_remote", lambda p: True)
     path = tmp_path / lock.LOCK_FILE

@@ -7,9 +7,8 @@ import os
 
 import pytest
 
-from gpn_jax.checkpoints import lock
 from gpn_jax.data.prepare.shards import ShardWriter
-from gpn_jax.io import paths
+from gpn_jax.io import lock, paths
 from gpn_jax.io.regular import NotRegularFileError, open_for_writing
 from gpn_jax.training.metric_writer import MetricWriter
 
