@@ -392,3 +392,34 @@ def test_init_from_a_fifo_is_one_line_not_a_hang(tmp_path):
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail("paper_pickle.load hung on a FIFO")
     assert isinstance(box["out"], ValueError) and "is a FIFO" in str(box["out"])
+
+
+# ------------------------------------------------- issue 83: live runs and a missing --step
+def test_a_reader_lists_the_steps_again_when_its_step_vanishes(run, tmp_path, monkeypatch):
+    """A live run with keep_checkpoints=1: the reader listed step 1 alone, and while it reads
+    it the trainer commits step 2 and deletes step 1. The reader restores step 2."""
+    wd, params, step_dir = run
+    hidden = str(tmp_path / "step2-being-written")
+    shutil.move(step_dir, hidden)  # step 2 not yet committed when the reader lists the steps
+    real = Checkpointer._check_files
+
+    def trainer_rotates(self, step):
+        if step == 1 and os.path.isdir(hidden):
+            shutil.move(hidden, step_dir)  # the trainer commits step 2 ...
+            shutil.rmtree(os.path.join(wd, "checkpoints", "1"))  # ... and deletes step 1
+        return real(self, step)
+
+    monkeypatch.setattr(Checkpointer, "_check_files", trainer_rotates)
+    restored = load_run(wd)
+    assert restored.step == 2
+    _assert_params(restored.params, params[2])
+
+
+def test_a_missing_step_says_so_and_lists_the_steps(run):
+    wd, _, _ = run
+    with pytest.raises(CheckpointError) as e:
+        load_run(wd, 5)
+    assert (
+        str(e.value)
+        == f"--step=5: {os.path.join(wd, 'checkpoints')} has no step 5; its steps are 1, 2"
+    )
