@@ -21,6 +21,7 @@ from gpn_jax.analysis import ablations, collect, figures, horizons, report, summ
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_outside
+from gpn_jax.io.regular import read_regular_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,11 +207,8 @@ def check_analysis_out(out: str, workdir: str) -> None:
 def _analysed_workdir(metrics_path: str) -> str | None:
     """The workdir an earlier analysis's metrics.json names (None: not one of ours)."""
     try:
-        if os.path.getsize(metrics_path) > 64 << 20:
-            return None
-        with open(metrics_path, encoding="utf-8") as f:  # json: data only
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = json.loads(read_regular_file(metrics_path, 64 << 20))  # json: data only
+    except (OSError, ValueError, RecursionError):
         return None
     run = data.get("run") if isinstance(data, dict) else None
     return run.get("workdir") if isinstance(run, dict) else None

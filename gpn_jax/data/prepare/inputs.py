@@ -140,7 +140,8 @@ def _line_batches(lines, offset: int, size: int) -> Iterator[tuple[int, list]]:
 def _parquet_batches(path, text_field, offset, size) -> Iterator[tuple[int, list]]:
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as pf:
+    raw, _ = open_regular(path)  # a FIFO or device is refused, not handed to pyarrow
+    with raw, pq.ParquetFile(raw) as pf:
         names = pf.schema_arrow.names
         if text_field not in names:
             raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")
