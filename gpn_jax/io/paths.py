@@ -23,10 +23,13 @@ from etils import epath
 
 from gpn_jax.io.regular import open_for_writing
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
 
 def is_remote(path) -> bool:
-    """True for an object-store URL (`gs://...`, `s3://...`)."""
-    return "://" in os.fspath(path)
+    """True for an object-store URL (`gs://...`, `s3://...`): a scheme, then `://`, at the
+    start (a local path holding `http://` further on is a local path)."""
+    return _URL.match(os.fspath(path)) is not None
 
 
 def absolute(path) -> str:
