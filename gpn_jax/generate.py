@@ -48,6 +48,18 @@ def _prompt_ids(run, tokenizer) -> list[int]:
     return tokenizer.encode(_PROMPT.value)
 
 
+def _check_prompt_text(prompt: str) -> None:
+    """A prompt whose bytes are not UTF-8 (argv decodes them to lone surrogates) is one line."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(prompt[e.start]) & 0xFF  # surrogateescape keeps the raw byte in U+DC80..DCFF
+        raise ValueError(
+            f"--prompt is not UTF-8 text (byte 0x{byte:02x} at character {e.start}); pass UTF-8 "
+            "text, or token ids with --prompt_ids"
+        ) from None
+
+
 def _sampling_flags(sampling):
     """The sampling config of the flags, every flag in range (one line naming the flag)."""
     try:
@@ -66,6 +78,7 @@ def generate(workdir: str | None, model_dir: str | None = None) -> list:
 
     cli.settle_heap()  # the imported stack out of the garbage collector's passes
     cfg = _sampling_flags(sampling)  # before the run is loaded: a bad flag costs nothing
+    _check_prompt_text(_PROMPT.value)
     run = load_either(workdir, model_dir, _STEP.value)
     tokenizer = None
     if _TOKENIZER.value or run.tokenizer is not None:

@@ -26,6 +26,9 @@ import tempfile
 import time
 
 from gpn_jax.io import cli
+from gpn_jax.io.regular import read_regular_file
+
+_MAX_RESULTS_BYTES = 256 << 20  # an lm-eval results file is a few MiB
 
 PROG = "gpn-harness"
 # The zero-shot set papers on recurrent LMs at this scale report (Gated DeltaNet, FLA, Mamba):
@@ -171,7 +174,8 @@ def _cli_evaluate(argv: list[str]) -> None:
             sys.argv = saved
         if own["out"]:
             path = _newest_results(flag_values(args, "--output_path", "-o")[0], started)
-            record = result_file(json.load(open(path)), argv, own["label"], model_args)
+            raw = read_regular_file(path, _MAX_RESULTS_BYTES)  # lm-eval's own output: data only
+            record = result_file(json.loads(raw), argv, own["label"], model_args)
             _write_json(own["out"], record)
             print(f"results: {own['out']}")
 

@@ -5,6 +5,8 @@ function Colab calls. `--config.train.steps=100`-style overrides and `config.py:
 Rerunning the same command on the same workdir resumes from its newest checkpoint.
 """
 
+import sys
+
 from absl import flags
 from ml_collections import config_flags
 
@@ -50,7 +52,9 @@ def _body():
         distributed=_AUTO.value,
         distributed_timeout=_TIMEOUT.value,
     )
-    return train_and_evaluate(config, _WORKDIR.value)
+    result = train_and_evaluate(config, _WORKDIR.value)
+    if result.get("signal") == "SIGINT":  # Ctrl-C: saved, but the command did not finish
+        sys.exit(cli.INTERRUPTED)
 
 
 main, run = cli.absl_entry(_body, "gpn-train")

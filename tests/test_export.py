@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from gpn_jax.checkpoints.model_dir import tensor_sha256
 from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
@@ -222,6 +223,35 @@ def test_refuses_a_malformed_config_json_in_one_line(exported, tmp_path, edit, m
     text = str(e.value)
     assert text.startswith(os.path.join(d, "config.json")) and message in text, text
     assert "\n" not in text
+
+
+def test_a_config_past_the_trainers_bounds_is_refused_before_anything_is_built(exported, tmp_path):
+    """`n_layers=10000000` in config.json (issue 83): the trainer's bounds, one line."""
+    d = copy_of(exported, tmp_path)
+    _edit_config(d, lambda r: r | {"config": r["config"] | {"model": r["config"]["model"] | {
+        "n_layers": 10_000_000}}})  # fmt: skip
+    with pytest.raises(ValueError, match="config.model.n_layers must be at most 4096") as e:
+        load(d)
+    assert str(e.value).startswith(os.path.join(d, "config.json")) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_weights_are_refused_naming_the_tensor(exported, tmp_path, bad):
+    """`decode.proj` all NaN (or Inf) with every digest recomputed (issue 83): refused."""
+    d = copy_of(exported, tmp_path)
+    path = os.path.join(d, "model.safetensors")
+    _rewrite(path, lambda t: t["decode.proj"].fill(bad))
+    tensors = load_file(path)
+
+    def redigest(r):
+        r["tensor_sha256"] = {k: tensor_sha256(v) for k, v in tensors.items()}
+        r["files_sha256"]["model.safetensors"] = sha256_file(path)
+        return r
+
+    _edit_config(d, redigest)
+    with pytest.raises(ValueError, match="tensor 'decode.proj' holds NaN or Inf values") as e:
+        load(d)
+    assert str(e.value).startswith(path) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("keep", [0, 7, 8, 100, -1000, -1])

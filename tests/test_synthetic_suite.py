@@ -13,9 +13,9 @@ import pytest
 
 from experiments.configs import synthetic_tiny
 from experiments.synthetic import report, runner, suite
-from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import memorisation, state
+from gpn_jax.io import lock as workdir_lock
 from gpn_jax.io.errors import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -119,6 +119,27 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
     assert json.loads((workdir / "final_metrics.json").read_text())["step"] == step + 2
 
 
+@pytest.mark.slow
+def test_sigint_while_stepping_saves_and_exits_non_zero_in_one_line(tmp_path):
+    """Ctrl-C (issue 83) is handled like SIGTERM, but the command did not finish: exit 130."""
+    workdir = tmp_path / "w"
+    flags = ["--config.train.steps=100000", "--config.train.log_every=1", *ONE_PROGRAM]
+    proc = subprocess.Popen(train_cmd(workdir, *flags), cwd=ROOT, env=one_device_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (
+        metrics.exists() and metrics.read_text().count('"loss"') >= 2
+    ):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    step = int(out.split("SIGINT: saved step ")[1].split()[0])
+    assert os.path.isdir(workdir / "checkpoints" / str(step))
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

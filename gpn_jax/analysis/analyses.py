@@ -19,7 +19,9 @@ import numpy as np
 
 from gpn_jax.analysis import ablations, collect, figures, horizons, report, summarize
 from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_outside
+from gpn_jax.io.regular import read_regular_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +175,9 @@ def write_outputs(results: dict, col, out: str, config: AnalysisConfig) -> dict:
             results, col.moments.covariance, out, config.heatmap_dims, config.seed
         )
     results["figures"] = figs
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(summarize.to_json(results), f, indent=2)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report.render(summarize.to_json(results), figs))
+    summary = summarize.to_json(results)
+    atomic_write(os.path.join(out, "metrics.json"), json.dumps(summary, indent=2).encode())
+    atomic_write(os.path.join(out, "report.md"), report.render(summary, figs).encode())
     return figs
 
 
@@ -206,11 +207,8 @@ def check_analysis_out(out: str, workdir: str) -> None:
 def _analysed_workdir(metrics_path: str) -> str | None:
     """The workdir an earlier analysis's metrics.json names (None: not one of ours)."""
     try:
-        if os.path.getsize(metrics_path) > 64 << 20:
-            return None
-        with open(metrics_path, encoding="utf-8") as f:  # json: data only
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = json.loads(read_regular_file(metrics_path, 64 << 20))  # json: data only
+    except (OSError, ValueError, RecursionError):
         return None
     run = data.get("run") if isinstance(data, dict) else None
     return run.get("workdir") if isinstance(run, dict) else None

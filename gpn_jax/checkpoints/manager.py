@@ -31,7 +31,7 @@ from etils import epath
 
 from gpn_jax.checkpoints import checksums, failures, step_files
 from gpn_jax.checkpoints import items as items_lib
-from gpn_jax.checkpoints import lock as workdir_lock
+from gpn_jax.io import lock as workdir_lock
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
 from gpn_jax.io.files import atomic_write
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 _JSON_ITEMS = ("config", "meta", "checksums")
+_RELISTS = 5  # step lists re-read when a step vanishes while read (a live run's rotation)
 
 
 def _prepare_directory(workdir: str | os.PathLike) -> str:
@@ -94,7 +95,7 @@ class Checkpointer:
             cleanup, and orbax's own read-only mode (no save, delete or
             metadata write). What evaluators and analyses use.
 
-    A writer (not `read_only`) holds the workdir's lock (`checkpoints.lock`) from here to
+    A writer (not `read_only`) holds the workdir's lock (`io.lock`) from here to
     `close`, before it removes anything: a second writer is refused in one line naming the
     holder, and never deletes the first one's unfinished save.
 
@@ -362,23 +363,33 @@ class Checkpointer:
                 other than damage.
         """
         self.wait_until_finished()
-        reasons, bad = [], []
-        self.skipped = []
-        for step in sorted(self.all_steps(), reverse=True):
-            try:
-                restored = self._restore_checked(target, step, check_config, params_only)
-            except failures.Damaged as e:
-                if warn:
-                    log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
-                reasons.append(f"step {step}: {e}")
-                self.skipped.append((step, str(e)))
-                bad.append(step)
-                continue
-            if quarantine and bad:
-                self._quarantine(bad)
-            return restored
+        for _ in range(1 + _RELISTS):  # a live run deletes old steps: list them again
+            reasons, bad, self.skipped = [], [], []
+            for step in sorted(self.all_steps(), reverse=True):
+                try:
+                    restored = self._restore_checked(target, step, check_config, params_only)
+                except failures.Damaged as e:
+                    if self._vanished(step):
+                        break
+                    if warn:
+                        log.warning("checkpoint step %d unreadable, falling back: %s", step, e)
+                    reasons.append(f"step {step}: {e}")
+                    self.skipped.append((step, str(e)))
+                    bad.append(step)
+                    continue
+                if quarantine and bad:
+                    self._quarantine(bad)
+                return restored
+            else:
+                break
         detail = "; ".join(reasons) or "no finalized steps"
         raise CheckpointError(f"no readable checkpoint in {self.directory}: {detail}")
+
+    def _vanished(self, step: int) -> bool:
+        """True if `step` is gone from the re-read step list (a live trainer deleted it while
+        it was read): the caller lists the steps again instead of calling it damaged."""
+        self.reload()
+        return step not in self.all_steps()
 
     def _restore_checked(self, target: Any, step: int, check_config, params_only=False) -> tuple:
         """`restore(target, step)` after the completeness and config checks; raises

@@ -39,9 +39,11 @@ from gpn_jax.checkpoints.restore import RestoredRun
 from gpn_jax.data.tokenizer import load_tokenizer
 from gpn_jax.io.files import atomic_write, sha256_file
 from gpn_jax.io.provenance import package_version
+from gpn_jax.io.regular import NotRegularFileError, open_regular, read_regular_file
 from gpn_jax.models import factory
 from gpn_jax.models import params as params_lib
 from gpn_jax.models.accounting import abstract_params
+from gpn_jax.models.bounds import check_model_size
 
 WEIGHTS, CONFIG, TOKENIZER, CARD = (
     "model.safetensors",
@@ -143,10 +145,8 @@ def save_model_dir(run: RestoredRun, out: str, record: dict, card: str) -> dict:
         "tensor_sha256": {k: tensor_sha256(v) for k, v in tensors.items()},
         "files_sha256": files,
     }
-    with open(os.path.join(out, CONFIG), "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-    with open(os.path.join(out, CARD), "w") as f:
-        f.write(card)
+    atomic_write(os.path.join(out, CONFIG), json.dumps(record, indent=2, sort_keys=True).encode())
+    atomic_write(os.path.join(out, CARD), card.encode())
     return record
 
 
@@ -171,11 +171,12 @@ def read_record(model_dir: str) -> dict:
     path = os.path.join(model_dir, CONFIG)
     if not os.path.isfile(path):
         raise ValueError(f"{model_dir} is not a model directory: no {CONFIG}")
-    if os.path.getsize(path) > _MAX_CONFIG_BYTES:
-        raise _refuse(path, f"over {_MAX_CONFIG_BYTES >> 20} MiB, not a model config")
     try:
-        with open(path, "rb") as f:
-            record = json.loads(f.read().decode("utf-8"))
+        raw = read_regular_file(path, _MAX_CONFIG_BYTES)
+    except NotRegularFileError as e:
+        raise _refuse(path, f"not a model config ({e})") from None
+    try:
+        record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise _refuse(path, f"not valid JSON ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
@@ -241,9 +242,9 @@ def _check_tokenizer_fields(record: dict, path: str) -> None:
 def read_header(path: str) -> dict:
     """{name: (shape, dtype str)} from model.safetensors' header, checked against the file's
     size before anything is allocated: a truncated or hostile file is one ValueError."""
-    size = os.path.getsize(path)
     fix = "copy the file again or re-export the model"
-    with open(path, "rb") as f:
+    f, size = open_regular(path)  # a FIFO or device is refused, not read
+    with f:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if n < 2 or n > min(size - 8, _MAX_HEADER_BYTES):
@@ -313,6 +314,17 @@ def check_tensors(expected: dict, found: dict, path: str = WEIGHTS) -> None:
             )
 
 
+def check_finite(tensors: dict, path: str) -> None:
+    """A one-line ValueError naming the first (sorted) floating tensor holding a NaN or an
+    infinity: damaged weights are refused, never used to generate."""
+    for name in sorted(tensors):
+        value = np.asarray(tensors[name])
+        if np.issubdtype(value.dtype, np.floating) or value.dtype.name == "bfloat16":
+            if not np.isfinite(value.astype(np.float32)).all():
+                fix = "re-export it from a healthy checkpoint"
+                raise _refuse(path, f"tensor {name!r} holds NaN or Inf values", fix)
+
+
 def tokenizer_path(model_dir: str, record: dict) -> str | None:
     """The directory's tokenizer file, refused if it leaves the directory (a symlink too) or
     is not the one config.json records; None for a model without one."""
@@ -343,6 +355,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
     record = read_record(model_dir)
     config = ml_collections.ConfigDict(record["config"])
     try:
+        check_model_size(config.model)  # the trainer's bounds, before anything is built
         model = factory.build_model(config.model)
         shapes = abstract_params(model)  # inside: a NaN or float size fails here, one line
     except (TypeError, ValueError, KeyError, AttributeError) as e:
@@ -356,6 +369,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
         raise ValueError(f"{model_dir} is not a model directory: no {WEIGHTS}")
     tensors = read_tensors(path, expected)
     verify_digests(model_dir, record, tensors)
+    check_finite(tensors, path)
     tok_path = tokenizer_path(model_dir, record)
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     # The held-out data is rebuilt with the directory's tokenizer, never a path config.json names.

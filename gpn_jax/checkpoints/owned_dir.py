@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
+from gpn_jax.io.files import atomic_write
 from gpn_jax.io.regular import NotRegularFileError, read_regular_file
 
 MARKER = ".gpn_jax-outputs.json"
@@ -49,10 +50,11 @@ def write_owned(out: str, write: Callable[[str], None], owned: list[str] | None)
     """Runs `write(folder)` into a fresh temporary sibling of `out`, then moves its files into
     `out` under the marker.
 
-    A new or empty `out` is the temporary folder renamed (never seen half-written). An
-    existing `out` gets the new files one by one (each an atomic rename); the files `owned`
-    (what an earlier marker, or an older export's known layout, lists) that the new set lacks
-    are removed; nothing else there is touched.
+    A new `out` is the temporary folder renamed (never seen half-written), with the mode the
+    user's umask gives a new folder. An existing `out` (an empty one too: the user's folder,
+    its mode, group and inode, is kept) gets the new files one by one (each an atomic rename);
+    the files `owned` (what an earlier marker, or an older export's known layout, lists) that
+    the new set lacks are removed; nothing else there is touched.
 
     Raises:
         ValueError: a file to write is named like a file of `out` the tool did not write.
@@ -65,12 +67,19 @@ def write_owned(out: str, write: Callable[[str], None], owned: list[str] | None)
         write(tmp)
         new = sorted(os.listdir(tmp))
         _write_marker(tmp, new)
-        if not os.path.lexists(out) or not os.listdir(out):
-            os.rename(tmp, out)  # onto an empty folder too; fails if `out` filled meanwhile
+        if not os.path.lexists(out):
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's is private; a new folder is not
+            os.rename(tmp, out)  # fails if `out` appeared meanwhile with files in it
             return
         _merge(tmp, out, new, owned or [])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _merge(tmp: str, out: str, new: list[str], owned: list[str]) -> None:
@@ -92,5 +101,5 @@ def _merge(tmp: str, out: str, new: list[str], owned: list[str]) -> None:
 
 
 def _write_marker(folder: str, files: list[str]) -> None:
-    with open(os.path.join(folder, MARKER), "w") as f:
-        json.dump({"format": FORMAT, "version": VERSION, "files": files}, f, indent=2)
+    record = {"format": FORMAT, "version": VERSION, "files": files}
+    atomic_write(os.path.join(folder, MARKER), json.dumps(record, indent=2).encode())

@@ -27,6 +27,7 @@ from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
 from gpn_jax.models import factory
+from gpn_jax.models.bounds import check_model_size
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,10 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     ckpt = Checkpointer(workdir, keep=None, async_save=False, read_only=True)
     try:
         config = _config_from_latest(ckpt, step)
+        try:  # the trainer's bounds, before anything is built: the config may be edited
+            check_model_size(config.model)
+        except ValueError as e:
+            raise CheckpointError(f"{workdir}: its config is out of bounds: {e}") from None
         model = factory.build_model(config.model)
         # Restore onto this process's default device, whatever topology wrote the checkpoint.
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -155,9 +160,15 @@ def _temporary_cache() -> str:
 def _config_from_latest(ckpt: Checkpointer, step: int | None) -> ml_collections.ConfigDict:
     """The JSON `config` item of the newest step whose config reads as a JSON object (or of
     `step`); no arrays are read (JSON is data only). A damaged one falls back, as restore does."""
-    steps = ckpt.all_steps() if step is None else [step]
+    steps = ckpt.all_steps()
     if not steps:
         raise CheckpointError(f"no checkpoint in {ckpt.directory}")
+    if step is not None and step not in steps:
+        raise CheckpointError(
+            f"--step={step}: {ckpt.directory} has no step {step}; its steps are "
+            f"{', '.join(map(str, steps))}"
+        )
+    steps = steps if step is None else [step]
     for s in sorted(steps, reverse=True):
         try:
             return ml_collections.ConfigDict(ckpt.read_config(s))

@@ -4,6 +4,8 @@ import json
 import os
 from collections.abc import Iterator
 
+from gpn_jax.io.regular import bounded_lines, open_regular, read_text
+
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
 
@@ -19,18 +21,18 @@ def embedded_corpus() -> list[str]:
 
 def iter_text_file(path: str) -> Iterator[str]:
     """Yields the whole file as one document (nothing if it is blank)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = read_text(path)  # a regular file of bounded size only
     if text.strip():
         yield text
 
 
 def iter_jsonl_file(path: str, text_field: str = "text") -> Iterator[str]:
     """Yields `obj[text_field]` of every non-blank line; a bad line raises ValueError."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    f, _ = open_regular(path)
+    with f:
+        for lineno, line in enumerate(bounded_lines(f, path), start=1):
             if line.strip():
-                text = _jsonl_text(line, text_field, path, lineno)
+                text = _jsonl_text(line.decode("utf-8"), text_field, path, lineno)
                 if text.strip():
                     yield text
 
@@ -39,8 +41,9 @@ def _jsonl_text(line: str, text_field: str, path: str, lineno: int) -> str:
     # Safe on untrusted files: `json` builds only dicts, lists, strings and numbers.
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        msg = getattr(e, "msg", "nested too deeply")
+        raise ValueError(f"{path}:{lineno}: malformed JSON line ({msg})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
         raise ValueError(
             f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field"

@@ -14,6 +14,7 @@ import sentencepiece as spm
 
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
+from gpn_jax.io.regular import read_regular_file
 from gpn_jax.io.untrusted import bad_file
 
 _MAX_LINE_CHARS = 2048  # training lines are chopped to this (SentencePiece skips long ones)
@@ -82,11 +83,9 @@ def load_tokenizer(path: str) -> Tokenizer:
             raise ValueError(f"tokenizer file not found: {path}")
         if not os.path.isfile(path):
             raise bad_file(path, "the tokenizer is not a regular file", fix)
-        size = os.path.getsize(path)
-        if size > MAX_MODEL_BYTES:
+        if os.path.getsize(path) > MAX_MODEL_BYTES:
             raise bad_file(path, f"over {MAX_MODEL_BYTES} bytes: not a SentencePiece model", fix)
-        with open(path, "rb") as f:
-            proto = f.read(size + 1)  # its own size: `read(n)` allocates n bytes up front
+        proto = read_regular_file(path, MAX_MODEL_BYTES)
     if not proto:
         raise bad_file(path, "an empty file is not a SentencePiece model", fix)
     try:

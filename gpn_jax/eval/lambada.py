@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gpn_jax.io.regular import MAX_TEXT_BYTES, bounded_lines, open_regular
+
 
 @dataclasses.dataclass(frozen=True)
 class Example:
@@ -50,19 +52,20 @@ def read_lambada(path: str) -> list[Example]:
     """Parses a lambada_openai jsonl file; errors name the file and the 1-based line."""
     examples = []
     try:
-        f = open(path, encoding="utf-8")
+        f, _ = open_regular(path, MAX_TEXT_BYTES)  # no FIFO, device or huge file
     except FileNotFoundError:
         raise FileNotFoundError(f"LAMBADA file not found: {path}") from None
     except IsADirectoryError:
         raise ValueError(f"LAMBADA path is a directory, not a jsonl file: {path}") from None
     with f:
-        for i, line in enumerate(f, 1):
+        for i, line in enumerate(bounded_lines(f, path), 1):
             if not line.strip():
                 continue
             try:  # safe on untrusted files: json builds only plain data
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{path} line {i}: not valid JSON ({e.msg})") from None
+                record = json.loads(line.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+                msg = getattr(e, "msg", None) or getattr(e, "reason", "nested too deeply")
+                raise ValueError(f"{path} line {i}: not valid JSON ({msg})") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise ValueError(f'{path} line {i}: expected an object with a string "text" field')

@@ -117,10 +117,12 @@ def _jitted_start(model):
 
 MAX_NEW_TOKENS = 1 << 24  # tokens one call may generate (each is one jitted step)
 MAX_SAMPLES = 1 << 16  # sequences sampled at once (the batch of one step)
+MAX_SAMPLED_TOKENS = 1 << 24  # num_samples x max_new_tokens: the ids held for the output
 
 
 def check_generation(max_new_tokens: int, seed: int, num_samples: int) -> None:
-    """One ValueError line for a generation length, seed or sample count out of range."""
+    """One ValueError line for a generation length, seed or sample count out of range, or for
+    samples x length past MAX_SAMPLED_TOKENS (checked before anything is allocated)."""
     checks = (
         ("max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS),
         ("seed", seed, 0, 2**32 - 1),  # jax.random.PRNGKey keeps 32 bits
@@ -131,6 +133,12 @@ def check_generation(max_new_tokens: int, seed: int, num_samples: int) -> None:
             raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
         if not low <= value <= high:
             raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    if num_samples * max_new_tokens > MAX_SAMPLED_TOKENS:
+        raise ValueError(
+            f"num_samples={num_samples} x --max_new_tokens={max_new_tokens} is "
+            f"{num_samples * max_new_tokens} tokens to sample, over the limit of "
+            f"{MAX_SAMPLED_TOKENS}; lower either"
+        )
 
 
 def generate(

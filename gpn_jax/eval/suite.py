@@ -15,6 +15,7 @@ from gpn_jax.eval import lambada, ppl, recall, stream
 from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_out_file, check_outside
+from gpn_jax.io.regular import MAX_TEXT_BYTES, read_regular_file, read_text
 
 MAX_RESULTS_BYTES = 16 << 20  # a results file is a few KB; a larger one is not ours
 
@@ -73,8 +74,7 @@ def _lambada(ctx: _Context) -> dict:
 def _stream(ctx: _Context) -> dict:
     o = ctx.options
     if o["stream_path"]:
-        with open(o["stream_path"], encoding="utf-8") as f:
-            tokens = ctx.tokenizer.encode(f.read())
+        tokens = ctx.tokenizer.encode(read_text(o["stream_path"], MAX_TEXT_BYTES))
         source = o["stream_path"]
     else:
         tokens, source = ctx.data.heldout, "held-out split"
@@ -170,12 +170,9 @@ def check_results_file(out: str | None, workdir: str, step: int) -> None:
 
 
 def _read_results(path: str):
-    if os.path.getsize(path) > MAX_RESULTS_BYTES:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:  # json: data only
-            return json.load(f)
-    except (OSError, ValueError):
+    try:  # json: data only; a regular file of bounded size (`check_out_file` refused others)
+        return json.loads(read_regular_file(path, MAX_RESULTS_BYTES))
+    except (OSError, ValueError, RecursionError):
         return None
 
 

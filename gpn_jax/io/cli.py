@@ -39,10 +39,19 @@ _OS_FIXES = {
 }
 
 
+INTERRUPTED = 128 + 2  # the shell's status for a command stopped by SIGINT
+
+
 def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
-    """Calls `fn`; a user error prints `<prog>: error: <one line>` and exits with status 1."""
+    """Calls `fn`; a user error prints `<prog>: error: <one line>` and exits with status 1.
+    Ctrl-C (outside the trainer's steps, which save first) prints one line and exits at once
+    with INTERRUPTED: no traceback, and no interpreter teardown racing XLA's compile threads."""
     try:
         return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(INTERRUPTED)
     except USER_ERRORS as e:
         _exit(prog, error_line(e))
     except Exception as e:

@@ -48,7 +48,7 @@ def atomic_output(path, suffix: str = ".tmp"):
 def sha256_file(path) -> str:
     """The sha256 hex digest of the file at `path` (local, `gs://` or an epath), read in blocks."""
     h = hashlib.sha256()
-    if "://" in str(path):
+    if paths.is_remote(path):
         f = epath.Path(path).open("rb")
     else:  # a regular file only: a FIFO would block, a device never end
         f, _ = open_regular(str(path))

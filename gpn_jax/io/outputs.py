@@ -9,6 +9,7 @@ URLs are not checked here (they have no directories to collide with).
 import os
 
 from gpn_jax.io import paths
+from gpn_jax.io.regular import kind
 
 
 def _blocking_ancestor(path: str) -> str | None:
@@ -31,6 +32,9 @@ def check_out_file(path: str | None, flag: str = "--out") -> None:
         raise ValueError(
             f"{flag}={path} is a directory; give a file path, e.g. {flag}={path}/results.json"
         )
+    if os.path.exists(full) and not os.path.isfile(full):  # a FIFO, device or socket
+        what = kind(os.stat(full).st_mode)
+        raise ValueError(f"{flag}={path} is {what}, not a regular file; give a file path")
     if blocker := _blocking_ancestor(full):
         raise ValueError(
             f"{flag}={path}: {blocker} is a file, not a directory; choose another {flag}"

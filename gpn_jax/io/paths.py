@@ -21,10 +21,15 @@ import time
 
 from etils import epath
 
+from gpn_jax.io.regular import open_for_writing
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
 
 def is_remote(path) -> bool:
-    """True for an object-store URL (`gs://...`, `s3://...`)."""
-    return "://" in os.fspath(path)
+    """True for an object-store URL (`gs://...`, `s3://...`): a scheme, then `://`, at the
+    start (a local path holding `http://` further on is a local path)."""
+    return _URL.match(os.fspath(path)) is not None
 
 
 def absolute(path) -> str:
@@ -105,7 +110,7 @@ def atomic_open(path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{unique_suffix()}"
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:  # a new file: never through a name planted there
             yield f
         os.replace(tmp, path)
     finally:
@@ -153,10 +158,11 @@ class RewrittenObject:
 
 
 def open_append(path: str):
-    """A line-buffered text file opened for appending, or a `RewrittenObject` for a URL."""
+    """A line-buffered text file opened for appending (`regular.open_for_writing`: never
+    through a link), or a `RewrittenObject` for a URL."""
     if is_remote(path):
         return RewrittenObject(path, text=True)
-    return open(path, "a", buffering=1)  # noqa: SIM115 - the caller closes it
+    return open_for_writing(path, append=True, text=True)  # no link, FIFO or device
 
 
 class _TensorBoardFactory:

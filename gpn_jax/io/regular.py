@@ -1,21 +1,34 @@
-"""Opening only regular files, of bounded size: what a reader of untrusted directories needs.
+"""Opening only regular files: bounded reads of untrusted files, and writes into a run or output
+folder that never reach another file.
 
 A FIFO planted where a reader expects a file makes a plain `open` block forever (no writer),
 and a symlink to `/dev/zero` makes a plain `read()` allocate without end. `open_regular` opens
 with O_NONBLOCK (a FIFO opens at once) and checks the opened descriptor with `fstat` (no
 race between a check and the open), so only regular files are ever read, and
 `read_regular_file` never reads more than a bound the caller states.
+
+Writing into a folder a user may have prepared (a workdir, an `--output`), a symlink planted
+at a file's name would send the run's bytes elsewhere (`metrics.jsonl -> ~/notes.txt`), a
+hard link would make a truncation hit the other name's file (`cp -al` snapshots make them),
+and a FIFO or device would hang or fail naming no file. `open_fd_for_writing` and
+`open_for_writing` refuse all four on the opened descriptor, before anything is written.
 """
 
+import errno
 import os
 import stat
 
 
 class NotRegularFileError(OSError):
-    """`path` is not a regular file (a FIFO, device, socket or directory), or is too large."""
+    """`path` is not a regular file (a FIFO, device, socket or directory), or is too large, or
+    (writing) is a symlink or has other hard links."""
 
 
-def _kind(mode: int) -> str:
+_WRITE_FIX = "remove it (gpn_jax writes only its own regular files into a run or output folder)"
+
+
+def kind(mode: int) -> str:
+    """What a non-regular file of `mode` is, in words."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -34,7 +47,7 @@ def open_regular(path, max_bytes: int | None = None):
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFileError(f"{os.fspath(path)} is {_kind(info.st_mode)}")
+            raise NotRegularFileError(f"{os.fspath(path)} is {kind(info.st_mode)}")
         if max_bytes is not None and info.st_size > max_bytes:
             raise NotRegularFileError(
                 f"{os.fspath(path)} is {info.st_size} bytes, more than the {max_bytes} expected"
@@ -55,3 +68,71 @@ def read_regular_file(path, max_bytes: int) -> bytes:
     if len(data) > size:
         raise NotRegularFileError(f"{os.fspath(path)} grew while being read")
     return data
+
+
+def _refuse_write(path, what: str) -> NotRegularFileError:
+    return NotRegularFileError(f"{os.fspath(path)}: {what}; {_WRITE_FIX}")
+
+
+def open_fd_for_writing(path, flags: int = os.O_WRONLY, mode: int = 0o666) -> int:
+    """A descriptor of the regular file `path` (created if absent; `mode` before the umask)
+    opened with `flags` (never O_TRUNC: truncate the returned descriptor, once it is known to
+    be this file alone). NotRegularFileError for a symlink, a FIFO, device, socket or
+    directory, or a file with more than one hard link; nothing is written to any of them."""
+    flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags & ~os.O_TRUNC, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        info = os.lstat(path)  # ENXIO: a FIFO without a reader; ELOOP: the final name a link
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else kind(info.st_mode)
+        raise _refuse_write(path, f"is {what}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse_write(path, f"is {kind(info.st_mode)}")
+        if info.st_nlink > 1:
+            raise _refuse_write(path, f"has {info.st_nlink - 1} other hard link(s)")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_for_writing(path, *, append: bool = False, text: bool = False):
+    """A file object writing the regular file `path` alone (`open_fd_for_writing`): appended to
+    (`append`), else emptied first. `text`: line-buffered UTF-8 text."""
+    fd = open_fd_for_writing(path, os.O_WRONLY | (os.O_APPEND if append else 0))
+    if not append:
+        os.ftruncate(fd, 0)
+    if text:
+        return os.fdopen(fd, "a" if append else "w", buffering=1, encoding="utf-8")
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+# Per kind of input: one document (a .txt file, a jsonl line) and a text read whole (a stream
+# to score). Tokenizing a document holds a few times its size; more is not a document.
+MAX_DOCUMENT_BYTES = 32 << 20
+MAX_TEXT_BYTES = 256 << 20
+
+
+def read_text(path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the regular file `path`, at most `max_bytes` (NotRegularFileError
+    otherwise; UnicodeDecodeError for bytes that are not UTF-8)."""
+    return read_regular_file(path, max_bytes).decode("utf-8")
+
+
+def bounded_lines(f, path, max_bytes: int = MAX_DOCUMENT_BYTES):
+    """The lines of the binary file `f` (read from `path`), each at most `max_bytes`: a longer
+    one is a one-line ValueError naming the line, read no further than the bound."""
+    number = 0
+    while line := f.readline(max_bytes + 1):
+        number += 1
+        if len(line) > max_bytes:
+            raise ValueError(
+                f"{os.fspath(path)}: line {number} is more than {max_bytes} bytes; split it "
+                "into smaller documents"
+            )
+        yield line

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from gpn_jax.io import files
+from gpn_jax.io.regular import read_regular_file
 
 PASSES = ("step", "stack", "grad")
 STORAGE = ("float32", "bfloat16")  # the kernels' storage dtypes (`pallas.MEMORY_DTYPES`)
@@ -216,9 +217,9 @@ def load_cache(path: Path) -> dict:
     """The cache's valid entries ({key: entry}); {} for a missing, oversized, unreadable or
     malformed file (never an error: the check simply runs again)."""
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_CACHE_BYTES:
+        if path.is_symlink():
             return {}
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular_file(path, MAX_CACHE_BYTES))
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     if not isinstance(data, dict):

@@ -82,9 +82,10 @@ def prepare_workdir(workdir: str) -> str:
 class StopSignal:
     """SIGTERM (preemption) -> every host stops after the same step; the loop asks `should_stop`.
 
-    One host: a Python SIGTERM handler sets a flag the loop checks between steps (main thread
-    only). A second SIGTERM is not caught: it terminates the process, so a run stuck inside a
-    step can still be stopped (the last finished checkpoint stays the latest).
+    One host: a Python SIGTERM and SIGINT (Ctrl-C) handler sets a flag the loop checks between
+    steps (main thread only); `name` says which came. A second signal is not caught: it
+    terminates the process, so a run stuck inside a step can still be stopped (the last
+    finished checkpoint stays the latest).
 
     Several hosts (`jax.distributed` up): JAX's preemption sync manager, not an all-reduced
     flag. Its notifier catches SIGTERM on whichever host gets it; the coordination service
@@ -98,19 +99,20 @@ class StopSignal:
     """
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.requested, self.name = False, "SIGTERM"
+        self._previous = {}
         self._multihost = (
             jax.process_count() > 1
             and jax.distributed.is_initialized()
             and _preemption_service_enabled()
         )
         if not self._multihost and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame):
         del frame
-        self.requested = True
+        self.requested, self.name = True, signal.Signals(signum).name
         signal.signal(signum, signal.SIG_DFL)
 
     def should_stop(self, step: int) -> bool:
@@ -120,8 +122,8 @@ class StopSignal:
         return self.requested
 
     def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def _preemption_service_enabled() -> bool:
@@ -377,7 +379,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     lays the run out over them (-1: the devices left).
 
     Returns the final metrics (also written to `<workdir>/final_metrics.json`), or
-    `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
+    `{'stopped_at': step, 'signal': 'SIGTERM' or 'SIGINT'}` if a signal stopped the run (after
+    saving a checkpoint).
     """
     run = _Run(config, workdir, devices)
     try:
@@ -397,9 +400,10 @@ def _train(run: _Run) -> dict:
         if stop.requested:
             run.save_once(step)
             print(
-                f"SIGTERM: saved step {step} in {run.ckpt.directory}; rerun the command to resume"
+                f"{stop.name}: saved step {step} in {run.ckpt.directory}; rerun the command to "
+                "resume"
             )
-            return {"stopped_at": step}
+            return {"stopped_at": step, "signal": stop.name}
         final = _finish(run, step)
     finally:
         stop.restore()

@@ -25,7 +25,9 @@ import sys
 import time
 
 from gpn_jax.io import paths
+from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
+from gpn_jax.io.regular import read_regular_file
 
 WRITERS = ("jsonl", "tensorboard", "wandb")
 DEFAULT_WRITERS = "jsonl,tensorboard"
@@ -143,11 +145,10 @@ def _start_wandb(workdir: str, info: dict, project: str):
     os.makedirs(root, exist_ok=True)
     id_file = os.path.join(root, "gpn_jax_run_id")
     if os.path.exists(id_file):
-        run_id = open(id_file).read().strip()
+        run_id = read_regular_file(id_file, 256).decode("ascii", "replace").strip()
     else:
         run_id = secrets.token_hex(4)  # wandb run ids are [a-z0-9]
-        with open(id_file, "w") as f:
-            f.write(run_id)
+        atomic_write(id_file, run_id.encode())
     mode = os.environ.get("WANDB_MODE") or (
         "online" if os.environ.get("WANDB_API_KEY") else "offline"
     )

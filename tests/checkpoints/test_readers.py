@@ -159,10 +159,10 @@ def test_the_lock_of_a_trainer_killed_with_sigkill_is_taken_over(tmp_path, caplo
     import subprocess
     import sys
 
-    from gpn_jax.checkpoints import lock
+    from gpn_jax.io import lock
 
     code = (
-        "import sys, time; from gpn_jax.checkpoints import lock; "
+        "import sys, time; from gpn_jax.io import lock; "
         f"lock.acquire({str(tmp_path)!r}); print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -360,7 +360,7 @@ def test_the_object_store_lock_refuses_a_live_holder_and_takes_over_a_silent_one
     a local folder standing in for the bucket."""
     import time
 
-    from gpn_jax.checkpoints import lock
+    from gpn_jax.io import lock
 
     monkeypatch.setattr(lock.paths, "is_remote", lambda p: True)
     path = tmp_path / lock.LOCK_FILE
@@ -392,3 +392,34 @@ def test_init_from_a_fifo_is_one_line_not_a_hang(tmp_path):
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail("paper_pickle.load hung on a FIFO")
     assert isinstance(box["out"], ValueError) and "is a FIFO" in str(box["out"])
+
+
+# ------------------------------------------------- issue 83: live runs and a missing --step
+def test_a_reader_lists_the_steps_again_when_its_step_vanishes(run, tmp_path, monkeypatch):
+    """A live run with keep_checkpoints=1: the reader listed step 1 alone, and while it reads
+    it the trainer commits step 2 and deletes step 1. The reader restores step 2."""
+    wd, params, step_dir = run
+    hidden = str(tmp_path / "step2-being-written")
+    shutil.move(step_dir, hidden)  # step 2 not yet committed when the reader lists the steps
+    real = Checkpointer._check_files
+
+    def trainer_rotates(self, step):
+        if step == 1 and os.path.isdir(hidden):
+            shutil.move(hidden, step_dir)  # the trainer commits step 2 ...
+            shutil.rmtree(os.path.join(wd, "checkpoints", "1"))  # ... and deletes step 1
+        return real(self, step)
+
+    monkeypatch.setattr(Checkpointer, "_check_files", trainer_rotates)
+    restored = load_run(wd)
+    assert restored.step == 2
+    _assert_params(restored.params, params[2])
+
+
+def test_a_missing_step_says_so_and_lists_the_steps(run):
+    wd, _, _ = run
+    with pytest.raises(CheckpointError) as e:
+        load_run(wd, 5)
+    assert (
+        str(e.value)
+        == f"--step=5: {os.path.join(wd, 'checkpoints')} has no step 5; its steps are 1, 2"
+    )

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpn_jax.checkpoints.lock import LOCK_FILE
 from gpn_jax.checkpoints.manager import Checkpointer, CheckpointError
+from gpn_jax.io.lock import LOCK_FILE
 from tests.helpers.fuzz import one_line, watch
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from gpn_jax.eval.sampling import SamplingConfig, check_generation
+from gpn_jax.io import paths
 from tests.environment import one_device_env
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
@@ -46,13 +47,31 @@ def test_generation_lengths_seeds_and_counts_are_bounded(args, text):
         check_generation(*args)
 
 
+def test_samples_times_new_tokens_is_bounded_before_any_allocation():
+    """`--num_samples=65536 --max_new_tokens=16777216`, each in range (issue 83)."""
+    with pytest.raises(ValueError, match=r"num_samples=65536 x --max_new_tokens=16777216 is "
+                       r"1099511627776 tokens to sample, over the limit of 16777216"):  # fmt: skip
+        check_generation(2**24, 0, 2**16)
+    check_generation(2**24, 0, 1)  # the limit itself is allowed
+    check_generation(2**8, 0, 2**16)
+
+
+def test_a_local_path_is_a_url_only_if_it_starts_with_a_scheme():
+    assert not paths.is_remote("/data/http://mirror/corpus")
+    assert not paths.is_remote("runs/gs://x")
+    assert paths.is_remote("gs://bucket/run") and paths.is_remote("s3+x://b")
+
+
 @pytest.mark.parametrize(
     "flag, text",
     [("--temperature=nan", "--temperature must be a number"), ("--top_p=nan", "--top_p must be"),
-     ("--seed=1180591620717411303424", "--seed must be in")],
+     ("--seed=1180591620717411303424", "--seed must be in"),
+     (("--num_samples=65536", "--max_new_tokens=1024"), "--num_samples=65536 x --max_new_tok"),
+     (b"--prompt=caf\xe9", "--prompt is not UTF-8 text (byte 0xe9 at character 3)")],
 )  # fmt: skip
 def test_the_cli_refuses_them_in_one_line_before_loading_anything(tmp_path, flag, text):
-    cmd = [sys.executable, "-m", "gpn_jax.generate", f"--workdir={tmp_path / 'no_run'}", flag]
+    flags = flag if isinstance(flag, tuple) else (flag,)
+    cmd = [sys.executable, "-m", "gpn_jax.generate", f"--workdir={tmp_path / 'no_run'}", *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=one_device_env(PYTHONPATH=ROOT), capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -139,7 +139,11 @@ def test_disk_full_in_prepare_is_one_line_and_a_rerun_finishes(
     capsys.readouterr()
     out = tmp_path / "out"
     room = [20_000]  # bytes: the disk fills in the third of about ten shards
-    monkeypatch.setattr(shards, "open", lambda p, m: _FullDisk(p, m, room), raising=False)
+
+    def full_disk(path, append=False):  # what `shards` opens its files with
+        return _FullDisk(path, "ab" if append else "wb", room)
+
+    monkeypatch.setattr(shards, "open_for_writing", full_disk)
     exits_1(prepare_corpus, options(jsonl, out, tokenizer_path), prog="gpn-prepare")
     one_line(capsys, "gpn-prepare", ".bin.partial: No space left on device (ENOSPC)")
     assert not (out / "manifest.json").exists()

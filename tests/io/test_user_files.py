@@ -9,10 +9,12 @@ import time
 
 import pytest
 
+from gpn_jax.checkpoints import owned_dir
 from gpn_jax.data.prepare.manifest import MARKER
 from gpn_jax.data.prepare.run import Options, prepare_corpus
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
+from gpn_jax.io.files import atomic_write
 from gpn_jax.kernels.cpu import build_cache
 
 V = 512
@@ -135,3 +137,36 @@ def test_an_empty_folder_is_adopted(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("GPN_JAX_NATIVE_CACHE", str(folder))
     assert build_cache.cache_dir() == folder and (folder / build_cache.MARKER).is_file()
+
+
+def _write_two(folder: str) -> None:
+    atomic_write(os.path.join(folder, "config.json"), b"{}")
+    atomic_write(os.path.join(folder, "README.md"), b"card")
+
+
+def test_export_into_an_existing_empty_folder_keeps_the_folder_and_the_umask(tmp_path):
+    """The user's empty folder (setgid, group-writable) stays that folder (issue 83): same
+    inode and mode, and the files written there have the modes the user's umask gives."""
+    out = tmp_path / "shared"
+    out.mkdir()
+    os.chmod(out, 0o2775)
+    before = os.stat(out)
+    old = os.umask(0o002)
+    try:
+        owned_dir.write_owned(str(out), _write_two, None)
+    finally:
+        os.umask(old)
+    after = os.stat(out)
+    assert (after.st_ino, stat.S_IMODE(after.st_mode)) == (before.st_ino, 0o2775)
+    assert sorted(os.listdir(out)) == sorted(["config.json", "README.md", owned_dir.MARKER])
+    for name in os.listdir(out):
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o664, name
+
+
+def test_export_into_a_new_folder_gives_it_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        owned_dir.write_owned(str(tmp_path / "new"), _write_two, None)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "new").st_mode) == 0o755

@@ -98,6 +98,26 @@ def test_an_untrusted_entry_is_rebuilt_not_loaded(env, tmp_path, damage):
     assert len(calls) == 2 and build_cache.trusted(library) and not library.is_symlink()
 
 
+def test_an_entry_swapped_with_another_library_and_its_sidecar_is_rebuilt(env, tmp_path):
+    """`memory_step_*` and `small_matmul_*` swapped with their sidecars (issue 83): each
+    sidecar's digest matches the bytes beside it, but names the other library."""
+    library, build, calls = make(env)
+    build_cache.built(library, build)
+    other = library.with_name("other_4567.so")
+    other_source = tmp_path / "other.cc"
+    other_source.write_text('extern "C" int answer() { return 7; }\n')
+    build_cache.built(other, lambda out: build_cache.compile_library(
+        out, other_source, ("-shared", "-fPIC", "-O1"), ()))  # fmt: skip
+    for ext in (".so", ".json"):  # swap the two entries, sidecars included
+        a, b = library.with_suffix(ext), other.with_suffix(ext)
+        a.rename(tmp_path / "swap")
+        b.rename(a)
+        (tmp_path / "swap").rename(b)
+    assert not build_cache.trusted(library)
+    assert answer(build_cache.built(library, build)) == 42
+    assert len(calls) == 2
+
+
 def test_cxx_with_flags_is_split_like_a_shell(env, monkeypatch):
     monkeypatch.setenv("CXX", "c++ -O2 -DUNUSED='a b'")
     assert build_cache.compiler()[1:] == ["-O2", "-DUNUSED=a b"]

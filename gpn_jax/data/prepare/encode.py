@@ -34,8 +34,10 @@ def _json_text(line: bytes, text_field: str, path: str, lineno: int) -> str:
         return ""
     try:
         obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        msg = getattr(e, "msg", None) or (
+            "not UTF-8" if isinstance(e, UnicodeDecodeError) else "nested too deeply"
+        )
         raise ValueError(f"{path}:{lineno}: malformed JSON line ({msg})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
         keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__

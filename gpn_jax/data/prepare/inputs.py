@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 
 from gpn_jax.data.spec import parse_spec
+from gpn_jax.io.regular import bounded_lines, open_regular, read_text
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 
@@ -106,27 +107,26 @@ def _read_batches(path, text_field, offset, size) -> Iterator[tuple[int, list]]:
         yield from _parquet_batches(path, text_field, offset, size)
     elif path.endswith(".txt"):
         if offset == 0:
-            with open(path, encoding="utf-8") as f:
-                yield 1, [f.read()]
+            yield 1, [read_text(path)]
     else:
         with _open_lines(path) as f:
-            yield from _line_batches(f, offset, size)
+            yield from _line_batches(bounded_lines(f, path), offset, size)
 
 
 def _open_lines(path: str):
+    raw, _ = open_regular(path)  # a FIFO or device is refused, not read
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if path.endswith(".zst"):
         import zstandard
 
-        raw = open(path, "rb")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return open(path, "rb")
+    return raw
 
 
-def _line_batches(f, offset: int, size: int) -> Iterator[tuple[int, list]]:
+def _line_batches(lines, offset: int, size: int) -> Iterator[tuple[int, list]]:
     batch, number = [], 0
-    for number, line in enumerate(f, start=1):
+    for number, line in enumerate(lines, start=1):
         if number <= offset:
             continue
         batch.append(line)
@@ -140,7 +140,8 @@ def _line_batches(f, offset: int, size: int) -> Iterator[tuple[int, list]]:
 def _parquet_batches(path, text_field, offset, size) -> Iterator[tuple[int, list]]:
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as pf:
+    raw, _ = open_regular(path)  # a FIFO or device is refused, not handed to pyarrow
+    with raw, pq.ParquetFile(raw) as pf:
         names = pf.schema_arrow.names
         if text_field not in names:
             raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")

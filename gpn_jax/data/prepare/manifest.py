@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from gpn_jax.io import paths, untrusted
+from gpn_jax.io import lock, paths, untrusted
 from gpn_jax.io.files import atomic_write
 
 MANIFEST = "manifest.json"
@@ -55,7 +55,7 @@ def claim_output(output: str, overwrite: bool = False) -> None:
         if overwrite:
             clear_output(output)
         return
-    entries = os.listdir(output)
+    entries = [e for e in os.listdir(output) if e != lock.LOCK_FILE]  # held by this run
     if not entries:
         atomic_write(marker, b'{"tool": "gpn-prepare"}\n')
         return

@@ -2,6 +2,7 @@
 fixed-size token shards per split -> `manifest.json`, streamed in bounded chunks of records
 over `workers` processes, resumable after a kill (see `shards` and `manifest`)."""
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -16,6 +17,7 @@ from gpn_jax.data.prepare.inputs import Position, open_source
 from gpn_jax.data.prepare.manifest import (
     FORMAT,
     MANIFEST,
+    MARKER,
     PROGRESS,
     SPLITS,
     TOKENIZER,
@@ -26,6 +28,7 @@ from gpn_jax.data.prepare.manifest import (
 from gpn_jax.data.prepare.parallel import ordered_map
 from gpn_jax.data.prepare.shards import ShardWriter
 from gpn_jax.data.prepare.tokenizer_step import corpus_tokenizer, tokenizer_settings
+from gpn_jax.io import lock
 from gpn_jax.io.files import sha256_file
 from gpn_jax.io.outputs import check_out_dir
 
@@ -103,6 +106,29 @@ def prepare_corpus(o: Options) -> dict:
     check_options(o)
     source = open_source(o.input, o.data_dir, o.text_field)
     settings = settings_of(o, source)
+    with _one_writer(o.output):
+        return _prepare_claimed(o, source, settings)
+
+
+@contextlib.contextmanager
+def _one_writer(output: str):
+    """Holds `output`'s lock (`io.lock`, as a trainer holds its workdir's) for the block: a
+    second gpn-prepare into the same `--output` is refused in one line and touches nothing.
+    A lock file this call created in a folder it then refuses (the user's) is removed."""
+    os.makedirs(output, exist_ok=True)
+    had_lock = os.path.lexists(os.path.join(output, lock.LOCK_FILE))
+    held = lock.acquire(output, "gpn-prepare", "--output")
+    try:
+        yield
+    except ValueError:
+        if not had_lock and not os.path.exists(os.path.join(output, MARKER)):
+            os.remove(held.path)
+        raise
+    finally:
+        held.release()
+
+
+def _prepare_claimed(o: Options, source, settings: dict) -> dict:
     claim_output(o.output, o.overwrite)  # nothing of the user's is touched (see there)
     manifest, progress = check_output(o.output, settings)
     if manifest is not None:

@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from gpn_jax.io.regular import open_for_writing
+
 _SHARD = re.compile(r"^data_(\d{4,})\.bin(\.partial)?$")
 
 
@@ -32,7 +34,7 @@ class ShardWriter:
         self.pending, self.pending_docs = state["pending_tokens"], state["pending_documents"]
         os.makedirs(directory, exist_ok=True)
         self._reconcile()
-        self._file = open(self._partial(), "ab")
+        self._file = open_for_writing(self._partial(), append=True)
 
     def _path(self, index: int) -> str:
         return os.path.join(self.directory, shard_name(index))
@@ -72,7 +74,7 @@ class ShardWriter:
         os.replace(self._partial(), self._path(len(self.shards)))
         self.shards.append({"file": name, "tokens": self.pending, "documents": self.pending_docs})
         self.pending = self.pending_docs = 0
-        self._file = open(self._partial(), "ab")
+        self._file = open_for_writing(self._partial(), append=True)
         return name
 
     def flush(self) -> None:
@@ -104,10 +106,11 @@ def _settle(final_path: str, partial_path: str, nbytes: int, final: bool) -> Non
             if source != want:
                 os.replace(source, want)
             if os.path.getsize(want) > nbytes:  # a finished shard stays untouched
-                os.truncate(want, nbytes)
+                with open_for_writing(want, append=True) as f:  # this file alone: no link
+                    f.truncate(nbytes)
             return
     if nbytes == 0 and not final:
-        open(want, "wb").close()
+        open_for_writing(want).close()
         return
     raise ValueError(
         f"{final_path} is missing or shorter than its progress file says; delete the output "

@@ -8,11 +8,12 @@ process will execute. The cache therefore trusts nothing it finds:
   and marked as the cache's own (MARKER); a cache directory someone else owns is refused.
   An existing folder that holds anything but is not marked (the user's) is never changed,
   pruned or chmodded: the cache is its marked subfolder SUBFOLDER.
-* Each library `<name>.so` has a sidecar `<name>.json` holding its sha256, written
+* Each library `<name>.so` has a sidecar `<name>.json` holding its name and sha256, written
   (atomically, after the library is in place) by the build that produced it. A library is
   loaded only if it is a regular file (not a link) owned by the current user, writable by no
-  one else, non-empty, and its sha256 matches the sidecar; anything else (a planted, empty,
-  truncated or corrupt file, or one without a sidecar) is removed and rebuilt.
+  one else, non-empty, and its name and sha256 match the sidecar; anything else (a planted,
+  empty, truncated or corrupt file, one without a sidecar, or an entry swapped with another's
+  together with its sidecar) is removed and rebuilt, never loaded.
 * The compiler is `$CXX` (a command with flags, split like a shell would: `CXX='g++ -O2'`)
   or `c++`, run with a timeout (`$GPN_JAX_CXX_TIMEOUT` seconds, default COMPILE_TIMEOUT_S).
 * Entries not used for PRUNE_AFTER_S (each load refreshes its entry's time) and stale
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpn_jax.io import files
+from gpn_jax.io.regular import open_for_writing, read_regular_file
 
 COMPILE_TIMEOUT_S = 600.0
 PRUNE_AFTER_S = 30 * 24 * 3600.0
@@ -81,8 +83,7 @@ def _claim(path: Path) -> Path | None:
 
 
 def _write_marker(marker: Path) -> None:
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with open_for_writing(marker, text=True) as f:
         f.write("gpn_jax compiled-kernel cache: its .so, .json and .tmp files are pruned.\n")
 
 
@@ -146,19 +147,21 @@ def _private_file(path: Path) -> bool:
 
 
 def trusted(library: Path) -> bool:
-    """True if `library` may be loaded: private (`_private_file`), non-empty, and its sha256
-    is the one its private sidecar recorded at build time."""
+    """True if `library` may be loaded: private (`_private_file`), non-empty, and its private
+    sidecar names this library (an entry swapped with another's is not it) and the sha256
+    recorded at build time."""
     side = sidecar(library)
     if not (_private_file(library) and _private_file(side)) or os.path.getsize(library) == 0:
         return False
     try:
-        if os.path.getsize(side) > 4096:
-            return False
-        with open(side, "rb") as f:
-            recorded = json.loads(f.read().decode("utf-8"))
+        recorded = json.loads(read_regular_file(side, 4096).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(recorded, dict) and recorded.get("sha256") == files.sha256_file(library)
+    return (
+        isinstance(recorded, dict)
+        and recorded.get("library") == library.name
+        and recorded.get("sha256") == files.sha256_file(library)
+    )
 
 
 def _remove(*doomed: Path) -> None:

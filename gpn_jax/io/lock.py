@@ -1,4 +1,5 @@
-"""One trainer per workdir: an advisory lock held for a run's life.
+"""One trainer per workdir (one `gpn-prepare` per `--output`): an advisory lock held for a
+run's life.
 
 A second trainer on the same workdir would delete the first one's in-progress save (only
 the lock holder removes unfinished saves) and interleave checkpoints with it. The lock is
@@ -34,6 +35,7 @@ from etils import epath
 
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
+from gpn_jax.io.regular import NotRegularFileError, open_fd_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +75,18 @@ def _describe(holder: dict) -> str:
     return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {when}"
 
 
-def _refusal(workdir: str, holder: dict) -> CheckpointError:
+def _refusal(lock: WorkdirLock, holder: dict) -> CheckpointError:
     return CheckpointError(
-        f"workdir {workdir} is in use by another trainer ({_describe(holder)}); wait for it "
-        "to finish or stop it, or give another --workdir"
+        f"{lock.flag}={lock.workdir} is in use by another {lock.user} ({_describe(holder)}); "
+        f"wait for it to finish or stop it, or give another {lock.flag}"
     )
 
 
 class WorkdirLock:
     """The held lock of one workdir; `release()` (idempotent) gives it back."""
 
-    def __init__(self, workdir: str):
-        self.workdir = workdir
+    def __init__(self, workdir: str, user: str = "trainer", flag: str = "--workdir"):
+        self.workdir, self.user, self.flag = workdir, user, flag
         self.path = paths.join(workdir, LOCK_FILE)
         self._fd: int | None = None
         self._token = uuid.uuid4().hex
@@ -95,9 +97,10 @@ class WorkdirLock:
     def _acquire_local(self) -> None:
         import fcntl
 
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(self.path, flags | os.O_NONBLOCK, 0o644)
+        try:  # no link, FIFO, device or hard-linked file: it is truncated below
+            fd = open_fd_for_writing(self.path, os.O_RDWR, 0o644)
+        except NotRegularFileError:
+            raise
         except OSError as e:
             raise CheckpointError(
                 f"cannot open the workdir lock {self.path}: {e.strerror or e}; remove it if it "
@@ -108,7 +111,7 @@ class WorkdirLock:
         except BlockingIOError:
             holder = _parse(os.pread(fd, _MAX_LOCK_BYTES, 0))
             os.close(fd)
-            raise _refusal(self.workdir, holder) from None
+            raise _refusal(self, holder) from None
         except OSError as e:
             os.close(fd)
             raise CheckpointError(
@@ -150,7 +153,7 @@ class WorkdirLock:
             beat = holder.get("heartbeat")
             age = time.time() - beat if isinstance(beat, int | float) else float("inf")
             if age < STALE_S:
-                raise _refusal(self.workdir, holder)
+                raise _refusal(self, holder)
             log.warning(
                 "taking over the workdir lock of a run that is gone (%s, no heartbeat for "
                 "%.0f s): %s",
@@ -162,7 +165,7 @@ class WorkdirLock:
         self._write_remote(self._record)
         now = self._read_remote() or {}
         if now.get("token") != self._token:  # another trainer wrote after us: it holds it
-            raise _refusal(self.workdir, now)
+            raise _refusal(self, now)
         self._thread = threading.Thread(target=self._heartbeat, daemon=True)
         self._thread.start()
 
@@ -206,7 +209,7 @@ class WorkdirLock:
             log.warning("could not release the workdir lock %s: %s", self.path, e)
 
 
-def acquire(workdir: str) -> WorkdirLock:
+def acquire(workdir: str, user: str = "trainer", flag: str = "--workdir") -> WorkdirLock:
     """The lock of `workdir` (an existing directory), held; CheckpointError naming the holder
-    if another trainer holds it."""
-    return WorkdirLock(workdir).acquire()
+    if another `user` (a trainer; gpn-prepare on its `--output`) holds it."""
+    return WorkdirLock(workdir, user, flag).acquire()
