@@ -15,9 +15,9 @@ import time
 import numpy as np
 
 from experiments.synthetic import families, levels, runner
-from gpn_jax.checkpoints import lock as workdir_lock
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import state
+from gpn_jax.io import lock as workdir_lock
 from gpn_jax.io import untrusted
 from gpn_jax.io.files import atomic_write
 from gpn_jax.parallel import core_pool
