@@ -89,11 +89,43 @@ def settle_heap() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
-def flags_parser(prog: str):
-    """An absl `flags_parser` that turns a bad flag or unknown config field into one line."""
+# absl's help flags: True for every flag, False for the entry point's own.
+_HELP_FLAGS = {"-h": False, "-?": False, "--help": False, "--helpshort": False, "--helpfull": True}
+
+
+def help_requested(argv: list[str]) -> bool | None:
+    """Whether `argv` (program first) asks for help: None if not, True for --helpfull."""
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if arg in _HELP_FLAGS:
+            return _HELP_FLAGS[arg]
+    return None
+
+
+def help_text(module: str, full: bool = False) -> str:
+    """The help of the entry point defined in `module`: its docstring, then its own flags (or
+    every flag, `full`). absl's `--help` lists the flags of the module named like argv[0], which
+    a console script (`gpn-train`) is not, so it listed none."""
+    from absl import flags
+
+    doc = (getattr(sys.modules.get(module), "__doc__", None) or "").strip()
+    key = sys.argv[0] if module == "__main__" else module  # absl's name for `python -m`'s
+    own = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
+    more = "" if full else "\n\nTry --helpfull to list every flag (absl's and JAX's too)."
+    return f"{doc}\n\nflags:\n{own.strip()}{more}\n"
+
+
+def flags_parser(prog: str, module: str | None = None):
+    """An absl `flags_parser` that turns a bad flag or unknown config field into one line;
+    `--help` prints `help_text(module)` and exits with status 0."""
     from absl import flags
 
     def parse(argv):
+        full = help_requested(argv)
+        if full is not None and module is not None:
+            sys.stdout.write(help_text(module, full))
+            sys.exit(0)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
@@ -146,6 +178,6 @@ def absl_entry(body, prog: str, quiet: bool = True):
         run_or_exit(body, prog=prog)  # nothing returned: absl would exit with it as status
 
     def run():
-        app.run(main, flags_parser=flags_parser(prog))
+        app.run(main, flags_parser=flags_parser(prog, body.__module__))
 
     return main, run
