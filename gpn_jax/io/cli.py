@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from gpn_jax.io import config_args
 from gpn_jax.io.errors import CheckpointError, TrainingError
 
 # Errors a user can cause (bad input, config, workdir, the machine: every OSError, e.g. disk
@@ -126,21 +127,38 @@ def flags_parser(prog: str, module: str | None = None):
         if full is not None and module is not None:
             sys.stdout.write(help_text(module, full))
             sys.exit(0)
+        names = config_args.config_flag_names(flags.FLAGS)
+        for name in names:
+            problem = config_args.check(argv, name)
+            if problem:
+                _exit(prog, problem)
         try:
             return flags.FLAGS(argv)
-        except flags.Error as e:
-            _exit(prog, str(e))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            msg = str(e)
-            key = re.search(r"'(\w+)", msg)
-            key = key.group(1) if key else msg.strip("\"' ")
-            culprit = [a for a in argv[1:] if key and key in a]
-            where = f" in {culprit[-1]}" if culprit else ""
-            hint = re.search(r'Did you mean "(\w+)"', msg)
-            hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
-            _exit(prog, f"unknown config field or bad value{where}: {key!r}{hint}")
+        except Exception as e:
+            problem = next(filter(None, (config_args.load_error(argv, e, n) for n in names)), None)
+            if problem:
+                _exit(prog, problem)
+            _flag_error(prog, argv, e)
 
     return parse
+
+
+def _flag_error(prog: str, argv: list[str], e: Exception):
+    """Exits with one line for a bad flag or unknown config field; re-raises anything else."""
+    from absl import flags
+
+    if isinstance(e, flags.Error):
+        _exit(prog, str(e))
+    if not isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+        raise e
+    msg = str(e)
+    key = re.search(r"'(\w+)", msg)
+    key = key.group(1) if key else msg.strip("\"' ")
+    culprit = [a for a in argv[1:] if key and key in a]
+    where = f" in {culprit[-1]}" if culprit else ""
+    hint = re.search(r'Did you mean "(\w+)"', msg)
+    hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
+    _exit(prog, f"unknown config field or bad value{where}: {key!r}{hint}")
 
 
 def _exit(prog: str, msg: str):
