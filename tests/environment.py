@@ -49,6 +49,17 @@ def this_worker_cores() -> set | None:
     )
 
 
+def interpreter_first(env) -> dict:
+    """`env` with the directory of the interpreter running the tests first on PATH: a script a
+    test starts that calls `python3` or `python` by name (the launch scripts, the rehearsal)
+    runs this interpreter and its packages, in a venv that was never activated as in one that
+    was (there PATH's first `python3` may be a bare system one)."""
+    env = dict(env)
+    bin_dir = os.path.dirname(sys.executable)
+    rest = [d for d in env.get("PATH", "").split(os.pathsep) if d and d != bin_dir]
+    return env | {"PATH": os.pathsep.join([bin_dir, *rest])}
+
+
 FAST_COMPILE = (
     "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
     " --xla_cpu_multi_thread_eigen=false --xla_cpu_parallel_codegen_split_count=1"
