@@ -295,18 +295,21 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     # Metrics are read one step late (the host never stalls dispatch), unless the step ran
     # inline: then it has finished already, and reading it now times it as its own step.
     lag = not (cpu_steps_inline() and run.mesh.size == 1 and jax.default_backend() == "cpu")
+    run.lr_at(step)  # compiled now, in the compile's time, not in the second row's window
 
     def settle(pending):
-        """Reads a step's metrics: the step has finished (`progress.Throughput`)."""
+        """Reads a step's metrics: the step has finished, by the time its call returned if it
+        had finished then, else now (`progress.Throughput`)."""
         nonlocal window
-        s, metrics = pending
+        s, metrics, done_at = pending
         window.append(_check_finite(s, metrics, run.ckpt))
-        log.settled(s)
+        done_at = log.timer.clock() if done_at is None else done_at
+        log.settled(s, done_at)
         if s % t.log_every and s != t.steps:
             return
         row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
         # Step s's update used schedule(s - 1): optax counts the updates done before it.
-        row |= {"lr": float(run.lr_at(s - 1)), **log.measure(s)}
+        row |= {"lr": float(run.lr_at(s - 1)), **log.measure(s, done_at)}
         run.writer.write(s, row)
         log.row(s, row)
         window = []
@@ -321,7 +324,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         log.dispatched()
         if pending is not None:
             settle(pending)
-        pending = (step, metrics)
+        pending = (step, metrics, _finished_at(metrics, log.timer.clock))
         boundary = step == t.steps or step % t.checkpoint_every == 0
         evaluating = run.has_heldout and t.eval_every and step % t.eval_every == 0
         if boundary or evaluating or not lag:
@@ -342,6 +345,14 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         settle(pending)
     log.close()
     return step
+
+
+def _finished_at(metrics: dict, clock) -> float | None:
+    """The clock now if the step of `metrics` has already finished (its call ran it: XLA:CPU),
+    else None. Its metrics may be read only after the next step has run, and, at a checkpoint,
+    right after the previous step's: the time it finished must not be the time they are read."""
+    loss = metrics.get("loss")
+    return clock() if loss is not None and loss.is_ready() else None
 
 
 def _training_log(run: _Run, step: int) -> progress.TrainingLog:
