@@ -181,9 +181,10 @@ def config_or_exit(holder, prog: str):
 def absl_entry(body, prog: str, quiet: bool = True):
     """(main, run) of an entry point whose work is `body()` (which reads the parsed flags).
 
-    `main(argv)` rejects stray positional arguments, lowers absl logging to WARNING unless
-    `--verbosity` was given (when `quiet`; JAX / orbax INFO lines would bury the progress
-    output) and runs `body` through `run_or_exit`. `run()` is `app.run(main)` with this
+    `main(argv)` rejects stray positional arguments, makes stdout line-buffered, lowers absl
+    logging (and XLA's C++ logging) to WARNING unless `--verbosity` was given (when `quiet`;
+    JAX / orbax INFO lines would bury the progress output) and runs `body` through
+    `run_or_exit`. `run()` is `app.run(main)` with this
     module's one-line flag errors.
     """
     from absl import app, flags, logging
@@ -191,8 +192,15 @@ def absl_entry(body, prog: str, quiet: bool = True):
     def main(argv):
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        # Each line as it is written, also to a file (a job's log), not in blocks at exit.
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
         if quiet and not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(logging.WARNING)
+            # XLA's and the coordination service's C++ INFO lines ("Reached preemption sync
+            # point") too, where JAX is not loaded yet (the level is read when it loads)
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         run_or_exit(body, prog=prog)  # nothing returned: absl would exit with it as status
 
     def run():

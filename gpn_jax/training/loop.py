@@ -190,6 +190,11 @@ class _Run:
         )
         self.tokens_per_step = t.batch_size * t.seq_len
 
+    def say(self, text: str) -> None:
+        """A line of the lead host's log (`progress.say`: stderr, with the progress)."""
+        if self.is_lead:
+            progress.say(text)
+
     # ---------------------------------------------------------------- state
     def init_or_restore(self):
         run = self.setup
@@ -204,7 +209,7 @@ class _Run:
                 run.state_target(), quarantine=True, check_config=self._check_same_model
             )
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
-            print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
+            self.say(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
             init_from.note_resumed(self.config, step, self.ckpt.directory)
         elif continued:
@@ -317,8 +322,12 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     while step < t.steps and not stop.requested:
         _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
+        if step == first:
+            log.compile_started(step + 1)
+            started = log.timer.clock()
         run.state, metrics = run.train_step(run.state, batch)
         if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
+            log.compile_done(log.timer.clock() - started)
             steady_step_memory(t.get("reuse_step_memory", True))
         step += 1
         log.dispatched()
@@ -391,6 +400,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     `{'stopped_at': step}` if SIGTERM stopped the run (after saving a checkpoint).
     """
     run = _Run(config, workdir, devices)
+    run.say(_header(run))  # the first line: before the data is read and the state built
     try:
         with jax.set_mesh(run.mesh):
             return _train(run.init_or_restore())
@@ -400,8 +410,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
 
 def _train(run: _Run) -> dict:
     run.writer = _metric_writer(run)
-    if run.is_lead:
-        _print_header(run)
+    run.say(f"data: {run.data.description}")
     stop = StopSignal()
     try:
         step = _loop(run, stop)
@@ -464,11 +473,13 @@ def _finish(run: _Run, step: int) -> dict:
     return final
 
 
-def _print_header(run: _Run) -> None:
+def _header(run: _Run) -> str:
+    """'<family> model, N parameters | data <source> | batch B x T, S steps | mesh .. | workdir ..'."""
     counts = accounting.param_counts(run.model)["total"]
-    t = run.config.train
-    print(
-        f"{run.config.model.get('family', 'gpn')} model, {counts:,} parameters | "
-        f"{run.data.description} | batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
+    c, t = run.config, run.config.train
+    return (
+        f"{c.model.get('family', 'gpn')} model, {counts:,} parameters | "
+        f"data {c.data.source} | "
+        f"batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
         f"mesh {dict(run.mesh.shape)} | workdir {run.workdir}"
     )

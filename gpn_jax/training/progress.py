@@ -4,7 +4,9 @@
 a bar when stderr is a terminal and lines otherwise (a file, a pod log, a pipe), where a bar's
 carriage-return frames would pile up into one long line. The lines are one per event: each
 logged step (loss, tokens/s, MFU where the peak is known, ETA), each held-out evaluation as it
-happens, and at the end where the time went.
+happens, and at the end where the time went. Each line written to a file or a pipe (a pod's or
+a job's log) starts with the date and time (`stamp`); the run's own lines before and around
+the steps (its header, resuming, compiling) go the same way (`say`).
 
 Throughput is measured over the steps a row covers (`Throughput`): the time spent saving
 checkpoints and evaluating is excluded and reported separately, and so is the first step's
@@ -20,6 +22,24 @@ import sys
 import time
 
 AUTO = (None, "auto")
+
+
+def stamp(stream) -> str:
+    """'YYYY-MM-DD HH:MM:SS ' where `stream` is a file or a pipe (a pod's or job's log), so each
+    line says when it happened; '' on a terminal and in memory (a notebook, a test's capture)."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last
+        return ""
+    isatty = getattr(stream, "isatty", None)
+    return "" if isatty and isatty() else time.strftime("%Y-%m-%d %H:%M:%S ")
+
+
+def say(text: str, stream=None) -> None:
+    """One line of the run's log (`stream`, default stderr, where the progress goes), written
+    at once and stamped with the time where it goes to a file (`stamp`)."""
+    stream = stream or sys.stderr
+    print(stamp(stream) + text, file=stream, flush=True)
 
 
 def wants_bar(setting, stream=None) -> bool:
@@ -139,7 +159,7 @@ class TrainingLog:
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
         else:
-            print(text, file=self.stream, flush=True)
+            say(text, self.stream)
 
     def dispatched(self) -> None:
         """One more step was started (the bar's count)."""
@@ -148,6 +168,13 @@ class TrainingLog:
 
     def settled(self, step: int, at: float | None = None) -> None:
         self.timer.settled(step, at)
+
+    def compile_started(self, step: int) -> None:
+        """Step `step`, the run's first, is about to be traced and compiled."""
+        self._line(f"step {step}: compiling the training step")
+
+    def compile_done(self, seconds: float) -> None:
+        self._line(f"compiled the training step in {seconds:.1f} s")
 
     def paused(self, kind: str):
         """Context manager: checkpoint ('checkpoint') or evaluation ('eval') time, excluded."""

@@ -201,6 +201,7 @@ def test_no_lines_off_the_lead_host():
     assert out.getvalue() == ""
 
 
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 _STEP = re.compile(r"^step (\d+)/6  loss \d+\.\d{4}( .*)?$")
 
 
@@ -221,7 +222,12 @@ def test_a_run_logging_to_a_file_writes_lines_not_frames(tmp_path, monkeypatch):
         monkeypatch.undo()
     text = err_path.read_text()
     assert "\r" not in text
-    ours = [ln for ln in text.splitlines() if ln.startswith(("step ", "time: "))]
+    ours = [_STAMP.sub("", ln) for ln in text.splitlines() if _STAMP.match(ln)]  # each stamped
+    assert ours[0].startswith("gpn model, ") and "| workdir " in ours[0]  # the run's first line
+    assert "| data embedded |" in ours[0] and "| mesh {'data': 1, " in ours[0]
+    assert "step 1: compiling the training step" in ours
+    assert any(ln.startswith("compiled the training step in ") for ln in ours)
+    ours = [ln for ln in ours if ln.startswith(("step ", "time: ")) and "compiling" not in ln]
     steps = [int(_STEP.match(ln).group(1)) for ln in ours if _STEP.match(ln)]
     assert steps == [2, 4, 6]
     evals = [ln for ln in ours if "held-out loss" in ln]
