@@ -7,7 +7,7 @@ build isolation where setuptools and wheel are installed, else in build's isolat
 environment, which fetches them from the package index), installs the wheel with
 `--no-deps` into a venv that sees this interpreter's packages (JAX and the rest), and runs,
 from a directory outside the checkout with PYTHONPATH unset: every console script's --help
-(its description and flags), `gpn-summary` on the config shipped in the package, a two-step
+(its description and flags), `gpn-summary` on configs named from the package, a two-step
 `gpn-train` of it, `gpn-export`, and `gpn_jax.load(...).generate(...)`.
 """
 
@@ -162,15 +162,19 @@ def test_the_wheel_works_from_a_fresh_venv(tmp_path):
     path, version = where.split()[-2:]
     assert path.startswith(str(venv)) and version == gpn_jax.__version__  # not the checkout's
     package = pathlib.Path(path).parent
-    for pattern in ("kernels/cpu/*.cc", "kernels/cpu/*.h", "configs/demo.py"):
+    named = ["demo", "gpn_m_1l_130m", "gpn_1l_130m", "gpn_m_2l_130m", "transformer_130m"]
+    named += ["gdn_130m"]
+    configs = [f"configs/{name}.py" for name in named]
+    for pattern in ("kernels/cpu/*.cc", "kernels/cpu/*.h", *configs):
         assert list(package.glob(pattern)), f"the wheel lacks gpn_jax/{pattern}"
     for script, target in console_scripts().items():
         assert_help(script, target, run(str(venv / "bin" / script), "--help"))
-    demo = str(package / "configs" / "demo.py")
-    assert "parameters" in run("gpn-summary", f"--config={demo}")
+    demo = "--config=demo"  # a named config: the package's own file, no checkout needed
+    assert "parameters" in run("gpn-summary", demo)
+    assert "129,151,902" in run("gpn-summary", "--config=gpn_m_1l_130m")
     short = ["--config.train.steps=2", "--config.train.checkpoint_every=2"]
     short += ["--config.train.eval_every=0", "--config.train.final_eval_batches=1"]
-    run("gpn-train", f"--config={demo}", "--workdir=run", *short)
+    run("gpn-train", demo, "--workdir=run", *short)
     run("gpn-export", "--workdir=run", "--out=model")
     code = "import gpn_jax; print(repr(gpn_jax.load('model').generate('The', max_new_tokens=4)))"
     text = run(python, "-c", code).strip().splitlines()[-1]

@@ -129,6 +129,7 @@ def flags_parser(prog: str, module: str | None = None):
             sys.exit(0)
         names = config_args.config_flag_names(flags.FLAGS)
         for name in names:
+            argv = config_args.resolve(argv, name)
             problem = config_args.check(argv, name)
             if problem:
                 _exit(prog, problem)

@@ -5,7 +5,8 @@ ml_collections loads the file while absl parses the flags: a missing file only f
 `--config.x=...` override touches the config (a traceback of ~60 lines), an exception in the
 file escapes the parser, and an override without `--config` is an "unknown flag". `check(argv)`
 reports what can be told from the command line and the file system; `load_error(argv, exc)`
-names the file and line of an exception raised while running the config file.
+names the file and line of an exception raised while running the config file. `resolve(argv)`
+turns a named config (`--config=gpn_m_1l_130m`) into the package's file for it.
 """
 
 import os
@@ -13,6 +14,39 @@ import re
 import traceback
 
 EXAMPLE = "experiments/configs/demo.py"
+# The package's named configs (gpn_jax/configs/NAME.py with a get_config): found by path, not
+# imported, so this foundation module imports nothing above it.
+NAMED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def named_configs() -> list[str]:
+    """The names `--config=NAME[:arg]` takes: gpn_jax/configs/*.py files with a get_config."""
+    names = []
+    for entry in sorted(os.listdir(NAMED_DIR)):
+        path = os.path.join(NAMED_DIR, entry)
+        if entry.endswith(".py") and not entry.startswith("_") and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                if "\ndef get_config(" in f.read(1 << 20):
+                    names.append(entry[:-3])
+    return names
+
+
+def resolve(argv: list[str], name: str = "config") -> list[str]:
+    """`argv` with `--name=NAME[:arg]` (a named config, no such file here) replaced by the
+    package's file for NAME: an installed gpn_jax needs no checkout to name its configs."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        prefix = f"--{name}="
+        if arg == "--":
+            break
+        if not arg.startswith(prefix):
+            continue
+        value = arg[len(prefix) :]
+        path, colon, variant = value.partition(":")
+        if _NAME.fullmatch(path) and not os.path.exists(path) and path in named_configs():
+            out[i] = prefix + os.path.join(NAMED_DIR, path + ".py") + colon + variant
+    return out
 
 
 def config_flag_names(flag_values) -> list[str]:
@@ -54,6 +88,8 @@ def check(argv: list[str], name: str = "config") -> str | None:
     if os.path.isfile(path):
         return None
     what = "is a directory" if os.path.isdir(path) else "no such file"
+    if what == "no such file" and _NAME.fullmatch(path):
+        what = f"no such file or named config (named: {', '.join(named_configs())})"
     where = f"--{name}={value}" + (f": {path}" if path != value else "")
     return f"{where}: {what}; give a config file, e.g. --{name}={EXAMPLE}"
 
