@@ -55,3 +55,14 @@ def test_a_console_script_names_a_config_outside_the_checkout(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "1,118,856" in out.stdout  # the demo's parameters (its docstring's count)
+
+
+def test_gpn_train_help_names_every_named_config():
+    out = subprocess.run(
+        [sys.executable, "-m", "gpn_jax.train", "--help"], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO_ROOT),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())  # absl wraps the flag's help
+    missing = [n for n in config_args.named_configs() if n not in text]
+    assert not missing, missing
