@@ -5,7 +5,7 @@
 writes model.safetensors, config.json, tokenizer.model and a README.md model card (layout:
 `gpn_jax.checkpoints.model_dir`). `load(dir)` returns what `gpn_jax.checkpoints.restore.load_run`
 returns for a workdir, without orbax or the workdir; `gpn-generate` / `gpn-evaluate` take
-`--model_dir=dir`. Publishing is the user's `huggingface-cli upload <repo> <dir>`.
+`--model_dir=dir`. Publishing is the user's `hf upload <repo> <dir>`.
 
 The flags are declared when the command runs, not on import, so library code (and other
 entry points, which declare their own --workdir) can `from gpn_jax.export import load`.

@@ -170,6 +170,11 @@ def _cli_evaluate(argv: list[str]) -> None:
         try:
             with task_index(args):
                 cli_evaluate()
+        except Exception as e:
+            hint = offline_error(e)
+            if hint is None:
+                raise
+            raise ValueError(hint) from None
         finally:
             sys.argv = saved
         if own["out"]:
@@ -178,6 +183,23 @@ def _cli_evaluate(argv: list[str]) -> None:
             record = result_file(json.loads(raw), argv, own["label"], model_args)
             _write_json(own["out"], record)
             print(f"results: {own['out']}")
+
+
+def offline_error(e: BaseException) -> str | None:
+    """One line for a dataset that is not in the Hugging Face cache while downloads are off
+    (`datasets`' "Couldn't reach ... (OfflineModeIsEnabled)"): how to allow the download or
+    where local data goes; None for any other error."""
+    chain, seen = [], e
+    while seen is not None:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not any("OfflineModeIsEnabled" in f"{type(x).__name__} {x}" for x in chain):
+        return None
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (
+        f"{first}; downloads are off: run once with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0 to "
+        "fill the Hugging Face cache, or give --include_path DIR of task YAMLs reading local files"
+    )
 
 
 def local_tasks(argv: list[str]) -> str | None:

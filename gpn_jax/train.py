@@ -14,7 +14,10 @@ from gpn_jax.io import cli
 from gpn_jax.training import validate
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "ml_collections config file (path.py[:cpu])."
+    "config",
+    None,
+    "ml_collections config file (path.py[:cpu]), or a config the package ships by name "
+    "(demo, gpn_m_1l_130m, gpn_1l_130m, gpn_m_2l_130m, transformer_130m, gdn_130m).",
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
 flags.mark_flags_as_required(["config", "workdir"])

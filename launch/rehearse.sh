@@ -24,6 +24,9 @@ export GPN_STANDIN_PYTHON="$(command -v python3)" GPN_STANDIN_WORKERS=2 GPN_STAN
 export JAX_PLATFORMS=cpu XLA_FLAGS="${GPN_STANDIN_XLA_FLAGS:-} --xla_force_host_platform_device_count=1"
 if [[ -n "${GPN_STANDIN_JAX_CACHE_DIR:-}" ]]; then export JAX_COMPILATION_CACHE_DIR="$GPN_STANDIN_JAX_CACHE_DIR"; fi
 export GPN_RESTART_DELAY=1 GPN_FINAL_GRACE=120 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+# `tpu_vm.sh install` ships HEAD and refuses a checkout with uncommitted edits; the rehearsal runs
+# on a working tree too (HEAD is what its stand-in hosts run, as on a real slice)
+export GPN_ALLOW_DIRTY=1
 # every stand-in host shares this machine's C++ kernel build (gpn_jax/kernels/cpu/build_cache.py)
 export GPN_JAX_NATIVE_CACHE="${GPN_JAX_NATIVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpn_jax/native}"
 export VENV="$R/standin/login/gpn_venv"  # the Slurm login node's environment (a stand-in)

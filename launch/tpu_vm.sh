@@ -4,7 +4,7 @@
 # says what each step does.
 #
 #   launch/tpu_vm.sh create [--spot] [--queued]      # a TPU VM, or a queued resource
-#   launch/tpu_vm.sh install                         # this checkout + .[tpu] on every worker
+#   launch/tpu_vm.sh install                         # this checkout's HEAD + .[tpu] on every worker
 #   launch/tpu_vm.sh train --config=... --workdir=gs://bucket/runs/x [gpn_jax.train flags...]
 #   launch/tpu_vm.sh attach --workdir=...            # follow worker 0's log (Ctrl-C detaches)
 #   launch/tpu_vm.sh status --workdir=...
@@ -108,6 +108,11 @@ vm_state() { gcloud_tpu tpu-vm describe "$TPU_NAME" --format='value(state)' 2>/d
 
 install() {
   # Ship this checkout (committed files) to every worker; install it there with .[tpu].
+  # Uncommitted edits of tracked files (a config changed in place) would silently stay behind.
+  if [[ "${GPN_ALLOW_DIRTY:-0}" != 1 && -n "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no)" ]]; then
+    echo "launch/tpu_vm.sh install: $REPO_ROOT has uncommitted changes to tracked files, and install ships the committed HEAD only (git archive); commit them, or set GPN_ALLOW_DIRTY=1 to ship HEAD without them" >&2
+    exit 2
+  fi
   local tmp archive
   tmp="$(mktemp -d)"
   archive="$tmp/gpn_jax.tar.gz"

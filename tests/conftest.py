@@ -8,13 +8,21 @@ import tempfile
 
 import pytest
 
-from tests.environment import SESSION_CORES, malloc_env, this_worker_cores, xla_flags
+from tests.environment import (
+    SESSION_CORES,
+    interpreter_first,
+    malloc_env,
+    this_worker_cores,
+    xla_flags,
+)
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(devices=8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Read at process start: the xdist workers (started after this file is imported) and every
 # process they start allocate through mimalloc (tests/environment.py says why).
 os.environ.update(malloc_env(os.environ))
+# Scripts the tests start call `python3` by name: this interpreter, activated venv or not.
+os.environ.update(interpreter_first(os.environ))
 
 # Each xdist worker (and every process it starts) on its own share of the cores, before JAX
 # sizes its CPU thread pool (tests/environment.py says why).

@@ -62,6 +62,19 @@ def _jaxlib_before(version: tuple[int, int]) -> bool:
 # jaxlib 0.11's XLA:CPU has no switch for its fusion emitters (always on) and stops a process
 # whose XLA_FLAGS name it, so the switch is set only where it exists.
 FUSION_SWITCH = _jaxlib_before((0, 11))
+
+
+def interpreter_first(env) -> dict:
+    """`env` with the directory of the interpreter running the tests first on PATH: a script a
+    test starts that calls `python3` or `python` by name (the launch scripts, the rehearsal)
+    runs this interpreter and its packages, in a venv that was never activated as in one that
+    was (there PATH's first `python3` may be a bare system one)."""
+    env = dict(env)
+    bin_dir = os.path.dirname(sys.executable)
+    rest = [d for d in env.get("PATH", "").split(os.pathsep) if d and d != bin_dir]
+    return env | {"PATH": os.pathsep.join([bin_dir, *rest])}
+
+
 FAST_COMPILE = (
     "--xla_backend_optimization_level=0"
     + " --xla_cpu_use_fusion_emitters=false" * FUSION_SWITCH

@@ -278,3 +278,30 @@ def test_the_readme_states_no_timings():
     prose = _BLOCK.sub("", _read("README.md"))
     prose = "\n".join(ln for ln in prose.splitlines() if not ln.startswith("|"))  # tables: data
     assert not _TIMING.findall(prose), _TIMING.findall(prose)
+
+
+def _hub_commands() -> list[tuple[str, list[str]]]:
+    """(page, words) of every `hf ...` command in the pages' code blocks."""
+    found = []
+    for rel in PAGES:
+        for line in _command_lines(_read(rel)):
+            if line.startswith("hf "):
+                found.append((rel, shlex.split(line.split(" # ")[0])))
+    return found
+
+
+def test_the_hugging_face_commands_are_the_current_cli():
+    """huggingface-hub 2.x has no `huggingface-cli`; its `hf` command takes the subcommands and
+    flags the pages show (each one's --help, run with this interpreter)."""
+    assert not [rel for rel in PAGES if "huggingface-cli" in _read(rel)]
+    commands = _hub_commands()
+    assert {words[1] for _, words in commands} >= {"download"}, commands
+    pytest.importorskip("huggingface_hub.cli.hf")
+    for rel, words in commands:
+        code = "import sys; from huggingface_hub.cli.hf import main; sys.argv[0] = 'hf'; main()"
+        help_text = subprocess.run(
+            [sys.executable, "-c", code, words[1], "--help"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        flags = {w.split("=", 1)[0] for w in words[2:] if w.startswith("--")}
+        assert flags and all(f in help_text for f in flags), (rel, words, help_text[-1500:])

@@ -1,20 +1,15 @@
-"""Every console script of setup.cfg resolves to a callable that takes no arguments, and runs."""
+"""Every console script of setup.cfg resolves to a callable that takes no arguments, runs,
+and says what it does and which flags it takes."""
 
-import configparser
 import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.helpers.entry_points import assert_help, console_scripts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def console_scripts() -> dict[str, str]:
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(ROOT, "setup.cfg"))
-    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
-    return dict(tuple(part.strip() for part in line.split("=")) for line in lines)
 
 
 def test_console_scripts_are_zero_argument_callables():
@@ -34,12 +29,32 @@ def test_console_scripts_are_zero_argument_callables():
         assert proc.returncode == 0, (name, proc.stderr[-1000:])
 
 
-@pytest.mark.parametrize("name", ["gpn-summary", "gpn-bench"])
-def test_console_script_target_reports_a_missing_config_in_one_line(name):
+def _call_target(name: str, *args: str) -> subprocess.CompletedProcess:
+    """The script's function called as its console script calls it (argv[0] its name)."""
     module, attr = console_scripts()[name].split(":")
-    code = f"import sys; sys.argv = [{name!r}]; from {module} import {attr}; {attr}()"
-    proc = subprocess.run(
+    code = f"import sys; sys.argv = {[name, *args]!r}; from {module} import {attr}; {attr}()"
+    return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
+
+
+@pytest.mark.parametrize("name", ["gpn-summary", "gpn-bench"])
+def test_console_script_target_reports_a_missing_config_in_one_line(name):
+    proc = _call_target(name)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"{name}: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(console_scripts()))
+def test_console_script_help_describes_the_command_and_its_flags(name):
+    """absl's own --help listed no flag of a console script (it looks for the flags of a
+    module named like argv[0]) and exited with status 1."""
+    proc = _call_target(name, "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_help(name, console_scripts()[name], proc.stdout)
+
+
+def test_helpfull_lists_every_flag_and_exits_0():
+    proc = _call_target("gpn-summary", "--helpfull")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--config" in proc.stdout and "--verbosity" in proc.stdout  # absl's own, too

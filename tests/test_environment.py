@@ -2,6 +2,7 @@
 which allocator its processes use."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -78,3 +79,13 @@ def test_test_processes_and_their_children_allocate_through_mimalloc_glibc_env_o
         assert lib in _mapped_files(open("/proc/self/maps").read())
     assert lib in _mapped_files(_child_maps(os.environ))
     assert lib not in _mapped_files(_child_maps(environment.glibc_env(os.environ)))
+
+
+def test_python3_on_the_tests_path_is_this_interpreter():
+    """Issue 84: from a venv's python that was never activated, PATH's first `python3` was the
+    system's (no JAX), and the launch scripts and the rehearsal the tests start failed."""
+    env = environment.interpreter_first({"PATH": f"/usr/bin{os.pathsep}/bin"})
+    for path in (env["PATH"], os.environ["PATH"]):  # the helper, and what conftest set
+        found = shutil.which("python3", path=path) or shutil.which("python", path=path)
+        assert os.path.realpath(found) == os.path.realpath(sys.executable), path
+    assert env["PATH"].split(os.pathsep)[1:] == ["/usr/bin", "/bin"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,17 @@ def test_directory_layout_and_card(workdir, exported):
     assert "family: `gpn` (GPN+M, Grounded Prediction Network with memory)" in card
     assert "data source: `embedded`" in card and "tokens seen: 768" in card
     assert "python -m gpn_jax.export --workdir=W --out=O" in card
+
+
+def test_the_cards_python_snippet_runs_in_the_exported_directory(exported, monkeypatch, capsys):
+    """Issue 84: the card suggested `from gpn_jax.export import load`, whose result has no
+    `.generate`. The card's Python block, run as written in the directory, prints a sample."""
+    card = open(os.path.join(exported, "README.md")).read()
+    (snippet,) = re.findall(r"```python\n(.*?)```", card, re.S)
+    monkeypatch.chdir(exported)
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out  # the sample: the prompt, then what the model wrote
+    assert printed.startswith("The") and len(printed) > len("The\n"), printed
 
 
 def _rewrite(path, edit):

@@ -73,6 +73,7 @@ def fake(tmp_path):
         GPN_STANDIN_ROOT=str(tmp_path / "standin"),
         GPN_RESTART_DELAY="0",
         GPN_FINAL_GRACE="5",
+        GPN_ALLOW_DIRTY="1",  # this checkout may have edits (tested apart)
     )
 
     def plan(*actions):
@@ -239,3 +240,31 @@ def test_tpu_watch_recreates_a_preempted_slice_and_restarts_until_finished(fake,
     for worker in (0, 1):
         pip = (tmp_path / "standin" / "tpus" / "spot" / f"worker{worker}" / "pip.log").read_text()
         assert "install -q -e .[tpu]" in pip
+
+
+def test_tpu_install_refuses_a_checkout_with_uncommitted_edits(fake, tmp_path):
+    """Issue 84: `install` ships `git archive HEAD`, so an edited config silently stayed behind
+    on the paid slice. A copy of the script in a repository of its own: refused (one line,
+    status 2) while a tracked file has edits, shipped once they are committed."""
+    env, _, _ = fake
+    env = {k: v for k, v in env.items() if k != "GPN_ALLOW_DIRTY"}
+    repo = tmp_path / "repo"
+    (repo / "launch").mkdir(parents=True)
+    script = repo / "launch" / "tpu_vm.sh"
+    script.write_text(open(os.path.join(LAUNCH, "tpu_vm.sh")).read())
+    config = repo / "config.py"
+    config.write_text("steps = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    config.write_text("steps = 2\n")  # edited, not committed
+    install = ["bash", str(script), "--dry_run", "install"]
+    r = sh(install, env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "uncommitted changes to tracked files" in r.stderr and "GPN_ALLOW_DIRTY=1" in r.stderr
+    assert "git archive" not in r.stdout
+    assert sh(install, dict(env, GPN_ALLOW_DIRTY="1")).returncode == 0
+    subprocess.run([*git, "commit", "-q", "-am", "edit"], check=True)
+    r = sh(install, env)
+    assert r.returncode == 0 and "archive --format=tar.gz" in r.stdout, r.stderr

@@ -301,3 +301,48 @@ def test_rehearsal_runs_the_page_end_to_end(tmp_path):
         "Gated DeltaNet",
     ]
     assert all(row["ppl"] != "—" and row["lambada_acc"] != "—" for row in table["rows"])
+
+
+chip_hours = _load("launch/chip_hours.py")
+
+
+def test_chip_hours_recommends_the_cheapest_configuration_that_fits():
+    """Issue 84: the page recommended 16 sequences per chip on v5p (15.1 chip-hours) against
+    6.2 at 128, and listed v5e at 128 per chip, which does not fit. The JSON lists no
+    chip-hours for a batch above a TPU's largest that compiled, and its recommendation per
+    accelerator (what the page says) is the cheapest GPN+M row that fits."""
+    record = json.load(open(os.path.join(ROOT, "experiments/results/chip_hours_130m.json")))
+    fits = record["largest_fitting"]
+    assert fits == chip_hours.largest_fitting() and set(fits) == {"v5e", "v5p"}
+    for r in record["rows"]:
+        for device, largest in fits.items():
+            assert (r[f"{device}_chip_hours"] is None) == (r["batch_per_chip"] > largest), r
+    assert record["recommended"] == chip_hours.recommended(record["rows"], fits)
+    section = TEXT.split("## 9.")[1].split("\n## ")[0]
+    for rec in record["recommended"]:
+        assert f"on {rec['device']}, {rec['batch_per_chip']} sequences per chip" in section
+        assert f"at least {rec['chip_hours']:.1f} chip-hours" in section
+
+
+def test_the_recommendation_is_the_cheapest_fitting_row():
+    rows = [
+        {"model": "GPN+M (1L)", "batch_per_chip": b, "v5e_chip_hours": h, "v5p_chip_hours": h}
+        | {"h100_chip_hours": h, "h200_chip_hours": h}
+        for b, h in ((16, 50.0), (32, 30.0), (128, None))
+    ]
+    got = chip_hours.recommended(rows, {"v5e": 32})
+    assert got == [
+        {"device": "v5e", "batch_per_chip": 32, "chip_hours": 30.0, "largest_fitting": 32}
+    ]
+
+
+def test_the_page_gives_prepares_time_and_disk_from_the_measured_rate():
+    """Issue 84: pre-tokenising the ~10B-token sample had no time or disk estimate on the page.
+    Its numbers are the benchmark's (tokens/s on one worker) and 2 bytes per uint16 token."""
+    bench = json.load(open(os.path.join(ROOT, "experiments/results/prepare_bench.json")))
+    (one,) = [r for r in bench["rows"] if r["workers"] == 1]
+    assert f"measured {one['tokens_per_s'] / 1e6:.1f} million tokens/s on one" in TEXT
+    assert "about 20 GB for the sample's ~10 billion" in TEXT and 10e9 * 2 / 1e9 == 20
+    hours = 10e9 / one["tokens_per_s"] / 3600
+    assert "take about one core-hour at that rate" in TEXT and 0.5 < hours < 1.5
+    assert "`--workers=N`" in TEXT and "workers" in absl_flags("gpn_jax.prepare")

@@ -115,7 +115,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path):
     assert step >= 3 and os.path.isdir(workdir / "checkpoints" / str(step))
     again = run_train(workdir, f"--config.train.steps={step + 2}", *ONE_PROGRAM)
     assert again.returncode == 0, again.stderr
-    assert f"Resuming from checkpoint step {step}" in again.stdout
+    assert f"Resuming from checkpoint step {step}" in again.stderr  # with the progress
     assert json.loads((workdir / "final_metrics.json").read_text())["step"] == step + 2
 
 
@@ -199,18 +199,47 @@ _JAX_PROBE = (
 )
 
 
+# Config files with a mistake in them, for the cases below ({tmp}/NAME).
+BAD_CONFIGS = {
+    "syntax.py": "def get_config(:\n",
+    "raises.py": "import os\nraise RuntimeError('boom')\n",
+    "no_get_config.py": "x = 1\n",
+    "variant.py": "def get_config(arg=None):\n    raise ValueError(f'no variant {arg!r}')\n",
+}
+OVERRIDE = "--config.train.steps=2"
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--config.model.d_model=-1"], "config.model.d_model must be a positive integer, got -1"),
         (["--config.train.stpes=3"], "unknown config field or bad value in --config.train.stpes"),
-        (["--config=/no/such/config.py"], "cannot load config file: [Errno 2]"),
+        (["--config=/no/such/config.py"], "--config=/no/such/config.py: no such file; give a"),
+        # issue 84: each of these with an override was a traceback of 50-65 lines
+        (["--config=experiments/configs/dmeo.py", OVERRIDE], "configs/dmeo.py: no such file"),
+        ([OVERRIDE], "--config.train.steps=2 overrides a field of --config, which is not given"),
+        (["--config={tmp}/syntax.py", OVERRIDE], "syntax.py: line 1: invalid syntax (SyntaxError)"),
+        (["--config={tmp}/syntax.py"], "syntax.py: line 1: invalid syntax (SyntaxError)"),
+        (["--config={tmp}/raises.py", OVERRIDE], "raises.py: line 2: RuntimeError: boom"),
+        (["--config={tmp}/no_get_config.py", OVERRIDE], "no_get_config.py: the file defines no"),
+        (["--config={tmp}/variant.py:x", OVERRIDE], "variant.py:x: line 2: ValueError: no variant"),
+        ([f"--config={TINY}:nosuch", OVERRIDE], "ValueError: unknown config variant 'nosuch'"),
+        (["--config={tmp}", OVERRIDE], "is a directory; give a config file"),
+        (["--config=", OVERRIDE], "--config is empty; give a config file"),
     ],
-    ids=["bad value", "unknown field", "missing file"],
-)
+    ids=[
+        "bad value", "unknown field", "missing file", "mistyped + override", "override alone",
+        "syntax error + override", "syntax error", "raises + override", "no get_config",
+        "variant raises", "unknown variant", "directory", "empty",
+    ],
+)  # fmt: skip
 def test_config_errors_never_import_jax(tmp_path, flags, message):
     """A config mistake is reported before JAX and the training stack are imported (seconds)."""
-    config = [] if any(f.startswith("--config=") for f in flags) else [f"--config={TINY}"]
+    for name, text in BAD_CONFIGS.items():
+        (tmp_path / name).write_text(text)
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    alone = flags == [OVERRIDE]  # the override without a --config
+    config = [] if alone or any(f.startswith("--config=") for f in flags) else [f"--config={TINY}"]
     argv = [*config, f"--workdir={tmp_path / 'w'}", *flags]
     proc = subprocess.run(
         [sys.executable, "-c", _JAX_PROBE, *argv],
@@ -262,7 +291,7 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
         env=one_device_env(),
     )
     assert proc.returncode == 1
-    progress = re.compile(r"\d+%\||^step \d+/\d+  |^time: ")  # the training log (stderr)
+    progress = re.compile(r"\d+%\||^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")  # the run's log, stamped
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not progress.search(ln)]
     directory = workdir / "checkpoints"
     assert lines == [
@@ -272,4 +301,4 @@ def test_failed_checkpoint_write_is_one_line(tmp_path):
     assert sorted(os.listdir(directory)) == ["2"]
     again = run_train(workdir, *flags, "--config.train.eval_every=0")  # no limit: resumes
     assert again.returncode == 0, again.stderr
-    assert "Resuming from checkpoint step 2" in again.stdout
+    assert "Resuming from checkpoint step 2" in again.stderr

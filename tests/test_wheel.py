@@ -6,9 +6,9 @@ egg-info and build/ next to the sources), builds the sdist and the wheel from it
 build isolation where setuptools and wheel are installed, else in build's isolated
 environment, which fetches them from the package index), installs the wheel with
 `--no-deps` into a venv that sees this interpreter's packages (JAX and the rest), and runs,
-from a directory outside the checkout with PYTHONPATH unset: every console script's --help,
-`gpn-summary` on the config shipped in the package, a two-step `gpn-train` of it,
-`gpn-export`, and `gpn_jax.load(...).generate(...)`.
+from a directory outside the checkout with PYTHONPATH unset: every console script's --help
+(its description and flags), `gpn-summary` on configs named from the package, a two-step
+`gpn-train` of it, `gpn-export`, and `gpn_jax.load(...).generate(...)`.
 """
 
 import configparser
@@ -24,6 +24,7 @@ import pytest
 
 import gpn_jax
 from tests.environment import xla_flags
+from tests.helpers.entry_points import assert_help, console_scripts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,12 +33,6 @@ def _setup_cfg():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     return cfg
-
-
-def _console_scripts() -> dict[str, str]:
-    text = _setup_cfg()["options.entry_points"]["console_scripts"]
-    pairs = [line.split("=", 1) for line in text.strip().splitlines()]
-    return {name.strip(): target.strip() for name, target in pairs}
 
 
 def test_one_version_license_and_citation():
@@ -167,15 +162,19 @@ def test_the_wheel_works_from_a_fresh_venv(tmp_path):
     path, version = where.split()[-2:]
     assert path.startswith(str(venv)) and version == gpn_jax.__version__  # not the checkout's
     package = pathlib.Path(path).parent
-    for pattern in ("kernels/cpu/*.cc", "kernels/cpu/*.h", "configs/demo.py"):
+    named = ["demo", "gpn_m_1l_130m", "gpn_1l_130m", "gpn_m_2l_130m", "transformer_130m"]
+    named += ["gdn_130m"]
+    configs = [f"configs/{name}.py" for name in named]
+    for pattern in ("kernels/cpu/*.cc", "kernels/cpu/*.h", *configs):
         assert list(package.glob(pattern)), f"the wheel lacks gpn_jax/{pattern}"
-    for script in _console_scripts():  # absl's --help exits with 1, argparse's with 0
-        assert "--" in run(str(venv / "bin" / script), "--help", codes=(0, 1)), script
-    demo = str(package / "configs" / "demo.py")
-    assert "parameters" in run("gpn-summary", f"--config={demo}")
+    for script, target in console_scripts().items():
+        assert_help(script, target, run(str(venv / "bin" / script), "--help"))
+    demo = "--config=demo"  # a named config: the package's own file, no checkout needed
+    assert "parameters" in run("gpn-summary", demo)
+    assert "129,151,902" in run("gpn-summary", "--config=gpn_m_1l_130m")
     short = ["--config.train.steps=2", "--config.train.checkpoint_every=2"]
     short += ["--config.train.eval_every=0", "--config.train.final_eval_batches=1"]
-    run("gpn-train", f"--config={demo}", "--workdir=run", *short)
+    run("gpn-train", demo, "--workdir=run", *short)
     run("gpn-export", "--workdir=run", "--out=model")
     code = "import gpn_jax; print(repr(gpn_jax.load('model').generate('The', max_new_tokens=4)))"
     text = run(python, "-c", code).strip().splitlines()[-1]

@@ -5,7 +5,12 @@
   (`apply_arg`: `--config=path.py:cpu` shrinks any config for a CPU run).
 * `bench_config`: the benchmark config `gpn_jax.bench` reads (matched models, suites).
 * `demo`: the main job's config (the README's quickstart, `experiments/configs/demo.py`).
+* `gpn_m_1l_130m`, `gpn_1l_130m`, `gpn_m_2l_130m`, `transformer_130m`, `gdn_130m`: the paper's
+  130M family and its baselines.
 
-Experiment configs live in `experiments/configs/*.py` and import from here; nothing in
+Every module here with a `get_config` is a named config: the CLIs take `--config=NAME[:arg]`
+(e.g. `--config=gpn_m_1l_130m:cpu`) for it, so an installed package needs no checkout
+(`gpn_jax.io.config_args.resolve`). The other experiment configs live in
+`experiments/configs/*.py` (those of the named ones import them from here); nothing in
 `gpn_jax` imports `experiments`.
 """

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from gpn_jax.io import config_args
 from gpn_jax.io.errors import CheckpointError, TrainingError
 
 # Errors a user can cause (bad input, config, workdir, the machine: every OSError, e.g. disk
@@ -98,26 +99,76 @@ def settle_heap() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
-def flags_parser(prog: str):
-    """An absl `flags_parser` that turns a bad flag or unknown config field into one line."""
+# absl's help flags: True for every flag, False for the entry point's own.
+_HELP_FLAGS = {"-h": False, "-?": False, "--help": False, "--helpshort": False, "--helpfull": True}
+
+
+def help_requested(argv: list[str]) -> bool | None:
+    """Whether `argv` (program first) asks for help: None if not, True for --helpfull."""
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if arg in _HELP_FLAGS:
+            return _HELP_FLAGS[arg]
+    return None
+
+
+def help_text(module: str, full: bool = False) -> str:
+    """The help of the entry point defined in `module`: its docstring, then its own flags (or
+    every flag, `full`). absl's `--help` lists the flags of the module named like argv[0], which
+    a console script (`gpn-train`) is not, so it listed none."""
+    from absl import flags
+
+    doc = (getattr(sys.modules.get(module), "__doc__", None) or "").strip()
+    key = sys.argv[0] if module == "__main__" else module  # absl's name for `python -m`'s
+    own = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
+    more = "" if full else "\n\nTry --helpfull to list every flag (absl's and JAX's too)."
+    return f"{doc}\n\nflags:\n{own.strip()}{more}\n"
+
+
+def flags_parser(prog: str, module: str | None = None):
+    """An absl `flags_parser` that turns a bad flag or unknown config field into one line;
+    `--help` prints `help_text(module)` and exits with status 0."""
     from absl import flags
 
     def parse(argv):
+        full = help_requested(argv)
+        if full is not None and module is not None:
+            sys.stdout.write(help_text(module, full))
+            sys.exit(0)
+        names = config_args.config_flag_names(flags.FLAGS)
+        for name in names:
+            argv = config_args.resolve(argv, name)
+            problem = config_args.check(argv, name)
+            if problem:
+                _exit(prog, problem)
         try:
             return flags.FLAGS(argv)
-        except flags.Error as e:
-            _exit(prog, str(e))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            msg = str(e)
-            key = re.search(r"'(\w+)", msg)
-            key = key.group(1) if key else msg.strip("\"' ")
-            culprit = [a for a in argv[1:] if key and key in a]
-            where = f" in {culprit[-1]}" if culprit else ""
-            hint = re.search(r'Did you mean "(\w+)"', msg)
-            hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
-            _exit(prog, f"unknown config field or bad value{where}: {key!r}{hint}")
+        except Exception as e:
+            problem = next(filter(None, (config_args.load_error(argv, e, n) for n in names)), None)
+            if problem:
+                _exit(prog, problem)
+            _flag_error(prog, argv, e)
 
     return parse
+
+
+def _flag_error(prog: str, argv: list[str], e: Exception):
+    """Exits with one line for a bad flag or unknown config field; re-raises anything else."""
+    from absl import flags
+
+    if isinstance(e, flags.Error):
+        _exit(prog, str(e))
+    if not isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+        raise e
+    msg = str(e)
+    key = re.search(r"'(\w+)", msg)
+    key = key.group(1) if key else msg.strip("\"' ")
+    culprit = [a for a in argv[1:] if key and key in a]
+    where = f" in {culprit[-1]}" if culprit else ""
+    hint = re.search(r'Did you mean "(\w+)"', msg)
+    hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
+    _exit(prog, f"unknown config field or bad value{where}: {key!r}{hint}")
 
 
 def _exit(prog: str, msg: str):
@@ -140,9 +191,10 @@ def config_or_exit(holder, prog: str):
 def absl_entry(body, prog: str, quiet: bool = True):
     """(main, run) of an entry point whose work is `body()` (which reads the parsed flags).
 
-    `main(argv)` rejects stray positional arguments, lowers absl logging to WARNING unless
-    `--verbosity` was given (when `quiet`; JAX / orbax INFO lines would bury the progress
-    output) and runs `body` through `run_or_exit`. `run()` is `app.run(main)` with this
+    `main(argv)` rejects stray positional arguments, makes stdout line-buffered, lowers absl
+    logging (and XLA's C++ logging) to WARNING unless `--verbosity` was given (when `quiet`;
+    JAX / orbax INFO lines would bury the progress output) and runs `body` through
+    `run_or_exit`. `run()` is `app.run(main)` with this
     module's one-line flag errors.
     """
     from absl import app, flags, logging
@@ -150,11 +202,18 @@ def absl_entry(body, prog: str, quiet: bool = True):
     def main(argv):
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        # Each line as it is written, also to a file (a job's log), not in blocks at exit.
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
         if quiet and not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(logging.WARNING)
+            # XLA's and the coordination service's C++ INFO lines ("Reached preemption sync
+            # point") too, where JAX is not loaded yet (the level is read when it loads)
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         run_or_exit(body, prog=prog)  # nothing returned: absl would exit with it as status
 
     def run():
-        app.run(main, flags_parser=flags_parser(prog))
+        app.run(main, flags_parser=flags_parser(prog, body.__module__))
 
     return main, run

@@ -192,6 +192,11 @@ class _Run:
         )
         self.tokens_per_step = t.batch_size * t.seq_len
 
+    def say(self, text: str) -> None:
+        """A line of the lead host's log (`progress.say`: stderr, with the progress)."""
+        if self.is_lead:
+            progress.say(text)
+
     # ---------------------------------------------------------------- state
     def init_or_restore(self):
         run = self.setup
@@ -206,7 +211,7 @@ class _Run:
                 run.state_target(), quarantine=True, check_config=self._check_same_model
             )
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
-            print(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
+            self.say(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
             init_from.note_resumed(self.config, step, self.ckpt.directory)
         elif continued:
@@ -297,18 +302,21 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     # Metrics are read one step late (the host never stalls dispatch), unless the step ran
     # inline: then it has finished already, and reading it now times it as its own step.
     lag = not (cpu_steps_inline() and run.mesh.size == 1 and jax.default_backend() == "cpu")
+    run.lr_at(step)  # compiled now, in the compile's time, not in the second row's window
 
     def settle(pending):
-        """Reads a step's metrics: the step has finished (`progress.Throughput`)."""
+        """Reads a step's metrics: the step has finished, by the time its call returned if it
+        had finished then, else now (`progress.Throughput`)."""
         nonlocal window
-        s, metrics = pending
+        s, metrics, done_at = pending
         window.append(_check_finite(s, metrics, run.ckpt))
-        log.settled(s)
+        done_at = log.timer.clock() if done_at is None else done_at
+        log.settled(s, done_at)
         if s % t.log_every and s != t.steps:
             return
         row = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
         # Step s's update used schedule(s - 1): optax counts the updates done before it.
-        row |= {"lr": float(run.lr_at(s - 1)), **log.measure(s)}
+        row |= {"lr": float(run.lr_at(s - 1)), **log.measure(s, done_at)}
         run.writer.write(s, row)
         log.row(s, row)
         window = []
@@ -316,14 +324,18 @@ def _loop(run: _Run, stop: StopSignal) -> int:
     while step < t.steps and not stop.requested:
         _reset_carry_at_epoch_start(run, step)
         batch = meshlib.put_batch(next(run.data.train), run.mesh)
+        if step == first:
+            log.compile_started(step + 1)
+            started = log.timer.clock()
         run.state, metrics = run.train_step(run.state, batch)
         if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
+            log.compile_done(log.timer.clock() - started)
             steady_step_memory(t.get("reuse_step_memory", True))
         step += 1
         log.dispatched()
         if pending is not None:
             settle(pending)
-        pending = (step, metrics)
+        pending = (step, metrics, _finished_at(metrics, log.timer.clock))
         boundary = step == t.steps or step % t.checkpoint_every == 0
         evaluating = run.has_heldout and t.eval_every and step % t.eval_every == 0
         if boundary or evaluating or not lag:
@@ -344,6 +356,14 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         settle(pending)
     log.close()
     return step
+
+
+def _finished_at(metrics: dict, clock) -> float | None:
+    """The clock now if the step of `metrics` has already finished (its call ran it: XLA:CPU),
+    else None. Its metrics may be read only after the next step has run, and, at a checkpoint,
+    right after the previous step's: the time it finished must not be the time they are read."""
+    loss = metrics.get("loss")
+    return clock() if loss is not None and loss.is_ready() else None
 
 
 def _training_log(run: _Run, step: int) -> progress.TrainingLog:
@@ -383,6 +403,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     saving a checkpoint).
     """
     run = _Run(config, workdir, devices)
+    run.say(_header(run))  # the first line: before the data is read and the state built
     try:
         with jax.set_mesh(run.mesh):
             return _train(run.init_or_restore())
@@ -392,8 +413,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
 
 def _train(run: _Run) -> dict:
     run.writer = _metric_writer(run)
-    if run.is_lead:
-        _print_header(run)
+    run.say(f"data: {run.data.description}")
     stop = StopSignal()
     try:
         step = _loop(run, stop)
@@ -457,11 +477,13 @@ def _finish(run: _Run, step: int) -> dict:
     return final
 
 
-def _print_header(run: _Run) -> None:
+def _header(run: _Run) -> str:
+    """'<family> model, N parameters | data <source> | batch B x T, S steps | mesh .. | workdir ..'."""
     counts = accounting.param_counts(run.model)["total"]
-    t = run.config.train
-    print(
-        f"{run.config.model.get('family', 'gpn')} model, {counts:,} parameters | "
-        f"{run.data.description} | batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
+    c, t = run.config, run.config.train
+    return (
+        f"{c.model.get('family', 'gpn')} model, {counts:,} parameters | "
+        f"data {c.data.source} | "
+        f"batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
         f"mesh {dict(run.mesh.shape)} | workdir {run.workdir}"
     )

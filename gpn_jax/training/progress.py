@@ -4,12 +4,16 @@
 a bar when stderr is a terminal and lines otherwise (a file, a pod log, a pipe), where a bar's
 carriage-return frames would pile up into one long line. The lines are one per event: each
 logged step (loss, tokens/s, MFU where the peak is known, ETA), each held-out evaluation as it
-happens, and at the end where the time went.
+happens, and at the end where the time went. Each line written to a file or a pipe (a pod's or
+a job's log) starts with the date and time (`stamp`); the run's own lines before and around
+the steps (its header, resuming, compiling) go the same way (`say`).
 
 Throughput is measured over the steps a row covers (`Throughput`): the time spent saving
 checkpoints and evaluating is excluded and reported separately, and so is the first step's
-(it compiles the step). The loop marks a step when its metrics have been read, which is when
-the step has finished, so each row's time is its own steps' time.
+(it compiles the step). The loop marks a step when it is known to have finished: when its
+metrics have been read, or, for a step that had already finished when its call returned (XLA:CPU
+runs a step inside the call), that return; so each row's time is its own steps' time even where
+the metrics are read one step late and two steps are read back to back (at a checkpoint).
 """
 
 import contextlib
@@ -18,6 +22,24 @@ import sys
 import time
 
 AUTO = (None, "auto")
+
+
+def stamp(stream) -> str:
+    """'YYYY-MM-DD HH:MM:SS ' where `stream` is a file or a pipe (a pod's or job's log), so each
+    line says when it happened; '' on a terminal and in memory (a notebook, a test's capture)."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last
+        return ""
+    isatty = getattr(stream, "isatty", None)
+    return "" if isatty and isatty() else time.strftime("%Y-%m-%d %H:%M:%S ")
+
+
+def say(text: str, stream=None) -> None:
+    """One line of the run's log (`stream`, default stderr, where the progress goes), written
+    at once and stamped with the time where it goes to a file (`stamp`)."""
+    stream = stream or sys.stderr
+    print(stamp(stream) + text, file=stream, flush=True)
 
 
 def wants_bar(setting, stream=None) -> bool:
@@ -37,10 +59,11 @@ def wants_bar(setting, stream=None) -> bool:
 class Throughput:
     """Tokens/s over the steps each row covers, with paused time excluded and totalled by kind.
 
-    `clock` is injectable (the tests drive it by hand). `settled(step)` marks a finished step;
-    the first one (it compiled the step) is counted as 'compile', not as training time.
-    `measure(step)` closes the current window: the tokens of the steps since the last window,
-    over the time since then less what `paused` excluded.
+    `clock` is injectable (the tests drive it by hand). `settled(step, at)` marks a finished
+    step (`at`: the clock when it was known finished; default now); the first one (it compiled
+    the step) is counted as 'compile', not as training time. `measure(step, at)` closes the
+    current window at `at`: the tokens of the steps since the last window, over the time since
+    then less what `paused` excluded.
     """
 
     def __init__(self, tokens_per_step: int, start_step: int, clock=time.perf_counter):
@@ -62,25 +85,28 @@ class Throughput:
             self.excluded, self.last_paused = self.excluded + spent, spent
             self.totals[kind] = self.totals.get(kind, 0.0) + spent
 
-    def _active(self) -> float:
-        return self.clock() - self.mark_time - self.excluded
+    def _active(self, at: float) -> float:
+        return at - self.mark_time - self.excluded
 
-    def _restart(self, step: int) -> None:
-        self.mark_step, self.mark_time, self.excluded = step, self.clock(), 0.0
+    def _restart(self, step: int, at: float) -> None:
+        self.mark_step, self.mark_time, self.excluded = step, at, 0.0
 
-    def settled(self, step: int) -> None:
-        """`step` has finished; the first one of the run is the compile, timed on its own."""
+    def settled(self, step: int, at: float | None = None) -> None:
+        """`step` has finished (by `at`); the first one of the run is the compile, timed on its
+        own."""
         if not self.compiled:
+            at = self.clock() if at is None else at
             self.compiled = True
-            self.totals["compile"] += self._active()
-            self._restart(step)
+            self.totals["compile"] += self._active(at)
+            self._restart(step, at)
 
-    def measure(self, step: int) -> dict:
+    def measure(self, step: int, at: float | None = None) -> dict:
         """{'tokens_per_s': ...} over the steps since the last window; starts the next one.
         A window of the compiling step alone reports that step, compile included, and
         'compiling': True (there is nothing else to measure it by)."""
-        steps, seconds = step - self.mark_step, self._active()
-        self._restart(step)
+        at = self.clock() if at is None else at
+        steps, seconds = step - self.mark_step, self._active(at)
+        self._restart(step, at)
         if steps <= 0:
             compiled = self.totals["compile"]
             return {"tokens_per_s": self.tokens_per_step / max(compiled, 1e-9), "compiling": True}
@@ -133,23 +159,30 @@ class TrainingLog:
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
         else:
-            print(text, file=self.stream, flush=True)
+            say(text, self.stream)
 
     def dispatched(self) -> None:
         """One more step was started (the bar's count)."""
         if self.bar is not None:
             self.bar.update(1)
 
-    def settled(self, step: int) -> None:
-        self.timer.settled(step)
+    def settled(self, step: int, at: float | None = None) -> None:
+        self.timer.settled(step, at)
+
+    def compile_started(self, step: int) -> None:
+        """Step `step`, the run's first, is about to be traced and compiled."""
+        self._line(f"step {step}: compiling the training step")
+
+    def compile_done(self, seconds: float) -> None:
+        self._line(f"compiled the training step in {seconds:.1f} s")
 
     def paused(self, kind: str):
         """Context manager: checkpoint ('checkpoint') or evaluation ('eval') time, excluded."""
         return self.timer.paused(kind)
 
-    def measure(self, step: int) -> dict:
+    def measure(self, step: int, at: float | None = None) -> dict:
         """The row's speed fields: tokens_per_s and, with a known peak, mfu."""
-        speed = self.timer.measure(step)
+        speed = self.timer.measure(step, at)
         self.compiling = speed.pop("compiling", False)
         if not self.compiling and self.peak_flops and self.flops_per_token:
             speed["mfu"] = speed["tokens_per_s"] * self.flops_per_token / self.peak_flops

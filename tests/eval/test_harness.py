@@ -434,3 +434,29 @@ def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(
     _, res, _ = evaluate_mc(seg, tasks)
     _, plain, _ = evaluate_mc(runs["gpn_m"], tasks)
     assert res["acc,none"] == plain["acc,none"]
+
+
+def test_a_dataset_not_cached_while_offline_says_how_to_download_it(tmp_path):
+    """Issue 84: the README's harness command failed offline with datasets' "Couldn't reach
+    'EleutherAI/lambada_openai' on the Hub (OfflineModeIsEnabled)" and no way forward. Here
+    datasets raises its real error (an empty cache, downloads off) and the line says both ways
+    on; any other error is not rewritten."""
+    code = textwrap.dedent(
+        """\
+        import datasets
+        from gpn_jax import harness
+        try:
+            datasets.load_dataset("EleutherAI/lambada_openai", split="test")
+        except Exception as e:
+            print(harness.offline_error(e))
+        """
+    )
+    env = dict(os.environ, HF_HOME=str(tmp_path), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    line = out.stdout.strip()
+    assert line.count("\n") == 0 and "Couldn't reach 'EleutherAI/lambada_openai'" in line, out
+    assert "run once with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0" in line
+    assert "--include_path DIR" in line
+    assert harness.offline_error(ValueError("another error")) is None

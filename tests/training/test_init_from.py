@@ -152,9 +152,9 @@ def test_a_preempted_continued_run_resumes_from_its_own_checkpoint(tmp_path, cap
     train_on_one_device(continued_config(pkl, data, steps=PAPER_STEP + 1, **same), resumed)
     capsys.readouterr()
     train_on_one_device(continued_config(pkl, data, steps=end, **same), resumed)
-    out = capsys.readouterr().out
-    assert f"Resuming from checkpoint step {PAPER_STEP + 1}" in out
-    assert f"train.init_from=paper:{pkl} is not used" in out
+    out = capsys.readouterr()
+    assert f"Resuming from checkpoint step {PAPER_STEP + 1}" in out.err  # with the progress
+    assert f"train.init_from=paper:{pkl} is not used" in out.out
     s1, a, data_a, _ = final_state(straight, continued_config(pkl, data))
     s2, b, data_b, _ = final_state(resumed, continued_config(pkl, data))
     assert s1 == s2 == end

@@ -87,6 +87,80 @@ def test_a_resumed_run_counts_from_its_first_step():
     assert timer.measure(43) == {"tokens_per_s": pytest.approx(2 * 10 / 4.0, rel=1e-12)}
 
 
+def test_a_step_is_timed_to_when_it_finished_not_when_it_was_read():
+    """Metrics read one step late, two of them back to back at a checkpoint: each window ends
+    where its step finished (`at`), so the second is not a window of no time."""
+    clock = Clock()
+    timer = progress.Throughput(10, start_step=0, clock=clock)
+    clock.now += 5.0
+    timer.settled(1)  # compiles
+    done = {}
+    for step in (2, 3):
+        clock.now += 2.0
+        done[step] = clock.now
+    clock.now += 0.5  # then both are read, late
+    rates = []
+    for step in (2, 3):
+        timer.settled(step, done[step])
+        rates.append(timer.measure(step, done[step]))
+    assert rates == [{"tokens_per_s": pytest.approx(10 / 2.0, rel=1e-12)}] * 2
+
+
+def test_a_sharded_run_reports_each_steps_own_rate_at_a_checkpoint_and_a_stop(
+    tmp_path, monkeypatch
+):
+    """Issue 84: on a sharded (one step late) run whose steps finish inside their call, as on
+    XLA:CPU, the row of a checkpoint step and of the step a SIGTERM stopped at read tens of
+    times the real tokens/s (and the row after a checkpoint half). Here each step advances the
+    log's clock by 1 s inside its call, and nothing else does: every row after the compiling
+    one must read one step's tokens per second."""
+    import dataclasses
+    import json
+    import os
+    import signal
+
+    import jax
+
+    from gpn_jax.training import loop, setup
+    from tests.helpers.training import tiny_config
+
+    clock, calls = Clock(), []
+    build = setup.build
+
+    def build_timed(*args, **kwargs):
+        run = build(*args, **kwargs)
+
+        def step(state, batch):
+            out = jax.block_until_ready(run.train_step(state, batch))  # finished in the call
+            clock.now += 1.0
+            calls.append(1)
+            if len(calls) == 6:
+                os.kill(os.getpid(), signal.SIGTERM)  # the loop stops after this step
+            return out
+
+        return dataclasses.replace(run, train_step=step)
+
+    training_log = loop._training_log
+
+    def log_on_the_clock(run, step):
+        log = training_log(run, step)
+        log.timer = progress.Throughput(run.tokens_per_step, step, clock)
+        return log
+
+    monkeypatch.setattr(setup, "build", build_timed)
+    monkeypatch.setattr(loop, "_training_log", log_on_the_clock)
+    config = tiny_config(steps=8, checkpoint_every=4)  # the tests' 8 devices: data=8, sharded
+    workdir = tmp_path / "run"
+    assert loop.train_and_evaluate(config, str(workdir)) == {"stopped_at": 6}
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
+    per_step = config.train.batch_size * config.train.seq_len
+    assert sorted(rates) == [1, 2, 3, 4, 5, 6]
+    assert {s: r for s, r in rates.items() if s > 1} == {
+        s: pytest.approx(per_step / 1.0, rel=1e-9) for s in range(2, 7)
+    }
+
+
 def test_lines_are_one_per_event_with_eta():
     out, clock = io.StringIO(), Clock()
     log = progress.TrainingLog(10, 0, 64, bar=False, stream=out, clock=clock)
@@ -127,6 +201,7 @@ def test_no_lines_off_the_lead_host():
     assert out.getvalue() == ""
 
 
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 _STEP = re.compile(r"^step (\d+)/6  loss \d+\.\d{4}( .*)?$")
 
 
@@ -147,7 +222,12 @@ def test_a_run_logging_to_a_file_writes_lines_not_frames(tmp_path, monkeypatch):
         monkeypatch.undo()
     text = err_path.read_text()
     assert "\r" not in text
-    ours = [ln for ln in text.splitlines() if ln.startswith(("step ", "time: "))]
+    ours = [_STAMP.sub("", ln) for ln in text.splitlines() if _STAMP.match(ln)]  # each stamped
+    assert ours[0].startswith("gpn model, ") and "| workdir " in ours[0]  # the run's first line
+    assert "| data embedded |" in ours[0] and "| mesh {'data': 1, " in ours[0]
+    assert "step 1: compiling the training step" in ours
+    assert any(ln.startswith("compiled the training step in ") for ln in ours)
+    ours = [ln for ln in ours if ln.startswith(("step ", "time: ")) and "compiling" not in ln]
     steps = [int(_STEP.match(ln).group(1)) for ln in ours if _STEP.match(ln)]
     assert steps == [2, 4, 6]
     evals = [ln for ln in ours if "held-out loss" in ln]

@@ -64,7 +64,7 @@ def test_a_run_trains_on_the_devices_it_is_given(tmp_path, capsys, two_step_run)
     workdir = with_tokenizer_of(two_step_run, tmp_path / "run")
     final = train_and_evaluate(tiny_config(steps=1), workdir, devices=jax.devices()[2:4])
     assert final["step"] == 1
-    assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1}" in capsys.readouterr().out
+    assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1}" in capsys.readouterr().err
     config = tiny_config(steps=1)
     config.mesh.data = 4
     with pytest.raises(ValueError, match="needs 4 devices, have 2"):
