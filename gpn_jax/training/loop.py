@@ -211,7 +211,8 @@ class _Run:
                 run.state_target(), quarantine=True, check_config=self._check_same_model
             )
             logging.info("resumed from step %d in %s", step, self.ckpt.directory)
-            self.say(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
+            # every host says it (a pod's per-host job logs each show the resume)
+            progress.say(f"Resuming from checkpoint step {step} in {self.ckpt.directory}")
             self.state = ts.TrainState(*state) if not isinstance(state, ts.TrainState) else state
             init_from.note_resumed(self.config, step, self.ckpt.directory)
         elif continued:
@@ -341,21 +342,26 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         if boundary or evaluating or not lag:
             settle(pending)
             pending = None
-        ckpt_metrics = None
-        if evaluating:
-            with log.paused("evaluations"):
-                ev = run.evaluate(t.eval_batches)
-            run.writer.write(step, {"heldout_loss": ev["loss"], "heldout_ppl": ev["ppl"]})
-            log.heldout(step, ev["loss"], ev["ppl"])
-            ckpt_metrics = {"heldout_loss": ev["loss"]}
-        if boundary:
-            with log.paused("checkpoints"):
-                run.save(step, ckpt_metrics)
+        _evaluate_and_save(run, log, step, evaluating, boundary)
         stop.should_stop(step)
     if pending is not None:
         settle(pending)
     log.close()
     return step
+
+
+def _evaluate_and_save(run: _Run, log, step: int, evaluating: bool, boundary: bool) -> None:
+    """A step's held-out evaluation and checkpoint, each paused out of the throughput."""
+    ckpt_metrics = None
+    if evaluating:
+        with log.paused("evaluations"):
+            ev = run.evaluate(run.config.train.eval_batches)
+        run.writer.write(step, {"heldout_loss": ev["loss"], "heldout_ppl": ev["ppl"]})
+        log.heldout(step, ev["loss"], ev["ppl"])
+        ckpt_metrics = {"heldout_loss": ev["loss"]}
+    if boundary:
+        with log.paused("checkpoints"):
+            run.save(step, ckpt_metrics)
 
 
 def _finished_at(metrics: dict, clock) -> float | None:

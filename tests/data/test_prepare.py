@@ -582,7 +582,7 @@ def test_parquet_and_jsonl_zst_to_training_resume_and_evaluation(tmp_path):
         "--config.train.final_eval_batches=2",
     ]
     first = run_module("gpn_jax.train", *train, "--config.train.steps=2")
-    assert "prepared, 1 train + 1 held-out uint16 shard(s)" in first.stdout
+    assert "prepared, 1 train + 1 held-out uint16 shard(s)" in first.stderr  # the run's log
     second = run_module("gpn_jax.train", *train, "--config.train.steps=4")
     assert "Resuming from checkpoint step 2" in second.stderr
     final = json.loads((run / "final_metrics.json").read_text())

@@ -151,7 +151,7 @@ def test_a_sharded_run_reports_each_steps_own_rate_at_a_checkpoint_and_a_stop(
     monkeypatch.setattr(loop, "_training_log", log_on_the_clock)
     config = tiny_config(steps=8, checkpoint_every=4)  # the tests' 8 devices: data=8, sharded
     workdir = tmp_path / "run"
-    assert loop.train_and_evaluate(config, str(workdir)) == {"stopped_at": 6}
+    assert loop.train_and_evaluate(config, str(workdir)) == {"stopped_at": 6, "signal": "SIGTERM"}
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     rates = {r["step"]: r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
     per_step = config.train.batch_size * config.train.seq_len
