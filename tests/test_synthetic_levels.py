@@ -100,7 +100,7 @@ def _cell(task, family, test, beyond=None, level=0.5, chance=0.5, kind=None):
             "chance": chance, "beyond_acc": beyond or [],
             "learnt_beyond": levels.learnt(beyond, chance) if beyond else None,
             "length_acc": {"40": test, "320": beyond or test}, "settings_seq_len": 40,
-            "task_params": {}, "onset_step": None}  # fmt: skip
+            "onset_step": None}  # fmt: skip
 
 
 def test_published_rows_follow_the_cells():

@@ -74,9 +74,10 @@ def task_examples(c, name: str, split: str, n: int, seq_len: int | None = None):
         return ex
     if seq_len != c.tasks[name].seq_len:  # a longer test length: no training example is as long
         return ex
-    seen = set(_rows(task_examples(c, name, "train", c.tasks[name].n_train, seq_len)))
-    if split == "test":
-        seen |= set(_rows(task_examples(c, name, "valid", c.n_valid, seq_len)))
+    seen = set(_rows(_generate(c, name, "train", c.tasks[name].n_train, seq_len)))
+    if split == "test":  # the validation split as its own call draws it, one training set read
+        valid = _generate(c, name, "valid", c.n_valid, seq_len)
+        seen |= set(_rows(_disjoint(c, name, "valid", valid, seen, seq_len)))
     return _disjoint(c, name, split, ex, seen, seq_len)
 
 

@@ -72,9 +72,8 @@ def onset_rows(cells: list[dict], steps: int) -> list[dict]:
     return rows
 
 
-def _find(cells, kind: str, family: str, **params) -> list[dict]:
-    return [x for x in cells if x.get("kind") == kind and x["family"] == family
-            and all(x.get("task_params", {}).get(k) == v for k, v in params.items())]  # fmt: skip
+def _find(cells, kind: str, family: str) -> list[dict]:
+    return [x for x in cells if x.get("kind") == kind and x["family"] == family]
 
 
 def _beyond(cells, kind: str, family: str, want: bool) -> tuple[str, str] | None:
@@ -93,7 +92,7 @@ def _beyond(cells, kind: str, family: str, want: bool) -> tuple[str, str] | None
 
 
 def _solves(cells, kind: str, family: str, floor: float = SOLVED) -> tuple[str, str] | None:
-    xs = [x for x in cells if x.get("kind") == kind and x["family"] == family]
+    xs = _find(cells, kind, family)
     if not xs:
         return None
     parts = [
@@ -152,11 +151,11 @@ def judge(x: dict) -> dict:
 
 
 def annotate(c, cells: list[dict]) -> list[dict]:
-    """The judged cells with the task settings the rows read (training length, parameters)."""
+    """The judged cells with the task settings the rows read (training length, generator)."""
     out = []
     for x in cells:
         t = c.tasks[x["task"]]
-        out.append(judge(x) | {"settings_seq_len": t.seq_len, "task_params": dict(t.get("params", {})),
+        out.append(judge(x) | {"settings_seq_len": t.seq_len,
                                "kind": x.get("kind") or t.get("kind") or x["task"]})  # fmt: skip
     return out
 

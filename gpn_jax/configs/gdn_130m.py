@@ -21,8 +21,8 @@ from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = recipe.base_config()
-    c.model = ml_collections.ConfigDict(
+    return recipe.with_model(
+        arg,
         dict(
             family="gdn",
             vocab_size=32_000,
@@ -34,6 +34,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             d_ffn=2496,
             compute_dtype="bfloat16",  # bf16 matmuls; residual, norms, conv, delta rule float32
             remat=True,  # recompute each block in the backward pass (math unchanged)
-        )
+        ),
     )
-    return recipe.apply_arg(c, arg)

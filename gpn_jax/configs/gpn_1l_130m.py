@@ -18,8 +18,8 @@ from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = recipe.base_config()
-    c.model = ml_collections.ConfigDict(
+    return recipe.with_model(
+        arg,
         dict(
             family="gpn",
             vocab_size=32_000,
@@ -30,6 +30,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             memory=False,
             compute_dtype="bfloat16",
             remat_segment=64,
-        )
+        ),
     )
-    return recipe.apply_arg(c, arg)

@@ -17,8 +17,8 @@ from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = recipe.base_config()
-    c.model = ml_collections.ConfigDict(
+    return recipe.with_model(
+        arg,
         dict(
             family="gpn",
             vocab_size=32_000,
@@ -31,6 +31,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_layers=1,
             compute_dtype="bfloat16",  # bf16 matmuls, float32 state and memory (paper recipe)
             remat_segment=64,  # full BPTT over 2048 tokens, activations recomputed per 64
-        )
+        ),
     )
-    return recipe.apply_arg(c, arg)

@@ -19,8 +19,8 @@ from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = recipe.base_config()
-    c.model = ml_collections.ConfigDict(
+    return recipe.with_model(
+        arg,
         dict(
             family="gpn",
             vocab_size=32_000,
@@ -33,8 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             n_layers=2,
             compute_dtype="bfloat16",
             remat_segment=64,
-        )
+        ),
+        seq_len=512,  # truncated BPTT at 512
+        batch_size=512,  # same tokens per step as 128 x 2048
     )
-    c.train.seq_len = 512  # truncated BPTT at 512
-    c.train.batch_size = 512  # same tokens per step as 128 x 2048
-    return recipe.apply_arg(c, arg)

@@ -119,6 +119,15 @@ def model_block(fields) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(family=fields.get("family", "gpn"), **values))
 
 
+def with_model(arg: str | None, model: dict, **train) -> ml_collections.ConfigDict:
+    """The shared recipe with this `model` block and these `train` fields, then `arg`'s
+    variant (`apply_arg`): a named config is its model and what it trains differently."""
+    c = base_config()
+    c.model = ml_collections.ConfigDict(model)
+    c.train.update(train)
+    return apply_arg(c, arg)
+
+
 def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
     """Completes the model block (`model_block`); `:cpu` shrinks the config for a quick CPU
     run, None leaves it unchanged."""

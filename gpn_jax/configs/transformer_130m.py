@@ -18,8 +18,8 @@ from gpn_jax.configs import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = recipe.base_config()
-    c.model = ml_collections.ConfigDict(
+    return recipe.with_model(
+        arg,
         dict(
             family="transformer",
             vocab_size=32_000,
@@ -30,6 +30,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             max_seq_len=2048,
             compute_dtype="bfloat16",  # bf16 matmuls + fused (cuDNN) attention; float32 residual
             remat=True,  # recompute each block in the backward pass (math unchanged)
-        )
+        ),
     )
-    return recipe.apply_arg(c, arg)
