@@ -172,6 +172,7 @@ def test_one_mode_is_required():
 def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
     """A part that ends no line and hangs cannot hold the run: its process group is killed at
     the deadline, the lines it printed are kept."""
+    import select
     import time
 
     from gpn_jax.benchmarks import accel
@@ -182,6 +183,9 @@ def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
+    # the deadline counts from the child's first output: a loaded host may take seconds to
+    # start Python, and a deadline that passes before it prints would test nothing
+    select.select([proc.stdout], [], [], 120)
     assert accel._follow(proc, time.monotonic() + 2) == (["row 1"], True)
     assert proc.poll() is not None
 
