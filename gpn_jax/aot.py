@@ -7,15 +7,19 @@
 
 Nothing touches an accelerator. `--devices=N` forces N CPU host devices; `--topology=NAME`
 (v5e:2x2, v5p:2x2x1, v6e:1x1, ...) compiles for that TPU slice with libtpu's compile-only
-devices (needs libtpu: `pip install 'jax[tpu]'`). The train step is built by the same code
+devices (needs libtpu: `pip install 'jax[tpu]'`); `--topology=h100` (h200, h100:8: N GPUs of
+one host) compiles for sm_90 with the CUDA plugin's compile-only devices (Python 3.12:
+`pip install -e ".[gpu]"`; `gpn_jax/benchmarks/gpu_target.py`). The train step is built by the same code
 as training (`gpn_jax.training.setup.build`, the config's sharding rules), lowered from
 abstract inputs and compiled. It prints XLA's per-device memory analysis of the compiled step
-and whether it fits the device's memory (a TPU chip's HBM by its kind, or `--memory_gb`),
+and whether it fits the device's memory (a TPU chip's HBM by its kind, a GPU's share that the
+JAX client allocates, 0.75 of it unless XLA_PYTHON_CLIENT_MEM_FRACTION says, or `--memory_gb`),
 the memory's HBM bytes per token read off the compiled HLO against their analytic minimum
 (`gpn_jax/benchmarks/traffic.py`), and whether a recurrent loop body holds a collective.
 `--json` prints one object (fits, peak_bytes_per_device, kernels,
 memory_bytes_per_token_hlo, memory_bytes_per_token_min, ...). `--find_max_batch` compiles
-per-device batches until the largest that fits is found within 8. `--mesh` takes
+per-device batches until the largest that fits is found within 8; `--batches=32,64,128`
+compiles those per-device batches, one trial each. `--mesh` takes
 `data,fsdp,tensor` sizes (`2,4,1`) or `axis=size` pairs; without it the config's `mesh` block
 is used. `--config.train.*` flags override the batch shape as in training.
 
@@ -39,7 +43,8 @@ _DEVICES = flags.DEFINE_integer(
     allow_override=True,
 )  # fmt: skip
 _TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "TPU topology to compile for, e.g. v5e:2x2, v5p:2x2x1, v6e:1x1.",
+    "topology", None, "TPU topology or GPU to compile for: v5e:2x2, v5p:2x2x1, v6e:1x1, h100, "
+    "h200, h100:8.",
     allow_override=True,
 )  # fmt: skip
 _MESH = flags.DEFINE_string(
@@ -58,6 +63,10 @@ _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.", allow_overrid
 _OUT = flags.DEFINE_string("out", None, "Also write the JSON object here.", allow_override=True)
 _FIND = flags.DEFINE_bool(
     "find_max_batch", False, "Search the largest per-device batch that fits.",
+    allow_override=True,
+)  # fmt: skip
+_BATCHES = flags.DEFINE_list(
+    "batches", [], "Per-device batches to compile, one trial each (e.g. 32,64,128).",
     allow_override=True,
 )  # fmt: skip
 _TRIALS = flags.DEFINE_integer(
@@ -80,6 +89,7 @@ def _body():
             json=_JSON.value,
             out=_OUT.value,
             find_max_batch=_FIND.value,
+            batches=[int(b) for b in _BATCHES.value],
             max_trials=_TRIALS.value,
         ),
     )

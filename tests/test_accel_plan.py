@@ -23,8 +23,9 @@ def _rows(plan, part=None):
 
 
 def test_the_committed_plan_compares_the_three_families_where_all_fit():
-    """GDN needs 139 GiB at B = 128 and 71 GiB at 64: the H100 (59.7 GiB usable) compares at
-    32, the H200 (105.3 GiB) at 64; every planned record fits, the others say why not."""
+    """GDN needs 139 GiB at B = 128 and 71 GiB (H100's compile) or 76 GiB (H200's) at 64: the
+    H100 (59.4 GiB usable) compares at 32, the H200 (105.3 GiB) at 64; every planned record
+    fits, the others say why not, with the peak of the kind's own compile."""
     for kind, batch in (("h100", 32), ("h200", 64)):
         plan = bench_accel.plan(kind)
         assert plan["compare_batch"] == batch
@@ -34,7 +35,9 @@ def test_the_committed_plan_compares_the_three_families_where_all_fit():
         assert runs[1]["record"].attention == "cudnn"
         assert all(r["fits"] and r["peak_bytes"] <= plan["usable_bytes"] for r in runs)
         gdn128 = next(r for r in _rows(plan) if r["record"] == ap.Record("gdn", 128))
-        assert gdn128["skip"].startswith("needs 139.0 GiB")
+        need, usable = gdn128["peak_bytes"] / GiB, plan["usable_bytes"] / GiB
+        assert gdn128["skip"] == f"needs {need:.1f} GiB, {usable:.1f} usable" and need > usable
+        assert gdn128["memory_source"] == f"{kind} compile"
         run, rerun = ap.totals(plan)
         assert run <= ap.RUN_S < 8 * 60 and rerun <= 3 * 60
         assert "same tokens per step at B = " + str(batch) in ap.describe(plan)
@@ -69,15 +72,15 @@ def test_records_past_the_run_or_the_memory_are_skipped_with_the_reason(tmp_path
     plan = ap.make("h100", str(tmp_path))
     assert plan["compare_batch"] is None
     assert all(r["skip"].startswith("no memory estimate") for r in _rows(plan))
-    rows = [
-        {"family": "gpn_m", "kernels": "pallas", "memory_dtype": "bfloat16", "batch_size": 8}
-        | {"peak_gib": 1.0, "source": "compile"},
-        {"family": "transformer", "attention": "cudnn", "batch_size": 8, "peak_gib": 1.0}
-        | {"source": "compile"},
-        {"family": "gdn", "attention": "—", "batch_size": 8, "peak_gib": 70.0, "source": "c"},
-    ]
-    (tmp_path / "accel_peaks.json").write_text(json.dumps({"rows": rows}))
-    plan = ap.make("h200", str(tmp_path))
+    compiles = {  # `gpn_jax.aot --topology=h100 --batches=8 --out=...`'s trials
+        "gpn_m": ({"kernels": "pallas", "memory_dtype": "bfloat16", "attention": None}, 1),
+        "transformer": ({"kernels": "xla", "memory_dtype": "float32", "attention": "cudnn"}, 1),
+        "gdn": ({"kernels": "xla", "memory_dtype": "float32", "attention": None}, 70),
+    }
+    for family, (fields, gib) in compiles.items():
+        trial = fields | {"batch_per_device": 8, "peak_bytes_per_device": gib * GiB}
+        (tmp_path / f"aot_130m_h100_{family}.json").write_text(json.dumps({"trials": [trial]}))
+    plan = ap.make("h200", str(tmp_path))  # the H100's compiles: the same sm_90 program
     assert plan["compare_batch"] == 8  # GDN's 70 GiB at 8 bounds every larger batch
     skipped = [r for r in _rows(plan, "baselines") if r.get("skip")]
     assert [r["record"].batch for r in skipped] == [128, 64, 32, 16]  # GDN only

@@ -10,8 +10,8 @@ import sys
 import jax
 import pytest
 
-from experiments.configs import gpn_m_tiny
-from gpn_jax.benchmarks import aot, aot_run
+from experiments.configs import gpn_m_tiny, transformer_tiny
+from gpn_jax.benchmarks import aot, aot_run, gpu_target
 from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -264,3 +264,90 @@ def test_tpu_memory_in_vmem_moves_at_least_its_stack():
     assert (record["memory_on_chip"], record["stack_on_chip"]) == (True, False)
     assert record["memory_bytes_per_token_min"] == cells * 8
     assert cells * 8 <= record["memory_bytes_per_token_hlo"] < cells * 28
+
+
+# ----------------------------------------------------------------------------- NVIDIA GPUs
+def _gpu_flags(out, batches=(), topology="h100"):
+    return dict(
+        devices=None, topology=topology, mesh="1,1,1", memory_gb=None, json=True,
+        out=str(out), find_max_batch=False, max_trials=1, batches=list(batches),
+    )  # fmt: skip
+
+
+def test_a_gpus_usable_memory_is_the_client_limit_the_h100_run_measured(monkeypatch):
+    """The fit check compares a GPU step's peak with what JAX's client may allocate: on the
+    H100 that is the limit its run reported (`bytes_limit`); XLA_PYTHON_CLIENT_MEM_FRACTION
+    moves it as it moves the client's."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    path = os.path.join(ROOT, "experiments/results/accel_h100/versions.json")
+    with open(path) as f:
+        versions = json.load(f)
+    h100 = type("Device", (), {"device_kind": versions["device_kind"]})()
+    assert aot.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+    assert aot.hbm_bytes(h100) == int(0.9 * gpu_target.GPUS["h100"].memory_bytes)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "lots")  # JAX's default, as JAX would
+    assert aot.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
+
+
+def test_gpu_names_and_a_missing_toolchain_are_one_line(monkeypatch):
+    for bad in ("h100:x", "a100", "h100:2:2"):
+        with pytest.raises(ValueError, match="h100, h200"):
+            aot.topology_devices(bad)
+    monkeypatch.setattr(gpu_target.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError) as e:
+        aot.topology_devices("h100:2")
+    assert 'pip install -e ".[gpu]"' in str(e.value) and "\n" not in str(e.value)
+
+
+def test_batches_compile_one_trial_each(tmp_path):
+    config = tiny_config()
+    config.train.batch_size = 2
+    flags = _gpu_flags(tmp_path / "aot.json", batches=(1, 2), topology=None) | {"devices": 1}
+    record = aot_run.run(config, flags, ["gpn-aot", "--batches=1,2"])
+    assert [t["batch_per_device"] for t in record["trials"]] == [1, 2]
+    peaks = [t["peak_bytes_per_device"] for t in record["trials"]]
+    assert peaks[0] < peaks[1]  # twice the sequences, more activations
+    assert record["search_complete"] and record["largest_fitting_batch_per_device"] == 2
+    assert json.loads((tmp_path / "aot.json").read_text())["trials"] == record["trials"]
+
+
+@pytest.mark.slow
+def test_gpu_compile_from_this_host(tmp_path):
+    """The tiny GPN+M step with Pallas kernels and a tiny Transformer++ with cuDNN's attention
+    compiled for an H100 (sm_90) on this CPU host: the GPU's kernels are in the program."""
+    missing = gpu_target.toolchain_missing()
+    if missing:
+        pytest.skip(missing)
+    config = tiny_config()
+    config.model.update(kernels="pallas", compute_dtype="bfloat16")
+    record = aot_run.run(config, _gpu_flags(tmp_path / "a.json"), ["gpn-aot"])
+    check_record(record)
+    assert record["platform"] == "gpu" and record["device_kind"] == "NVIDIA H100 80GB HBM3"
+    assert record["kernels"] == "pallas" and record["fits"]
+    assert record["hbm_bytes_per_device"] == gpu_target.GPUS["h100"].usable_bytes
+    config = transformer_tiny.get_config()
+    config.train.update(dict(batch_size=2, seq_len=16))
+    config.model.update(attention="cudnn", compute_dtype="bfloat16")
+    devices = aot.topology_devices("h200")
+    result = aot.compile_train_step(config, devices, {"data": 1, "fsdp": 1, "tensor": 1})
+    assert "cudnn$fmha" in result["compiled"].as_text()
+
+
+def test_the_committed_h100_compile_matches_what_the_h100_run_measured():
+    """The GPN+M step (Pallas, bfloat16 memory, B = 128) compiled for an H100 on a CPU host:
+    its peak is within 5 % of the one the H100 run measured, its per-token loops run the same
+    operations (the run counted them off its own compiled step)."""
+    results = os.path.join(ROOT, "experiments", "results")
+    with open(os.path.join(results, "aot_130m_h100_gpn_m.json")) as f:
+        compiled = next(t for t in json.load(f)["trials"] if t["batch_per_device"] == 128)
+    with open(os.path.join(results, "accel_h100_step.json")) as f:
+        run = next(
+            r for r in json.load(f)["rows"]
+            if (r["model"], r["kernels"], r["memory_dtype"], r["batch_size"])
+            == ("GPN+M 130M", "pallas", "bfloat16", 128)
+        )  # fmt: skip
+    peak = compiled["peak_bytes_per_device"] / aot.GiB
+    assert abs(peak / run["peak_mem_gib"] - 1) <= 0.05, (peak, run["peak_mem_gib"])
+    assert compiled["ops_per_token"] == run["ops_per_token"]
+    assert (compiled["kernels"], compiled["memory_dtype"]) == ("pallas", "bfloat16")

@@ -76,14 +76,13 @@ def test_every_result_file_records_its_provenance_and_is_shown_somewhere():
         assert f"<!-- results:{name} -->" in shown, f"{name}.json is rendered on no page"
 
 
-def test_the_aot_limits_are_the_largest_fitting_and_smallest_failing_batches():
+def test_the_aot_limits_are_the_largest_fitting_and_smallest_failing_batches(monkeypatch):
     rows = render.load_collection(ROOT, "aot_130m_limits")["rows"]
+    assert {"h100", "h200"} < {r["topology"] for r in rows}  # the GPUs' rows are there
+    monkeypatch.setitem(render.COLLECTIONS, "every_trial", render.COLLECTIONS["aot_130m_limits"])
+    every = render.load_collection(ROOT, "every_trial")["rows"]
     for row in rows:
-        trials = [
-            r
-            for r in render.load_collection(ROOT, "aot_130m")["rows"]
-            if r["topology"] == row["topology"]
-        ]
+        trials = [r for r in every if r["topology"] == row["topology"]]
         fit = [r["batch_per_device"] for r in trials if r["fits"]]
         fail = [r["batch_per_device"] for r in trials if not r["fits"]]
         assert row["largest_fitting"] == max(fit) < min(fail) == row["smallest_failing"]
@@ -172,3 +171,33 @@ def test_format_fields_are_plain_names_only():
             render.table("probe", {"rows": [{"value": 1}]}, "/r", "/r")
         finally:
             del render.COLUMNS["probe"]
+
+
+def test_the_h100_time_split_adds_up_to_the_measured_step_and_backs_the_docs():
+    """The split's parts and what they leave add up to the measured step, and the figures the
+    page states next to it (70 % of the bound, the time to take out, the memory's excess over
+    its minimum) follow from the same files."""
+    rows = render.DERIVED["accel_h100_time"](ROOT)["rows"]
+    measured = rows[-1]["us_per_token"]
+    assert sum(r["us_per_token"] for r in rows[:-1]) == pytest.approx(measured, rel=1e-12)
+    assert all(r["us_per_token"] > 0 for r in rows)  # every floor below the measured step
+    step = render.load(ROOT, "accel_h100_step")
+    roofline = next(r for r in render.load(ROOT, "roofline_130m")["rows"]
+                    if (r["batch_per_chip"], r["memory_dtype"]) == (128, "bfloat16"))  # fmt: skip
+    target = 1e6 / (0.7 * roofline["h100"])
+    text = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
+    assert f"about {target:.1f} µs per token at B = 128" in text
+    assert f"some\n{measured - target:.1f} µs out of the step" in text
+    trials = render.load(ROOT, "aot_130m_h100_gpn_m", required=("command",))["trials"]
+    at128 = next(t for t in trials if t["batch_per_device"] == 128)
+    excess = at128["memory_bytes_per_token_hlo"] - at128["memory_bytes_per_token_min"]
+    assert excess / (step["copy_bandwidth_gb_per_s"] * 1e9) * 1e6 < 0.5  # "loses under 0.5 µs"
+
+
+def test_no_committed_compile_moves_less_than_its_minimum_traffic():
+    """The minimum follows where the compiled step holds the memory: a compile below it would
+    mean one of the two counts is wrong (as XLA:TPU's VMEM-resident rows once read 0.44×)."""
+    for name in ("aot_130m", "aot_130m_pallas", "aot_130m_gpu"):
+        for r in render.load_collection(ROOT, name)["rows"]:
+            ratio = r["traffic_ratio"]
+            assert ratio is None or ratio >= 1, (name, r["topology"], r["batch_per_device"])

@@ -159,13 +159,6 @@ COLUMNS = {
         ("GPN MFU", "{gpn_mfu_pct:.1f} %", "r"),
         ("GPN+M peak RSS", "{rss_gib:.2f} GiB", "r"),
     ],
-    "accel_peaks": [
-        ("model", "{family}", "l"),
-        ("attention", "{attention}", "l"),
-        ("B", "{batch_size}", "r"),
-        ("peak per device", "{peak_gib:.1f} GiB", "r"),
-        ("from", "{source}", "l"),
-    ],
     "step_memory": [
         ("model", "{model}", "l"),
         ("minor faults a step: default → reuse", "{faults_default:,} → {faults_reuse:,}", "r"),
@@ -282,12 +275,30 @@ COLUMNS["aot_cpu"] = [
     ("kernels", "{kernels}", "l"),
     ("M traffic, HLO / minimum", "{traffic_ratio:.2f}×", "r"),
 ]
-# the same compiles, one row per topology: the per-chip batch limits they found
-COLLECTIONS["aot_130m_limits"] = COLLECTIONS["aot_130m"]
+# NVIDIA GPUs compiled from this host (`--topology=h100`): the three 130M families at per-GPU
+# batches 32, 64 and 128, the GPN+M step as the H100 run measured it (Pallas, bfloat16 memory)
+COLLECTIONS["aot_130m_gpu"] = tuple(
+    f"aot_130m_{gpu}_{family}"
+    for gpu in ("h100", "h200")
+    for family in ("gpn_m", "transformer", "gdn")
+)
+COLUMNS["aot_130m_gpu"] = [
+    ("GPU", "{topology}", "l"),
+    ("model", "{config_name}", "l"),
+    ("variant", "{variant}", "l"),
+    ("batch", "{batch_per_device}", "r"),
+    ("fits", "{fits_word}", "l"),
+    ("peak / usable", "{peak_gib:.1f} / {hbm_gib:.1f} GiB", "r"),
+    ("measured peak (H100 run)", "{measured_gib:.1f}", "r"),
+    ("M traffic, HLO / minimum", "{traffic_ratio:.2f}", "r"),
+]
+# the same compiles, one row per topology: the per-chip batch limits they found (GPUs: the
+# GPN+M step as the H100 run measured it)
+COLLECTIONS["aot_130m_limits"] = COLLECTIONS["aot_130m"] + ("aot_130m_h100", "aot_130m_h200")
 COLUMNS["aot_130m_limits"] = [
     ("topology", "{topology}", "l"),
     ("chip", "{device_kind}", "l"),
-    ("HBM per chip", "{hbm_gib:.0f} GiB", "r"),
+    ("usable HBM per chip", "{hbm_gib:.0f} GiB", "r"),
     ("largest per-chip batch that fits", "{largest_fitting}", "r"),
     ("smallest that does not", "{smallest_failing}", "r"),
 ]
@@ -482,6 +493,41 @@ def load(root: str, name: str, required: tuple[str, ...] = REQUIRED) -> dict:
     return data
 
 
+# Tables computed from several result files (DERIVED, below the function of each)
+COLUMNS["accel_h100_time"] = [
+    ("part", "{part}", "l"),
+    ("µs per token", "{us_per_token:.2f}", "r"),
+    ("share", "{share:.0%}", "r"),
+]
+
+
+def _h100_time_split(root: str) -> dict:
+    """The H100 run's Pallas bfloat16 GPN+M step at B = 128 (`accel_h100_step`) split into its
+    parts' floors (`roofline.time_split`) with the same step compiled for an H100 from this
+    host (`aot_130m_h100_gpn_m`) and the roofline's analytic bytes (`roofline_130m`)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from gpn_jax.benchmarks import roofline  # this checkout's, installed or not
+
+    step = load(root, "accel_h100_step")
+    key = ("GPN+M 130M", "pallas", "bfloat16", 128)
+    run = next(r for r in step["rows"] if (r["model"], r["kernels"], r["memory_dtype"],
+                                           r["batch_size"]) == key)  # fmt: skip
+    trials = load(root, "aot_130m_h100_gpn_m", required=REQUIRED[:3])["trials"]
+    compiled = next(t for t in trials if t["batch_per_device"] == 128)
+    analytic = next(
+        r for r in load(root, "roofline_130m")["rows"]
+        if (r["batch_per_chip"], r["memory_dtype"]) == (128, "bfloat16")
+    )  # fmt: skip
+    bandwidth = step["copy_bandwidth_gb_per_s"] * 1e9
+    rows = roofline.time_split(run, compiled, analytic, bandwidth)
+    members = [f"{RESULTS}/{n}.json" for n in ("accel_h100_step", "aot_130m_h100_gpn_m",
+                                                 "roofline_130m")]  # fmt: skip
+    return {"rows": rows, "members": members}
+
+
+DERIVED = {"accel_h100_time": _h100_time_split}
+
+
 def load_view(root: str, name: str) -> dict:
     """A VIEWS table: the rows under one key of a result file, linked to that file."""
     stem, key = VIEWS[name]
@@ -497,15 +543,20 @@ def _aot_row(record: dict, topology: str) -> dict:
     """One compile of `gpn_jax.aot` as a table row (sizes in GiB, the traffic as a ratio)."""
     vmem = record.get("m_in_vmem_per_token_loops")
     hbm = record.get("hbm_bytes_per_device")
-    minimum = record["memory_bytes_per_token_min"]
+    minimum, hlo = record["memory_bytes_per_token_min"], record["memory_bytes_per_token_hlo"]
+    variant = [record.get("kernels"), record.get("memory_dtype")] if hlo else []
+    variant += [f"{record['attention']} attention"] if record.get("attention") else []
     return record | {
         "topology": topology or record.get("device_kind", "?"),
         "fits_word": "yes" if record["fits"] else "no",
         "peak_gib": record["peak_bytes_per_device"] / 2**30,
         "hbm_gib": float("nan") if hbm is None else hbm / 2**30,
-        "traffic_ratio": record["memory_bytes_per_token_hlo"] / minimum
+        "traffic_ratio": None
+        if hlo is None  # no memory (a baseline), or the compile did not fit
+        else hlo / minimum
         if minimum  # 0 where the memory and its stack stay on chip
         else float("nan"),
+        "variant": ", ".join(variant) or "—",
         "vmem_word": "—" if vmem is None else ("yes" if vmem else "no"),
     }
 
@@ -530,11 +581,41 @@ def load_collection(root: str, name: str) -> dict:
     # one row per compile: a batch search's trial repeats a compile listed before it
     unique = {}
     for r in rows:
-        unique.setdefault((r["topology"], r["batch_per_device"]), r)
-    rows = sorted(unique.values(), key=lambda r: (r["topology"], r["batch_per_device"]))
+        unique.setdefault((r["topology"], r["config_name"], r["batch_per_device"]), r)
+    order = lambda r: (r["topology"], r["config_name"], r["batch_per_device"])  # noqa: E731
+    rows = sorted(unique.values(), key=order)
     if name.endswith("_limits"):
         rows = _limits(rows)
+    if name == "aot_130m_gpu":
+        rows = _with_measured(root, rows)
     return {"rows": rows, "members": members}
+
+
+# the H100 run's step records (`accel_h100_step.json`) by the compile's config name
+_RUN_MODELS = {
+    "GPN+M 130M": "gpn_m_1l_130m",
+    "Transformer++ 130M": "transformer_130m",
+    "Gated DeltaNet 130M": "gdn_130m",
+}
+
+
+def measured_peaks(root: str) -> dict:
+    """{(config name, kernels, memory dtype, batch): peak GiB} of the H100 run's records."""
+    out = {}
+    for r in load(root, "accel_h100_step")["rows"]:
+        if r.get("peak_mem_gib") is not None and r["model"] in _RUN_MODELS:
+            key = (_RUN_MODELS[r["model"]], r["kernels"], r["memory_dtype"], r["batch_size"])
+            out[key] = r["peak_mem_gib"]
+    return out
+
+
+def _with_measured(root: str, rows: list[dict]) -> list[dict]:
+    """Each H100 row with the peak the H100 run measured for the same step, where it did."""
+    peaks = measured_peaks(root)
+    for r in rows:
+        key = (r["config_name"], r.get("kernels"), r.get("memory_dtype"), r["batch_per_device"])
+        r["measured_gib"] = peaks.get(key) if r["topology"] == "h100" else None
+    return rows
 
 
 def _limits(rows: list[dict]) -> list[dict]:
@@ -585,6 +666,11 @@ def _data_link(name: str, data: dict, page_dir: str, root: str) -> str:
         return link
     stem = os.path.commonprefix([os.path.basename(m) for m in members])
     folder = os.path.relpath(os.path.join(root, RESULTS), page_dir)
+    if not stem:  # files of different kinds (a DERIVED table): each named
+        names = ", ".join(
+            f"[{os.path.basename(m)}]({folder}/{os.path.basename(m)})" for m in members
+        )
+        return f"{names} in {RESULTS}/"
     return f"`{stem}*.json` in [{RESULTS}/]({folder}/)"
 
 
@@ -595,6 +681,8 @@ def render_page(text: str, page_dir: str, root: str) -> str:
         name = m.group("name")
         if name in COLLECTIONS:
             data = load_collection(root, name)
+        elif name in DERIVED:
+            data = DERIVED[name](root)
         elif name in VIEWS:
             data = load_view(root, name)
         else:

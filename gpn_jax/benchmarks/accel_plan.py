@@ -8,15 +8,16 @@ GPN+M batch sweep and float32 memory. A record measured before on the same kind 
 (`experiments/results/accel_<kind>_step.json`) is not measured again.
 
 Memory per record, in this order of preference:
-  - a peak from a compile of that step for the device (XLA's memory analysis: deviceless
-    sm_90 compiles, `experiments/results/accel_peaks.json`) or from a run
+  - a peak from a compile of that step for the device (XLA's memory analysis of
+    `python -m gpn_jax.aot --topology=<kind> --batches=...`: the result files
+    `aot_130m_<kind>_<family>.json`, the other kind's where the kind has none) or from a run
     (`accel_<kind>_step.json`; H100 and H200 run the same sm_90 program);
   - the step-memory model: peak = fixed + per-sequence x batch, a line through the record's
     points at two batches or more; from one point at batch B0 the bound peak(B0) below B0 and
     peak(B0) x B / B0 above it (the fixed part is never negative); float32 memory storage at
     most doubles the bfloat16 step's bytes;
   - none: the record is skipped ("no memory estimate").
-A device's usable memory is XLA's default client fraction (0.75) of what its driver reports.
+A device's usable memory is the JAX client's share of it (`gpu_target`: 0.75 by default).
 
 Time per record: process start + compile + (warm-up + 3 steps) x B x T / tokens per second,
 from a measured run (the kind's own first; an H100's rate is a floor for an H200), else the
@@ -28,12 +29,10 @@ import json
 import math
 import os
 
+from gpn_jax.benchmarks import gpu_target
 from gpn_jax.io import untrusted
 
 GiB = 2**30
-# memory.total as nvidia-smi reports it: H100 SXM 80 GB 81559 MiB, H200 SXM 141 GB 143771 MiB
-DEVICE_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
-MEM_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default: the client's share of the device
 BATCHES = (128, 64, 32, 16, 8)  # the comparison's candidates, largest first
 SWEEP = (128, 64, 32, 8)  # the GPN+M batch sweep
 SEQ_LEN = 2048
@@ -72,15 +71,19 @@ class Record:
 
 def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
     """({record key: {batch: (peak bytes, source)}}, {record key: (tokens/s, compile s)}, the
-    records measured) from the compiles in `accel_peaks.json` and the kind's run, if any."""
+    records measured) from the compiles for the GPU (the kind's own first) and its run, if any."""
     peaks, rates, measured = {}, {}, set()
-    path = os.path.join(results, "accel_peaks.json")
-    if os.path.isfile(path):
-        data = untrusted.read_json(path, fix="restore it from git")
-        for row in data.get("rows", []):
-            rec = _record(row)
-            peaks.setdefault(rec.key(), {})[rec.batch] = (row["peak_gib"] * GiB, row["source"])
-    for other in sorted(DEVICE_BYTES, key=lambda k: k != kind):  # the kind's own run first
+    for other in sorted(gpu_target.GPUS, key=lambda k: k != kind):
+        for family in FAMILIES:
+            path = os.path.join(results, f"aot_130m_{other}_{family}.json")
+            if not os.path.isfile(path):
+                continue
+            data = untrusted.read_json(path, fix="restore it from git or recompile it")
+            for t in data.get("trials") or [data]:
+                rec = _record(_compiled(t, family))
+                peak = (t["peak_bytes_per_device"], f"{other} compile")
+                peaks.setdefault(rec.key(), {}).setdefault(rec.batch, peak)
+    for other in sorted(gpu_target.GPUS, key=lambda k: k != kind):  # the kind's own run first
         path = os.path.join(results, f"accel_{other}_step.json")
         if not os.path.isfile(path):
             continue
@@ -101,6 +104,17 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
 
 def _family(model: str) -> str:
     return {v: k for k, v in FAMILIES.items()}.get(model, model)
+
+
+def _compiled(trial: dict, family: str) -> dict:
+    """A `gpn_jax.aot` trial as a plan row: GPN+M's kernels and memory dtype, Transformer++'s
+    attention."""
+    row = {"family": family, "batch_size": trial["batch_per_device"]}
+    if family == "gpn_m":
+        row |= {k: trial[k] for k in ("kernels", "memory_dtype")}
+    if family == "transformer":
+        row["attention"] = trial.get("attention")
+    return row
 
 
 def _record(row: dict) -> Record:
@@ -184,9 +198,9 @@ def sweep_records(skip_batch: int | None) -> list[Record]:
 
 def make(kind: str, results: str) -> dict:
     """The plan for a device of `kind` (h100 | h200) from the result files in `results`."""
-    if kind not in DEVICE_BYTES:
-        raise ValueError(f"unknown device kind {kind!r}; choose from {', '.join(DEVICE_BYTES)}")
-    usable = MEM_FRACTION * DEVICE_BYTES[kind]
+    if kind not in gpu_target.GPUS:
+        raise ValueError(f"unknown device kind {kind!r}; choose from {', '.join(gpu_target.GPUS)}")
+    usable = gpu_target.GPUS[kind].usable_bytes
     peaks, rates, measured = load_points(results, kind)
     batch, larger = compare_batch(peaks, usable)
     rows = [dict(r, part="baselines") for r in larger]
@@ -229,7 +243,8 @@ def describe(plan: dict) -> str:
     """The plan as text: one line per record (part, fits, peak, seconds or why skipped)."""
     lines = [
         f"plan for {plan['kind']}: {plan['usable_bytes'] / GiB:.1f} GiB usable "
-        f"({MEM_FRACTION} of {DEVICE_BYTES[plan['kind']] / GiB:.1f}); same tokens per step at "
+        f"({gpu_target.mem_fraction()} of {gpu_target.GPUS[plan['kind']].memory_bytes / GiB:.1f})"
+        f"; same tokens per step at "
         f"B = {plan['compare_batch']} x T = {SEQ_LEN}"
     ]
     for r in plan["rows"]:

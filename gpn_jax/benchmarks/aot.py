@@ -80,11 +80,17 @@ def accelerator_type(generation: str, chips: int) -> str:
 
 
 def topology_devices(name: str) -> list:
-    """The compile-only devices of TPU topology `name` (e.g. 'v5e:2x2', 'v5p:2x2x1')."""
+    """The compile-only devices of TPU topology `name` (e.g. 'v5e:2x2', 'v5p:2x2x1') or of
+    NVIDIA GPUs ('h100', 'h200', 'h100:8': `gpu_target`)."""
+    from gpn_jax.benchmarks import gpu_target
+
+    if gpu_target.is_gpu_name(name):
+        return gpu_target.devices(name)
     m = _TOPOLOGY.match(name.strip())
     if not m:
         raise ValueError(
-            f"--topology={name!r}: expected <v4|v5e|v5p|v6e>:<AxB[xC]>, e.g. v5e:2x2, v5p:2x2x1"
+            f"--topology={name!r}: expected <v4|v5e|v5p|v6e>:<AxB[xC]> (e.g. v5e:2x2, v5p:2x2x1)"
+            " or h100, h200, h100:N"
         )
     missing = libtpu_missing()
     if missing:
@@ -142,8 +148,12 @@ def _uncached(compile_only: bool):
 
 
 def hbm_bytes(device) -> int | None:
-    """HBM per device from its kind (None for a kind not in `HBM_BYTES`)."""
-    return HBM_BYTES.get(getattr(device, "device_kind", ""))
+    """Memory per device from its kind: a TPU chip's HBM (`HBM_BYTES`), a GPU's share that
+    the JAX client may allocate (`gpu_target`); None for a kind in neither."""
+    from gpn_jax.benchmarks import gpu_target
+
+    kind = getattr(device, "device_kind", "")
+    return HBM_BYTES.get(kind) or gpu_target.usable_bytes(kind)
 
 
 def _out_of_memory(error: Exception) -> bool:
@@ -303,6 +313,7 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         "seq_len": int(config.train.seq_len),
         "kernels": result["kernels"],
         "memory_dtype": config.model.get("memory_dtype", "float32"),
+        "attention": config.model.get("attention"),  # Transformer++'s; None for the others
         "fits": bool(report.get("fits", report["total"] is not None)),
         "peak_bytes_per_device": report["total"],
         "hbm_bytes_per_device": memory_bytes,
@@ -324,8 +335,9 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         )
         rec["memory_bytes_per_token_hlo"] = t.bytes / (per_step * config.train.seq_len)
         rec["unknown_trip_counts"] = t.unknown_trip_counts
-        rec["m_in_vmem"] = m_in_vmem(text, micro * cells)
-        rec["m_in_vmem_per_token_loops"] = m_in_vmem(text, micro * cells, innermost=True)
+        if device.platform == "tpu":  # memory space 1 is a TPU's VMEM
+            rec["m_in_vmem"] = m_in_vmem(text, micro * cells)
+            rec["m_in_vmem_per_token_loops"] = m_in_vmem(text, micro * cells, innermost=True)
     rec.update(loop_op_fields(text, int(config.train.seq_len)))
     for key in ("arguments", "temporaries", "outputs", "aliased"):
         rec[key + "_bytes"] = report[key]

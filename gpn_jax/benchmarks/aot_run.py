@@ -91,6 +91,24 @@ def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log, s
     return _search_result(trials, complete=batch is None)
 
 
+def compile_batches(config, devices, sizes, memory_bytes, batches, log, save=None) -> dict:
+    """One compile per per-device batch of `batches`, each a trial of the result."""
+    dp = _data_parallel(sizes, len(devices))
+    trials = []
+    for batch in batches:
+        record, _ = compile_one(_with_batch(config, batch, dp), devices, sizes, memory_bytes)
+        trials.append(record)
+        peak = record["peak_bytes_per_device"]
+        log(
+            f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
+            + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
+            + f", {record['compile_seconds']} s"
+        )
+        if save:
+            save(_search_result(trials, complete=False))
+    return _search_result(trials, complete=True)
+
+
 def _search_result(trials: list[dict], complete: bool) -> dict:
     fit = [t for t in trials if t["fits"]]
     fail = [t["batch_per_device"] for t in trials if not t["fits"]]
@@ -137,7 +155,7 @@ def write_json(path: str, obj: dict) -> None:
 
 def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:
     """Compiles per `flags` (topology / devices, mesh, memory_gb, find_max_batch, max_trials,
-    json, out); prints the report or JSON; returns the result object."""
+    batches, json, out); prints the report or JSON; returns the result object."""
     if flags["topology"]:
         devices = aot.topology_devices(flags["topology"])
     else:
@@ -152,11 +170,13 @@ def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:
     memory = int(flags["memory_gb"] * aot.GiB) if flags["memory_gb"] else aot.hbm_bytes(devices[0])
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if flags["json"] else print
     head = {**provenance(argv), "topology": flags["topology"] or None}
+    save = (lambda r: write_json(flags["out"], {**head, **r})) if flags["out"] else None
     if flags["find_max_batch"]:
         if not memory:
             raise ValueError("--find_max_batch needs the device memory: pass --memory_gb")
-        save = (lambda r: write_json(flags["out"], {**head, **r})) if flags["out"] else None
         result = find_max_batch(config, devices, sizes, memory, flags["max_trials"], log, save)
+    elif flags.get("batches"):
+        result = compile_batches(config, devices, sizes, memory, flags["batches"], log, save)
     else:
         result, text = compile_one(config, devices, sizes, memory)
         log(text)

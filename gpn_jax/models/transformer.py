@@ -117,12 +117,12 @@ def qkv(lp: dict, x_BxTxD: Array, positions_T: Array, cfg: TransformerConfig):
     return q, k, v
 
 
-def attention_impl(choice: str, q_BxTxNxH: Array) -> str:
+def attention_impl(choice: str, q_BxTxNxH: Array, platform: str | None = None) -> str:
     """The implementation `jax.nn.dot_product_attention` gets for `choice` ("auto" | "xla" |
-    "cudnn"): "auto" is cuDNN where its fused kernel applies (the default backend a GPU,
-    16-bit queries, a head dimension a multiple of 8 up to 128), else XLA. An explicit
-    "cudnn" off a GPU is refused in one line."""
-    backend = _backend()
+    "cudnn") on `platform` (None: the default backend): "auto" is cuDNN where its fused kernel
+    applies (a GPU, 16-bit queries, a head dimension a multiple of 8 up to 128), else XLA. An
+    explicit "cudnn" off a GPU is refused in one line."""
+    backend = platform or _backend()
     on_gpu = backend == "gpu"
     if choice == "cudnn" and not on_gpu:
         raise ValueError(
@@ -149,11 +149,11 @@ def _warn_cudnn_fallback(reason: str) -> None:
     )
 
 
-def causal_attention(q: Array, k: Array, v: Array, choice: str) -> Array:
-    """Causal attention over the window (B, T, N, H) with `attention_impl(choice, q)`; where
-    "auto" takes cuDNN and cuDNN refuses when traced (no cuDNN found, an unsupported GPU), XLA's
-    with one warning. An explicit "cudnn" raises what cuDNN raised."""
-    impl = attention_impl(choice, q)
+def causal_attention(q: Array, k: Array, v: Array, choice: str, platform=None) -> Array:
+    """Causal attention over the window (B, T, N, H) with `attention_impl(choice, q, platform)`;
+    where "auto" takes cuDNN and cuDNN refuses when traced (no cuDNN found, an unsupported GPU),
+    XLA's with one warning. An explicit "cudnn" raises what cuDNN raised."""
+    impl = attention_impl(choice, q, platform)
     if impl == "cudnn" and choice == "auto":
         try:
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
@@ -163,11 +163,11 @@ def causal_attention(q: Array, k: Array, v: Array, choice: str) -> Array:
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
 
 
-def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig) -> Array:
+def block(lp: dict, x_BxTxD: Array, cfg: TransformerConfig, platform=None) -> Array:
     """One pre-norm block over a full causal window (positions 0..T-1)."""
     B, T, D = x_BxTxD.shape
     q, k, v = qkv(lp, x_BxTxD, jnp.arange(T), cfg)
-    att = causal_attention(q, k, v, cfg.attention)
+    att = causal_attention(q, k, v, cfg.attention, platform)
     x = x_BxTxD + mm(att.reshape(B, T, D), lp["wo"])
     return x + swiglu(lp, rms_norm(x, lp["mlp_norm"]))
 
@@ -181,8 +181,14 @@ def head_logits(cp: dict, h: Array, tie: bool) -> Array:
 class Transformer(SpecModel):
     """Transformer++ language model: pure functions over `params` (see `gpn_jax.models.base`)."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, platform: str | None = None):
         self.config = config
+        self.platform = platform  # the attention's target (None: the default backend)
+
+    def on_platform(self, platform: str) -> "Transformer":
+        """The same model with its attention chosen for `platform` ("cpu", "gpu", "tpu"), e.g.
+        to compile for a GPU from a CPU host."""
+        return Transformer(self.config, platform)
 
     # ------------------------------------------------------------------ parameters and state
     # init / param_axes / axis_sizes come from `param_specs` (models.base.SpecModel)
@@ -209,7 +215,7 @@ class Transformer(SpecModel):
         c = self.config
         cp = self._compute_params(params)
         x = jnp.take(cp["embed"], self.inputs(tokens_BxT), axis=0).astype(jnp.float32)
-        fn = lambda lp, x: block(lp, x, c)
+        fn = lambda lp, x: block(lp, x, c, self.platform)
         if c.remat:
             fn = jax.checkpoint(fn)
         for i in range(c.n_layers):
