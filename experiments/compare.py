@@ -138,7 +138,7 @@ def model_stats(model_cfg, seq_len: int) -> dict:
     """Params, layers, state width and memory / state size of a model block (no weights)."""
     model = factory.build_model(model_cfg)
     m = model.config
-    family = model_cfg.get("family", "gpn")
+    family = factory.family_name(model_cfg)
     counts = accounting.param_counts(model)
     if family == "gpn" and m.memory:
         cells = m.n_heads * m.d_key * m.d_value

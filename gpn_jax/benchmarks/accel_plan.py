@@ -30,6 +30,7 @@ import math
 import os
 
 from gpn_jax.benchmarks import gpu_target
+from gpn_jax.benchmarks.accel_summary import MODELS  # the run's records by bench model
 from gpn_jax.io import untrusted
 
 GiB = 2**30
@@ -46,11 +47,6 @@ FLOAT32_RATE = 0.3  # float32 memory against bfloat16's rate (the H100 float32 r
 # the parts outside the step records, in seconds (the H100 run: check 35 s)
 FIXED_PARTS = {"versions": 15.0, "check": 40.0, "passes": 45.0, "hlo": 30.0}
 RUN_S = 430.0  # the run inside the 8 minutes (the install and the machine's start first)
-FAMILIES = {
-    "gpn_m": "GPN+M 130M",
-    "transformer": "Transformer++ 130M",
-    "gdn": "Gated DeltaNet 130M",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +70,7 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
     records measured) from the compiles for the GPU (the kind's own first) and its run, if any."""
     peaks, rates, measured = {}, {}, set()
     for other in sorted(gpu_target.GPUS, key=lambda k: k != kind):
-        for family in FAMILIES:
+        for family in MODELS:
             path = os.path.join(results, f"aot_130m_{other}_{family}.json")
             if not os.path.isfile(path):
                 continue
@@ -103,7 +99,7 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
 
 
 def _family(model: str) -> str:
-    return {v: k for k, v in FAMILIES.items()}.get(model, model)
+    return {v: k for k, v in MODELS.items()}.get(model, model)
 
 
 def _compiled(trial: dict, family: str) -> dict:

@@ -237,14 +237,14 @@ def memory_report(result, memory_bytes: int | None = None) -> dict:
 
 
 def format_report(config, result, report, memory_bytes: int | None = None) -> str:
-    from gpn_jax.models import accounting
+    from gpn_jax.models import accounting, factory
 
     t = config.train
     mesh = result["mesh"]
     params = accounting.param_counts(result["model"])["total"]
     gib = lambda b: f"{b / GiB:8.3f} GiB" if b >= GiB / 10 else f"{b / 2**20:8.3f} MiB"
     head = [
-        f"{config.model.get('family', 'gpn')} model, {params:,} parameters | batch "
+        f"{factory.family_name(config.model)} model, {params:,} parameters | batch "
         f"{t.batch_size} x {t.seq_len}, grad_accum {t.grad_accum} | mesh {dict(mesh.shape)} "
         f"on {mesh.size} {mesh.devices.flat[0].platform} devices",
         f"compiled the train step in {result['compile_seconds']:.1f} s",

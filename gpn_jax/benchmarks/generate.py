@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax.benchmarks import measure
+from gpn_jax.models import factory
 
 
 def _greedy_step(model):
@@ -151,7 +152,7 @@ def run(spec: dict) -> list[dict]:
     feed_window, kv_cache_limit_bytes."""
     dtype = measure.resolve_dtype(spec["compute_dtype"])
     B, contexts = spec["batch_size"], sorted(spec["contexts"])
-    family = spec["model"].get("family", "gpn")
+    family = factory.family_name(spec["model"])
     base = dict(
         model=spec["name"],
         config=spec["config"],

@@ -48,6 +48,7 @@ import dataclasses
 import math
 import re
 
+from gpn_jax.models import factory
 from gpn_jax.parallel import hlo
 from gpn_jax.parallel.hlo import Instr
 
@@ -288,7 +289,7 @@ def _field(cfg, name: str, default):
 def memory_cells(model_cfg) -> int:
     """H x K x U of a GPN+M model config (0 for a model without the matrix memory)."""
     if hasattr(model_cfg, "get"):  # a config block: its family
-        gpn = model_cfg.get("family", "gpn") == "gpn"
+        gpn = factory.family_name(model_cfg) == "gpn"
     else:  # a built model's config
         gpn = type(model_cfg).__name__ == "GPNConfig"
     if not gpn or not _field(model_cfg, "memory", True):

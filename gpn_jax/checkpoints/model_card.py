@@ -7,14 +7,8 @@ card never claims a number the run did not produce.
 import json
 import os
 
+from gpn_jax.models import factory
 from gpn_jax.models.accounting import param_counts
-
-_FAMILY_NAMES = {
-    "gpn": "Grounded Prediction Network",
-    "transformer": "Transformer++",
-    "gdn": "Gated DeltaNet",
-}
-
 
 _MAX_METRICS_BYTES = 1 << 20
 _PPL_FIELDS = {"heldout_ppl": float, "unigram_ppl": float, "heldout_tokens": int}
@@ -39,8 +33,8 @@ def _final_metrics(workdir: str) -> dict | None:
 
 
 def _architecture(config, model) -> list[str]:
-    family = config.model.get("family", "gpn")
-    name = _FAMILY_NAMES.get(family, family)
+    family = factory.family_name(config.model)
+    name = factory.FAMILIES[family].title if family in factory.FAMILIES else family
     if family == "gpn":
         memory = config.model.get("memory", bool(config.model.get("n_heads")))
         name = "GPN+M, Grounded Prediction Network with memory" if memory else f"GPN, {name}"

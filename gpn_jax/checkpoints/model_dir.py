@@ -87,7 +87,7 @@ def make_record(run: RestoredRun) -> dict:
     return {
         "format": FORMAT,
         "gpn_jax_version": package_version(),
-        "family": config["model"].get("family", "gpn"),
+        "family": factory.family_name(config["model"]),
         "step": int(run.step),
         "tokens_seen": int(run.step) * config["train"]["batch_size"] * config["train"]["seq_len"],
         "tokenizer_file": TOKENIZER if tok is not None else None,

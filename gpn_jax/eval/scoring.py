@@ -33,8 +33,6 @@ import numpy as np
 from gpn_jax.eval import lambada, sampling
 from gpn_jax.eval.stream import jitted_token_losses
 
-RECURRENT = ("gpn", "gdn")
-
 
 @dataclasses.dataclass
 class Stats:

@@ -16,6 +16,7 @@ from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.outputs import check_out_file, check_outside
 from gpn_jax.io.regular import MAX_TEXT_BYTES, read_regular_file, read_text
+from gpn_jax.models import factory
 
 MAX_RESULTS_BYTES = 16 << 20  # a results file is a few KB; a larger one is not ours
 
@@ -143,7 +144,7 @@ def run_evals(
     if examples is not None or ("stream" in names and stream_path):
         run_tokenizer(run, tokenizer_path)  # a wrong tokenizer fails before any model work
     ctx = _Context(run, options, examples)
-    family = run.config.model.get("family", "gpn")
+    family = factory.family_name(run.config.model)
     results = {"run": {"workdir": run.workdir, "step": int(run.step), "family": family}}
     for name in names:
         results[name] = REGISTRY[name](ctx)

@@ -3,6 +3,8 @@ the trainer (`training.validate`) and by every reader of a run or model director
 config.json may have been edited (`n_layers=10000000` would be traced layer by layer until
 memory runs out). Pure functions over the config; one ValueError line naming the field."""
 
+from gpn_jax.models import factory
+
 INT32_MAX = 2**31 - 1
 # The model may hold at most this many parameters (a lower estimate, `estimated_parameters`):
 # 2^40 float32 parameters are 4 TiB, past any mesh this trainer targets.
@@ -31,7 +33,7 @@ def estimated_parameters(model_cfg) -> int:
     size = lambda name: m.get(name, 0) if isinstance(m.get(name, 0), int) else 0  # noqa: E731
     d, width = size("d_model"), min(size("d_emb") or size("d_model"), size("d_model"))
     params = size("vocab_size") * width + 3 * max(size("n_layers"), 1) * d * size("d_ffn")
-    if m.get("family", "gpn") in ("gpn", "transformer"):
+    if factory.family_name(m) in ("gpn", "transformer"):
         params += d * d
     return params
 

@@ -9,20 +9,43 @@ import importlib
 
 from gpn_jax.models import configs
 
-# family -> (module, model class, config class). The config classes live in the JAX-free
-# `gpn_jax.models.configs` (each model module re-exports its own); the model modules are
-# imported lazily, so families stay independent and loading a config never imports JAX.
+DEFAULT = "gpn"  # a model block without `family` (older exports and configs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family: what code outside `models/` knows of it. The config class lives in
+    the JAX-free `gpn_jax.models.configs` (each model module re-exports its own); the model
+    module is imported lazily, so families stay independent and loading a config never
+    imports JAX."""
+
+    name: str  # `model.family`
+    title: str  # its full name (model cards)
+    module: str
+    model_class: str
+    config_class: str
+
+
 FAMILIES = {
-    "gpn": ("gpn_jax.models.gpn", "GPN", "GPNConfig"),
-    "transformer": ("gpn_jax.models.transformer", "Transformer", "TransformerConfig"),
-    "gdn": ("gpn_jax.models.gdn", "GatedDeltaNet", "GDNConfig"),
-}
+    f.name: f
+    for f in (
+        Family("gpn", "Grounded Prediction Network", "gpn_jax.models.gpn", "GPN", "GPNConfig"),
+        Family("transformer", "Transformer++", "gpn_jax.models.transformer", "Transformer",
+               "TransformerConfig"),
+        Family("gdn", "Gated DeltaNet", "gpn_jax.models.gdn", "GatedDeltaNet", "GDNConfig"),
+    )
+}  # fmt: skip
+
+
+def family_name(model_cfg) -> str:
+    """The `family` of a model block (ConfigDict / dict), `DEFAULT` where it names none."""
+    return model_cfg.get("family", DEFAULT)
 
 
 def _split(model_cfg) -> tuple[str, dict]:
     """(family, the other fields) of a ConfigDict / dict; an unknown family is a ValueError."""
     fields = dict(model_cfg)
-    family = fields.pop("family", "gpn")
+    family = fields.pop("family", DEFAULT)
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose one of {sorted(FAMILIES)}")
     return family, fields
@@ -32,7 +55,7 @@ def family_config(model_cfg):
     """The family's frozen dataclass config built from a ConfigDict / dict with a `family` key
     (no JAX import: experiment configs call this while loading)."""
     family, fields = _split(model_cfg)
-    cls = getattr(configs, FAMILIES[family][2])
+    cls = getattr(configs, FAMILIES[family].config_class)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
@@ -43,8 +66,8 @@ def family_config(model_cfg):
 def model_config(model_cfg):
     """(model class, `family_config`) of a config's `model` block; imports the family's module."""
     cfg = family_config(model_cfg)
-    module, model_cls, _ = FAMILIES[_split(model_cfg)[0]]
-    return getattr(importlib.import_module(module), model_cls), cfg
+    family = FAMILIES[_split(model_cfg)[0]]
+    return getattr(importlib.import_module(family.module), family.model_class), cfg
 
 
 def build_model(model_cfg):

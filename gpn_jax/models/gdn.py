@@ -20,7 +20,7 @@ Initialisation (our choice, documented here, as for Transformer++):
     LeCun-normal; output projections (Wo, W2) N(0, 0.02 / sqrt(2 * n_layers));
   * short-convolution filters U(-1/sqrt(w), 1/sqrt(w)), w = conv_size (PyTorch's Conv1d
     default for a depthwise filter);
-  * A_log and dt_bias as GPN+M's memory write (`gpn_jax.models.gpn.a_log_init`, `dt_bias_init`);
+  * A_log and dt_bias as GPN+M's memory write (`gpn_jax.models.params.a_log_init`, `dt_bias_init`);
   * norm weights ones.
 
 Window convention (see `gpn_jax.models.base`): position t of `tokens` is predicted from the
@@ -50,11 +50,12 @@ from gpn_jax.core.norms import cast_matrices, l2n, mm, rms, rms_norm
 from gpn_jax.models import accounting
 from gpn_jax.models.base import SpecModel, masked_mean
 from gpn_jax.models.configs import GDNConfig  # defined there, JAX-free
-from gpn_jax.models.gpn import a_log_init, dt_bias_init
 from gpn_jax.models.params import (
     EMBED,
     HEADS,
     VOCAB,
+    a_log_init,
+    dt_bias_init,
     lecun,
     ones,
     param,

@@ -8,7 +8,6 @@ the module only declares and initialises parameters and never runs the math.
 """
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
 import jax
@@ -27,6 +26,8 @@ from gpn_jax.models.params import (
     FFN,
     HEADS,
     VOCAB,
+    a_log_init,
+    dt_bias_init,
     lecun,
     ones,
     param,
@@ -36,19 +37,6 @@ from gpn_jax.models.params import (
 )
 
 Array = jax.Array
-
-
-# ----------------------------------------------------------------------------- initialisers
-def a_log_init(key, shape, dtype=jnp.float32):
-    """A_log = log(U(0, 16)), guarded against log(0)."""
-    return jnp.log(jnp.maximum(jax.random.uniform(key, shape, dtype, 0.0, 16.0), 1e-8))
-
-
-def dt_bias_init(key, shape, dtype=jnp.float32):
-    """softplus^-1(dt), dt = exp(U(log 1e-3, log 1e-1)) clipped at 1e-4."""
-    u = jax.random.uniform(key, shape, dtype, math.log(1e-3), math.log(1e-1))
-    dt = jnp.maximum(jnp.exp(u), 1e-4)
-    return dt + jnp.log(-jnp.expm1(-dt))
 
 
 def param_specs(c: GPNConfig) -> dict:

@@ -17,16 +17,32 @@ Logical axis names (one per dimension; None: that dimension is never split):
 whole, d_ffn evenly), so a mesh that would cut a head is not used for that axis.
 """
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 lecun = nn.initializers.lecun_normal()
 zeros, ones = nn.initializers.zeros, nn.initializers.ones
 small = nn.initializers.normal(stddev=0.02)  # embeddings and memory-read output (as the paper)
 
 EMBED, VOCAB, FFN, HEADS = "embed", "vocab", "ffn", "heads"
+
+
+# the gated delta rule's decay (GPN+M's memory write and Gated DeltaNet's, as Mamba2's)
+def a_log_init(key, shape, dtype=jnp.float32):
+    """A_log = log(U(0, 16)), guarded against log(0)."""
+    return jnp.log(jnp.maximum(jax.random.uniform(key, shape, dtype, 0.0, 16.0), 1e-8))
+
+
+def dt_bias_init(key, shape, dtype=jnp.float32):
+    """softplus^-1(dt), dt = exp(U(log 1e-3, log 1e-1)) clipped at 1e-4."""
+    u = jax.random.uniform(key, shape, dtype, math.log(1e-3), math.log(1e-1))
+    dt = jnp.maximum(jnp.exp(u), 1e-4)
+    return dt + jnp.log(-jnp.expm1(-dt))
 
 
 class ParamSpec(NamedTuple):

@@ -488,7 +488,7 @@ def _header(run: _Run) -> str:
     counts = accounting.param_counts(run.model)["total"]
     c, t = run.config, run.config.train
     return (
-        f"{c.model.get('family', 'gpn')} model, {counts:,} parameters | "
+        f"{factory.family_name(c.model)} model, {counts:,} parameters | "
         f"data {c.data.source} | "
         f"batch {t.batch_size} x {t.seq_len}, {t.steps} steps | "
         f"mesh {dict(run.mesh.shape)} | workdir {run.workdir}"

@@ -13,8 +13,8 @@ TINY = {"gpn": gpn_m_tiny, "transformer": transformer_tiny, "gdn": gdn_tiny}
 
 
 def int_fields(family):
-    module, _, config_cls = FAMILIES[family]
-    cls = getattr(importlib.import_module(module), config_cls)
+    f = FAMILIES[family]
+    cls = getattr(importlib.import_module(f.module), f.config_class)
     return [f.name for f in dataclasses.fields(cls) if f.type in (int, "int")]
 
 
