@@ -40,7 +40,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import compare_claims, compare_seeds
+from experiments import compare_claims, compare_report, compare_seeds
 from experiments import harness_table as paper_table
 from gpn_jax.data.pipeline import TOKENIZER_FILE, resolve_tokenizer
 from gpn_jax.data.sources import load_documents
@@ -55,19 +55,7 @@ from gpn_jax.training.loop import FINAL_METRICS, prepare_workdir, train_and_eval
 RUN_CONFIG = "compare_run_config.json"  # the run config a model's subdirectory was trained with
 LAMBADA_CACHE = "compare_lambada.json"
 TABLE_MD, TABLE_JSON, PLOT = "comparison.md", "comparison.json", "loss_curves.png"
-COLUMNS = (
-    "Model",
-    "Params",
-    "Layers",
-    "State dim",
-    "Memory cells / state size",
-    "Held-out PPL",
-    "Train PPL",
-    "Held-out / train - 1",
-    "Same, unigram",
-    "LAMBADA acc",
-    "LAMBADA PPL",
-)
+COLUMNS = compare_report.COLUMNS  # the table's columns
 _SHARED_EXCLUDED = ("models", "compare")
 
 
@@ -249,138 +237,6 @@ def lambada_results(run_dir: str, path: str, batch_size: int) -> dict | None:
     return res
 
 
-# ------------------------------------------------------------------------------ outputs
-def loss_curve(run_dir: str) -> tuple[list, list, list, list]:
-    """(steps, training loss, eval steps, held-out loss) from metrics.jsonl (last row per step
-    wins: a resumed run rewrites the steps after its checkpoint)."""
-    train, heldout = {}, {}
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a kill
-                if "loss" in row:
-                    train[row["step"]] = row["loss"]
-                if "heldout_loss" in row:
-                    heldout[row["step"]] = row["heldout_loss"]
-    ts, hs = sorted(train), sorted(heldout)
-    return ts, [train[s] for s in ts], hs, [heldout[s] for s in hs]
-
-
-def plot_losses(rows: list[dict], budget: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tps = budget["tokens_per_step"]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for i, r in enumerate(rows):
-        color = f"C{i}"
-        steps, loss, hsteps, hloss = loss_curve(r["workdir"])
-        ax.plot(steps, loss, color=color, lw=1.5, label=f"{r['label']} ({r['params']:,} params)")
-        if hsteps:
-            ax.plot(hsteps, hloss, "o", color=color, ms=4, mfc="none")
-    ax.plot([], [], "o", color="gray", mfc="none", label="held-out loss (periodic eval)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats / token)")
-    top = ax.secondary_xaxis("top", functions=(lambda s: s * tps / 1e6, lambda t: t * 1e6 / tps))
-    top.set_xlabel("tokens (millions)")
-    fig.suptitle(
-        f"{budget['steps']} steps × {budget['batch_size']} × {budget['seq_len']} tokens, "
-        "same data and tokenizer",
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _fmt(v, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def markdown_table(rows: list[dict]) -> str:
-    lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        cells = "—" if not r["memory_cells"] else f"{r['memory_cells']:,} ({r['state_formula']})"
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    r["label"],
-                    f"{r['params']:,}",
-                    str(r["layers"]),
-                    f"{r['state_dim']:,}",
-                    cells,
-                    compare_seeds.pm(r["heldout_ppl"], r.get("heldout_ppl_std")),
-                    compare_seeds.pm(r.get("train_ppl"), r.get("train_ppl_std")),
-                    compare_seeds.pm(r.get("gap"), r.get("gap_std"), "+.1%"),
-                    compare_seeds.pm(r.get("unigram_gap"), r.get("unigram_gap_std"), "+.1%"),
-                    _fmt(r["lambada_acc"], ".3f"),
-                    _fmt(r["lambada_ppl"], ".2f"),
-                ]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def markdown(result: dict) -> str:
-    b = result["budget"]
-    parts = [
-        "Shared budget: "
-        f"{b['steps']:,} steps × {b['batch_size']} × {b['seq_len']} tokens = "
-        f"{b['tokens']:,} training tokens per model; AdamW lr {b['learning_rate']:g} "
-        f"(warm-up {b['warmup_steps']}, cosine to {b['min_lr_ratio']:g}×), wd "
-        f"{b['weight_decay']:g}, clip {b['grad_clip']:g}.",
-        f"Data: {result['data']['source']}; tokenizer {result['data']['tokenizer'] or 'none'}. "
-        f"Held-out PPL over the same {result['heldout_tokens']:,} held-out tokens for every "
-        f"model (unigram PPL {result['unigram_ppl']:.2f}).",
-        _seeds_line(result),
-        "",
-        markdown_table(result["rows"]),
-        "",
-    ]
-    parts += [*result.get("gap_warnings", []), ""] if result.get("gap_warnings") else []
-    lam = result["lambada"]
-    if lam["path"]:
-        parts.append(
-            f"LAMBADA: {lam['path']} (paper protocol: first-sub-word accuracy, PPL over the "
-            "target sub-words)."
-        )
-    else:
-        parts.append(f"LAMBADA: {lam['note']}")
-    if "harness" in result:
-        parts += ["", "lm-evaluation-harness (the Gated DeltaNet paper's table):", "",
-                  paper_table.markdown(result["harness"])]  # fmt: skip
-    if result.get("claims"):
-        parts += ["", compare_claims.markdown(result["claims"])]
-    return "\n".join(parts) + "\n"
-
-
-def _seeds_line(result: dict) -> str:
-    n = result.get("seeds", 1)
-    spread = "mean ± sample std over" if n > 1 else "one run,"
-    return (
-        f"Seeds: {spread} {n} seed(s) per model (seed {result['data']['seed']} + k). Train PPL: "
-        "final parameters on as many training tokens as held out; the gap (held-out / train "
-        f"PPL - 1) must stay within ±{compare_seeds.GAP_LIMIT:.0%} "
-        f"({'not met: see the warnings' if result.get('gap_warnings') else 'met'}); 'Same, "
-        "unigram' is that ratio for the training split's unigram model on the same tokens (the "
-        "part of the gap due to which documents are held out). LAMBADA and harness columns: the "
-        "first seed's run."
-    )
-
-
 def _check_same_heldout(rows: list[dict]) -> tuple[int, float]:
     runs = [r for row in rows for r in row.get("runs", [row])]
     seen = {(r["heldout_tokens"], round(r["unigram_ppl"], 6)) for r in runs}
@@ -426,7 +282,7 @@ def _train_run(config, row: dict, run: dict, tokenizer: str, is_lead: bool) -> d
         print("Stopped; rerun the same command to resume.")
         return {"stopped_at": {run["run"]: final["stopped_at"]}}
     run |= {k: final[k] for k in _RUN_KEYS} | {"train_seconds": seconds}
-    _, loss, _, _ = loss_curve(run["workdir"])
+    _, loss, _, _ = compare_report.loss_curve(run["workdir"])
     run["final_train_loss"] = loss[-1] if loss else None
     if run["heldout_tokens"]:
         run |= compare_seeds.train_ppl(run["workdir"], run["heldout_tokens"])
@@ -474,12 +330,12 @@ def _budget(t) -> dict:
 
 def _write_outputs(result: dict, rows: list[dict], budget: dict) -> None:
     files = result["files"]
-    md = markdown(result)
+    md = compare_report.markdown(result)
     with open(files["markdown"], "w") as f:
         f.write(md)
     with open(files["json"], "w") as f:
         json.dump(result, f, indent=2)
-    plot_losses(rows, budget, files["plot"])
+    compare_report.plot_losses(rows, budget, files["plot"])
     print()
     print(md)
     print(f"Wrote {files['markdown']}, {TABLE_JSON} and {PLOT}")

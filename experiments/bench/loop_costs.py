@@ -118,13 +118,8 @@ def fused_widths(m) -> tuple[int, int]:
     return (H * K + H * U + 2 * H) + (2 * F + D + H * K + H * U), F + H * U
 
 
-def main(argv):
-    del argv
-    m = bench_config.models().gpn_m
-    B, S = flags.FLAGS.batch, flags.FLAGS.steps
-    D = m.d_model
-    n0, r = fused_widths(m)
-    print(f"{jax.devices()[0].device_kind}, {jax.device_count()} device(s), B={B}, {S} steps")
+def _out_of_the_loop(m, B: int, D: int, n0: int) -> None:
+    """The products the window runs once per segment or loss chunk, against the peak."""
     peak_s = big_product(2048, 2048, 2048)
     print(f"square matmul 2048^3: {2 * 2048**3 / peak_s / 1e9:.0f} GFLOP/s (the bench's peak)")
     sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fused_window.MIN_SEGMENT`)
@@ -146,6 +141,16 @@ def main(argv):
             f"{2 * i * c * o / t_w / 1e9:.0f} GFLOP/s ({t_w * 1e3:.1f} ms), one dot contracting "
             f"both first axes {2 * i * c * o / t_d / 1e9:.0f} GFLOP/s ({t_d * 1e3:.1f} ms)"
         )
+
+
+def main(argv):
+    del argv
+    m = bench_config.models().gpn_m
+    B, S = flags.FLAGS.batch, flags.FLAGS.steps
+    D = m.d_model
+    n0, r = fused_widths(m)
+    print(f"{jax.devices()[0].device_kind}, {jax.device_count()} device(s), B={B}, {S} steps")
+    _out_of_the_loop(m, B, D, n0)
     native = small_matmul.available()
     print(f"\nthe kernel's column: {small_matmul.status()}")
     print("\n| per-step part | us / step | GFLOP/s | kernel: us / step | GFLOP/s |")

@@ -155,7 +155,7 @@ def _body_runs(comps: dict, entry: str | None) -> dict:
                 if not parts:
                     continue
                 cond, body = parts
-                trips = traffic._trip_count(ins, comps, cond) or 1
+                trips = traffic.trip_count(ins, comps, cond) or 1
                 back = backward or "transpose" in ins.attrs
                 key = (body, "backward" if back else "forward")
                 out[key] = out.get(key, 0) + times * trips

@@ -219,7 +219,9 @@ def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> i
     return sum(reads) + _result_bytes(ins, body, elements)
 
 
-def _trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
+def trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
+    """A while loop's trip count: XLA's `known_trip_count`, else the one integer constant its
+    condition compares with; None when neither says."""
     known = hlo.known_trip_count(ins)
     if known is not None:
         return known
@@ -260,7 +262,7 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
             if not parts:
                 return 0
             cond, body = parts
-            trip = _trip_count(ins, comps, cond)
+            trip = trip_count(ins, comps, cond)
             if trip is None:
                 unknown.append(body)
                 trip = 1
