@@ -15,6 +15,7 @@ and a FIFO or device would hang or fail naming no file. `open_fd_for_writing` an
 """
 
 import errno
+import gzip
 import os
 import stat
 
@@ -68,6 +69,23 @@ def read_regular_file(path, max_bytes: int) -> bytes:
     if len(data) > size:
         raise NotRegularFileError(f"{os.fspath(path)} grew while being read")
     return data
+
+
+def read_gzip(path, max_bytes: int) -> bytes:
+    """The decompressed bytes of the regular gzip file `path`, at most `max_bytes`
+    (NotRegularFileError otherwise: a small file may expand without end), read in blocks."""
+    raw, _ = open_regular(path)
+    blocks, total = [], 0
+    with raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        while block := f.read(1 << 20):
+            total += len(block)
+            if total > max_bytes:
+                raise NotRegularFileError(
+                    f"{os.fspath(path)} holds more than the {max_bytes} bytes expected, "
+                    "decompressed"
+                )
+            blocks.append(block)
+    return b"".join(blocks)
 
 
 def _refuse_write(path, what: str) -> NotRegularFileError:
