@@ -480,18 +480,6 @@ OPENS_ALLOWED = {
     # /proc/self/statm and /proc/cpuinfo (pseudo-files, as above)
     "gpn_jax/benchmarks/measure.py",
 }
-# Not yet moved onto io/: the benchmark drivers' own scratch files (specs, results, profiles in
-# a temporary folder they created). A listed module that no longer opens files fails: remove it.
-OPENS_NOT_YET_GATED = {
-    "gpn_jax/benchmarks/accel.py",
-    "gpn_jax/benchmarks/accel_parts.py",
-    "gpn_jax/benchmarks/op_profile.py",
-    "gpn_jax/benchmarks/orchestrate.py",
-    "gpn_jax/benchmarks/prepare.py",
-    "gpn_jax/benchmarks/train.py",
-    "gpn_jax/benchmarks/workdirs.py",
-    "gpn_jax/benchmarks/worker.py",
-}
 _OPENERS = {(None, "open"), ("os", "open"), ("gzip", "open"), ("np", "load"), ("json", "load")}
 
 
@@ -533,11 +521,11 @@ def _ungated_modules() -> dict[str, set[str]]:
 
 def test_every_file_is_opened_through_io():
     """Outside gpn_jax/io/ no module opens a file itself (OPENS_ALLOWED, with their reasons,
-    and OPENS_NOT_YET_GATED aside); a listed module that no longer does fails too."""
+    aside); a listed module that no longer does fails too."""
     found = _ungated_modules()
     bad = [f"{rel}: {', '.join(sorted(found[rel]))} (use gpn_jax.io.regular / files / paths)"
-           for rel in sorted(set(found) - OPENS_ALLOWED - OPENS_NOT_YET_GATED)]  # fmt: skip
-    stale = sorted((OPENS_ALLOWED | OPENS_NOT_YET_GATED) - set(found))
+           for rel in sorted(set(found) - OPENS_ALLOWED)]  # fmt: skip
+    stale = sorted(OPENS_ALLOWED - set(found))
     assert not bad and not stale, "\n".join(bad + [f"{s}: listed, opens nothing" for s in stale])
 
 

@@ -2,12 +2,14 @@
 
 import gzip
 import json
+import os
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from gpn_jax.benchmarks import op_profile
+from gpn_jax.io.regular import NotRegularFileError
 
 HLO = """HloModule m
 
@@ -122,4 +124,22 @@ def test_trace_events_reads_the_newest_trace(tmp_path):
     d.mkdir(parents=True)
     with gzip.open(d / "host.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": EVENTS}, f)
+    assert op_profile.trace_events(str(tmp_path)) == EVENTS
+
+
+def test_a_trace_that_is_no_regular_file_or_expands_past_the_cap_is_one_line(tmp_path, monkeypatch):
+    """Read through gpn_jax/io (issue 83): a FIFO named like a trace is refused, not waited
+    on; a trace that decompresses past the cap is refused before it is all held."""
+    d = tmp_path / "plugins" / "profile" / "run"
+    d.mkdir(parents=True)
+    os.mkfifo(d / "host.trace.json.gz")
+    with pytest.raises(NotRegularFileError, match=r"host\.trace\.json\.gz is a FIFO"):
+        op_profile.trace_events(str(tmp_path))
+    os.unlink(d / "host.trace.json.gz")
+    with gzip.open(d / "host.trace.json.gz", "wt") as f:
+        f.write(" " * (3 << 20) + json.dumps({"traceEvents": EVENTS}))
+    monkeypatch.setattr(op_profile, "MAX_TRACE_BYTES", 2 << 20)
+    with pytest.raises(NotRegularFileError, match=r"more than the 2097152 bytes expected"):
+        op_profile.trace_events(str(tmp_path))
+    monkeypatch.setattr(op_profile, "MAX_TRACE_BYTES", 4 << 20)
     assert op_profile.trace_events(str(tmp_path)) == EVENTS

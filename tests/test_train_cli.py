@@ -16,7 +16,7 @@ import pytest
 from gpn_jax.data.tokenizer import train_tokenizer
 from tests.data.corpus_files import write_corpus, write_manifest
 from tests.environment import one_device_env, xla_flags
-from tests.helpers.cli import TINY, assert_one_line_error, run_train, train_cmd
+from tests.helpers.cli import RUN_LOG_LINE, TINY, assert_one_line_error, run_train, train_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,6 +138,33 @@ def test_sigint_while_stepping_saves_and_exits_non_zero_in_one_line(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     step = int(out.split("SIGINT: saved step ")[1].split()[0])
     assert os.path.isdir(workdir / "checkpoints" / str(step))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["gpn model,", "compiling the training step"])
+def test_sigint_in_start_up_or_the_first_compile_exits_at_once_in_one_line(tmp_path, moment):
+    """Ctrl-C (issue 83) after the run's header (reading the data, building the state) or
+    while the first step compiles: nothing is trained yet, so nothing is saved; the command
+    says `gpn-train: interrupted` and exits 130 at once (the compile is not waited for), with
+    no traceback and no crash (it was a KeyboardInterrupt traceback, then exit 139)."""
+    workdir = tmp_path / "w"
+    env = one_device_env(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"))  # a real compile
+    proc = subprocess.Popen(train_cmd(workdir, "--config.train.steps=5"), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if moment in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not RUN_LOG_LINE.match(ln)]
+    assert lines == ["gpn-train: interrupted"], err[-3000:]
+    assert "compiled the training step" not in err and "saved step" not in out, err + out
+    ckpts = workdir / "checkpoints"
+    assert not ckpts.exists() or not os.listdir(ckpts)
 
 
 @pytest.mark.parametrize(

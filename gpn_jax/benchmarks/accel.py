@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from gpn_jax.io import files
+from gpn_jax.io import files, untrusted
 from gpn_jax.io.paths import is_temporary
 
 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # inherited by every part
@@ -157,8 +157,7 @@ def _run_in(settings, out, deadline, parts, smoke_settings, scratch: str) -> dic
     for name, s in (("settings", settings), ("smoke_settings", smoke_settings)):
         if s is not None:
             paths[name] = os.path.join(scratch, f"{name}.json")
-            with open(paths[name], "w") as f:
-                json.dump(s, f)
+            files.atomic_write(paths[name], json.dumps(s).encode())
     vpath = os.path.join(out, FILES["versions"])
     env = settings.get("env")
     runs = {"versions": run_part("versions", paths["settings"], vpath, scratch, 120, env)}
@@ -186,7 +185,6 @@ def _amend(path: str, **fields) -> None:
     """Adds `fields` to the JSON object at `path` (our own versions file; atomically)."""
     data = {}
     if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
+        data = untrusted.read_json(path, fix="delete it and run again")
     data.update(fields)
     files.atomic_write(path, json.dumps(data, indent=1, default=str).encode())

@@ -32,11 +32,13 @@ import platform as pyplatform
 import sys
 import time
 
-from gpn_jax.io import files
+from gpn_jax.io import files, untrusted
+from gpn_jax.io.regular import MAX_TEXT_BYTES, read_text
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any JAX client
 
 MAX_HLO_BYTES = 15 * 2**20  # under the 16 MiB a result file may have
+_RERUN = "start the accelerator run again (`gpn_jax.benchmarks.accel` writes it)"
 # A 130M record on an H100 took about 50 s (a fresh process, a 20 s compile, a warm-up and
 # three steps: experiments/results/accel_h100/step.json)
 RECORD_FLOOR_S = 75
@@ -248,8 +250,7 @@ def baselines(settings: dict, out: Out, scratch: str) -> None:
     if any(r["attention"] == "cudnn" for r in records):
         versions = os.path.join(os.path.dirname(out.path), "versions.json")
         if os.path.isfile(versions):  # our own part's file: data only
-            with open(versions) as f:
-                cudnn = json.load(f).get("cudnn_attention")
+            cudnn = untrusted.read_json(versions, fix=_RERUN).get("cudnn_attention")
         cudnn = cudnn or cudnn_attention()
     _records(settings, out, scratch, _jobs(settings, records, cudnn), "baselines")
 
@@ -293,8 +294,7 @@ def hlo(settings: dict, out: Out, scratch: str) -> None:
         os.path.exists(saved)
         and tuple(first[k] for k in ("family", "kernels", "memory_dtype", "batch")) == same
     ):
-        with open(saved) as f:
-            _save_hlo(out, f.read(), settings, "the comparison's GPN+M record")
+        _save_hlo(out, read_text(saved, MAX_TEXT_BYTES), settings, "the comparison's GPN+M record")
     one, _, _, _, compiled = train.compiled_step(spec, gpn)
     if "hlo_file" not in out.data:
         _save_hlo(out, compiled.as_text(), settings, "compiled by this part")
@@ -303,8 +303,7 @@ def hlo(settings: dict, out: Out, scratch: str) -> None:
     try:
         spec |= {"profile_dir": profile_dir}
         train._time(one, spec, compiled.as_text)
-        with open(os.path.join(profile_dir, "ops.md")) as f:
-            out.set(profile_ops_md=f.read()[:200_000])
+        out.set(profile_ops_md=read_text(os.path.join(profile_dir, "ops.md"))[:200_000])
     except Exception as e:  # noqa: BLE001 - the profile is the last, optional figure
         out.set(profile_error=_error(e))
 
@@ -313,8 +312,7 @@ def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
     from gpn_jax.benchmarks import aot
 
     dest = os.path.join(os.path.dirname(out.path), "train_step.hlo.txt")
-    with open(dest, "w") as f:
-        f.write(text[:MAX_HLO_BYTES])
+    files.atomic_write(dest, text[:MAX_HLO_BYTES].encode())
     out.set(
         hlo_file=os.path.basename(dest),
         hlo_source=source,
@@ -339,8 +337,7 @@ PARTS = {
 def main(argv: list[str]) -> None:
     part, settings_path, out_path = argv[1], argv[2], argv[3]
     scratch = argv[4] if len(argv) > 4 else os.path.dirname(out_path)
-    with open(settings_path) as f:  # written by `accel`: data only
-        settings = json.load(f)
+    settings = untrusted.read_json(settings_path, fix=_RERUN)  # written by `accel`: data only
     out = Out(out_path, part=part, mode=settings["mode"], started=time.time())
     PARTS[part](settings, out, scratch)
     out.set(finished=time.time())

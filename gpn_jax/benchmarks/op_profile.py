@@ -18,11 +18,14 @@ protobufs: the trace's `.trace.json.gz` is what `jax.profiler.trace` writes next
 import collections
 import dataclasses
 import glob
-import gzip
 import json
 import os
 import re
 
+from gpn_jax.io.regular import read_gzip
+
+# A one-step trace, decompressed (parsed, it holds several times this).
+MAX_TRACE_BYTES = 1 << 30
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\(")
 _BODY = re.compile(r"body=%?([\w.\-]+)")
@@ -116,8 +119,8 @@ def trace_events(trace_dir: str) -> list[dict]:
     found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not found:
         raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir} (a jax.profiler trace)")
-    with gzip.open(max(found, key=os.path.getmtime)) as f:
-        return json.load(f)["traceEvents"]
+    newest = max(found, key=os.path.getmtime)
+    return json.loads(read_gzip(newest, MAX_TRACE_BYTES))["traceEvents"]
 
 
 def summarize(events: list[dict], hlo_text: str) -> list[Row]:

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from gpn_jax.io import files, untrusted
+
 PROG = "gpn-bench"
 SUITES = ("train", "scaling", "generate", "alternate")
 
@@ -146,8 +148,7 @@ def run_spec(spec: dict, isolate: bool) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
+        files.atomic_write(spec_path, json.dumps(spec).encode())
         proc = subprocess.run(
             [sys.executable, "-m", "gpn_jax.benchmarks.worker", spec_path, out_path],
             env=env,
@@ -159,8 +160,7 @@ def run_spec(spec: dict, isolate: bool) -> dict:
         if proc.returncode or not os.path.exists(out_path):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"worker exited with status {proc.returncode}: {' | '.join(tail)}")
-        with open(out_path) as f:  # our worker's JSON result (json: data only)
-            return json.load(f)
+        return untrusted.read_json(out_path, fix="a bug in the benchmark worker: report it")
 
 
 def _describe(spec: dict) -> str:

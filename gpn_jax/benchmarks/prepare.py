@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from gpn_jax.benchmarks import workdirs
-from gpn_jax.io import paths
+from gpn_jax.io import paths, untrusted
+from gpn_jax.io.regular import bounded_lines, open_regular
 
 
 def word_table() -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +82,10 @@ def make_tokenizer(corpus: str, path: str, vocab_size: int, docs: int = 2000) ->
     if not os.path.exists(path):
         from gpn_jax.data.tokenizer import train_tokenizer
 
-        with open(corpus) as f:
-            sample = [json.loads(line)["text"] for _, line in zip(range(docs), f, strict=False)]
+        f, _ = open_regular(corpus)
+        with f:
+            lines = zip(range(docs), bounded_lines(f, corpus), strict=False)
+            sample = [json.loads(line)["text"] for _, line in lines]
         train_tokenizer(sample, vocab_size, path)
     return path
 
@@ -111,7 +114,7 @@ def run_prepare(corpus: str, tokenizer: str, output: str, workers: int) -> dict:
     out = log.read()
     if proc.returncode:
         raise RuntimeError(f"prepare failed: {out.strip().splitlines()[-1:]}")
-    manifest = json.load(open(os.path.join(output, "manifest.json")))
+    manifest = untrusted.read_json(os.path.join(output, "manifest.json"), fix="a bug: report it")
     tokens = sum(s["tokens"] for s in manifest["splits"].values())
     own = re.search(r"([\d,]+) tokens/s", out.strip().splitlines()[-1])
     return {

@@ -16,6 +16,7 @@ import ml_collections
 
 from gpn_jax.benchmarks import measure, op_profile, roofline, traffic
 from gpn_jax.configs import recipe
+from gpn_jax.io import files
 from gpn_jax.models import accounting
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
@@ -45,13 +46,12 @@ def write_profile_tables(profile_dir: str, hlo_text: str) -> str:
     """Next to the trace: the step's optimised HLO (`train_step.hlo.txt`) and `ops.md`, its
     operations' self times per loop and the largest ones (`benchmarks.op_profile`).
     Returns the path of `ops.md`."""
-    with open(os.path.join(profile_dir, "train_step.hlo.txt"), "w") as f:
-        f.write(hlo_text)
+    files.atomic_write(os.path.join(profile_dir, "train_step.hlo.txt"), hlo_text.encode())
     rows = op_profile.summarize(op_profile.trace_events(profile_dir), hlo_text)
     path = os.path.join(profile_dir, "ops.md")
-    with open(path, "w") as f:
-        f.write("## Per loop\n\n" + op_profile.loop_table(rows, hlo_text))
-        f.write("\n## Largest operations\n\n" + op_profile.table(rows))
+    text = "## Per loop\n\n" + op_profile.loop_table(rows, hlo_text)
+    text += "\n## Largest operations\n\n" + op_profile.table(rows)
+    files.atomic_write(path, text.encode())
     return path
 
 
@@ -131,8 +131,7 @@ def run(spec: dict) -> dict:
     compute_dtype, overrides (model fields, e.g. remat_segment), profile_dir ('' for none)."""
     one, model, compile_s, rss0, compiled = compiled_step(spec, spec["model"])
     if spec.get("hlo_path"):  # the optimised HLO, for a caller to read (the accelerator run)
-        with open(spec["hlo_path"], "w") as f:
-            f.write(compiled.as_text())
+        files.atomic_write(spec["hlo_path"], compiled.as_text().encode())
     B, T = spec["batch_size"], spec["seq_len"]
     times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
     return (

@@ -3,11 +3,13 @@
 Without a `--workdir`, a benchmark gets a fresh private directory (`tempfile.mkdtemp`,
 mode 0700), never a fixed name in a shared directory such as /tmp. A given directory is
 created if missing and refused when it is a symbolic link or belongs to another user; files in
-it are opened without following a symbolic link (`open_new`).
+it are written by `open_new`, never through a link, FIFO or device in their place.
 """
 
 import os
 import tempfile
+
+from gpn_jax.io.regular import open_fd_for_writing
 
 
 def prepare(workdir: str, prog: str) -> str:
@@ -32,14 +34,9 @@ def prepare(workdir: str, prog: str) -> str:
 
 
 def open_new(path: str, mode: str = "w"):
-    """Opens `path` for writing (truncated), refusing a symbolic link in its place."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    if "+" in mode:
-        flags = (flags & ~os.O_WRONLY) | os.O_RDWR
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as e:
-        if os.path.islink(path):
-            raise ValueError(f"{path} is a symbolic link; remove it or use another workdir") from e
-        raise
+    """Opens `path` for writing (emptied; `w+`: reading too), private to its owner (0600 for
+    a new file). A symbolic link, hard link, FIFO, device or directory in its place is refused
+    (`regular.open_fd_for_writing`, one line naming it) and left as it is."""
+    fd = open_fd_for_writing(path, os.O_RDWR if "+" in mode else os.O_WRONLY, 0o600)
+    os.ftruncate(fd, 0)
     return os.fdopen(fd, mode)

@@ -9,6 +9,8 @@ is sampled throughout the run.
 import json
 import sys
 
+from gpn_jax.io import files, untrusted
+
 
 def run_spec(spec: dict) -> dict:
     from gpn_jax.benchmarks import generate, measure, train
@@ -26,15 +28,15 @@ def run_spec(spec: dict) -> dict:
 
 def main(argv):
     spec_path, out_path = argv[1], argv[2]
-    with open(spec_path) as f:  # json: data only
-        spec = json.load(f)
+    spec = untrusted.read_json(
+        spec_path, fix="pass a spec written by gpn_jax.benchmarks.orchestrate"
+    )
     if spec["suite"] != "generate" and spec.get("reuse_step_memory", True):  # as the trainer
         from gpn_jax.training import host_memory
 
         host_memory.inline_cpu_steps()  # (before JAX starts; `training.host_memory`)
     result = run_spec(spec)
-    with open(out_path, "w") as f:
-        json.dump(result, f)
+    files.atomic_write(out_path, json.dumps(result).encode())
 
 
 if __name__ == "__main__":

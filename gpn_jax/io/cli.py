@@ -5,11 +5,14 @@ work; `absl_entry(body, prog)` gives it `main(argv)` (for `app.run`) and `run()`
 script and `python -m`), so argument checks, log level and error handling live here once.
 """
 
+import contextlib
 import errno
 import gc
 import os
 import re
+import signal
 import sys
+import threading
 
 from gpn_jax.io import config_args
 from gpn_jax.io.errors import CheckpointError, TrainingError
@@ -41,18 +44,18 @@ _OS_FIXES = {
 
 
 INTERRUPTED = 128 + 2  # the shell's status for a command stopped by SIGINT
+_COMMANDS = []  # the prog of each `run_or_exit` running now, innermost last
 
 
 def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
     """Calls `fn`; a user error prints `<prog>: error: <one line>` and exits with status 1.
     Ctrl-C (outside the trainer's steps, which save first) prints one line and exits at once
     with INTERRUPTED: no traceback, and no interpreter teardown racing XLA's compile threads."""
+    _COMMANDS.append(prog)
     try:
         return fn(*args, **kwargs)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(INTERRUPTED)
+        _interrupted(prog)
     except USER_ERRORS as e:
         _exit(prog, error_line(e))
     except Exception as e:
@@ -60,6 +63,46 @@ def run_or_exit(fn, *args, prog: str = "gpn_jax", **kwargs):
         if os_error is None:
             raise
         _exit(prog, error_line(os_error))
+    finally:
+        _COMMANDS.pop()
+
+
+def _interrupted(prog: str):
+    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED)
+
+
+@contextlib.contextmanager
+def interrupt_exits_at_once():
+    """In a command (`run_or_exit`): Ctrl-C during the block exits at once as it does outside
+    the trainer's steps (one line, INTERRUPTED), also while the main thread is in native code.
+    XLA's compile releases the GIL, but Python runs a signal's handler only when the call
+    returns (a first compile: minutes); the signal's wakeup fd wakes a thread at once instead.
+    The handlers stay as they are (SIGTERM still reaches the loop's); outside a command (a
+    library call) the block runs as it is."""
+    if not _COMMANDS or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=_watch, args=(read, _COMMANDS[-1]), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write)  # the watcher reads the end and returns
+        watcher.join()
+        os.close(read)
+
+
+def _watch(fd: int, prog: str) -> None:
+    """Reads the signal numbers written to the wakeup fd `fd`; exits on a SIGINT."""
+    while numbers := os.read(fd, 64):
+        if signal.SIGINT in numbers:
+            _interrupted(prog)
 
 
 _NATIVE_OS_ERROR = re.compile(r"(.*?):?\s*(?:I/O error: )?([^:()]*) \(os error (\d+)\)")

@@ -13,7 +13,7 @@ import numpy as np
 from etils import epath
 
 from gpn_jax.io import paths
-from gpn_jax.io.regular import open_regular
+from gpn_jax.io.regular import naming, open_regular
 from gpn_jax.io.untrusted import bad_file, read_npy
 
 DIGEST_SUFFIX = ".sha256"  # `<cache>.npy.sha256`: the sha256 of the cached array's bytes
@@ -26,7 +26,7 @@ def atomic_write(path: str, data: bytes, *, private: bool = False) -> None:
     if not private:
         paths.write_bytes(path, data)
         return
-    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+    with naming(path), atomic_output(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 
@@ -59,9 +59,12 @@ def sha256_file(path) -> str:
 
 
 def atomic_save_npy(path: str, array: np.ndarray) -> None:
-    """Saves `array` as a .npy file at `path` (as `atomic_write`)."""
+    """Saves `array` as a .npy file at `path` (as `atomic_write`), its data written by Python:
+    numpy's own write of a file (`tofile`) reports a failure without its errno."""
+    array = np.ascontiguousarray(array)
     with paths.atomic_open(path) as f:
-        np.save(f, array, allow_pickle=False)  # read back with allow_pickle=False too
+        np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+        f.write(memoryview(array).cast("B"))  # read back with allow_pickle=False
 
 
 def load_cache_npy(path: str, dtype: str) -> np.ndarray:

@@ -21,7 +21,7 @@ import time
 
 from etils import epath
 
-from gpn_jax.io.regular import open_for_writing
+from gpn_jax.io.regular import naming, open_for_writing
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -109,8 +109,8 @@ def atomic_open(path):
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{unique_suffix()}"
-    try:
-        with open(tmp, "xb") as f:  # a new file: never through a name planted there
+    try:  # a failed write (EFBIG, ENOSPC) names `path`, not the temporary file it removes
+        with naming(path), open(tmp, "xb") as f:  # a new file: never through a name planted there
             yield f
         os.replace(tmp, path)
     finally:

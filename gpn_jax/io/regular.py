@@ -14,7 +14,10 @@ and a FIFO or device would hang or fail naming no file. `open_fd_for_writing` an
 `open_for_writing` refuse all four on the opened descriptor, before anything is written.
 """
 
+import contextlib
 import errno
+import gzip
+import io
 import os
 import stat
 
@@ -70,6 +73,23 @@ def read_regular_file(path, max_bytes: int) -> bytes:
     return data
 
 
+def read_gzip(path, max_bytes: int) -> bytes:
+    """The decompressed bytes of the regular gzip file `path`, at most `max_bytes`
+    (NotRegularFileError otherwise: a small file may expand without end), read in blocks."""
+    raw, _ = open_regular(path)
+    blocks, total = [], 0
+    with raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        while block := f.read(1 << 20):
+            total += len(block)
+            if total > max_bytes:
+                raise NotRegularFileError(
+                    f"{os.fspath(path)} holds more than the {max_bytes} bytes expected, "
+                    "decompressed"
+                )
+            blocks.append(block)
+    return b"".join(blocks)
+
+
 def _refuse_write(path, what: str) -> NotRegularFileError:
     return NotRegularFileError(f"{os.fspath(path)}: {what}; {_WRITE_FIX}")
 
@@ -101,15 +121,46 @@ def open_fd_for_writing(path, flags: int = os.O_WRONLY, mode: int = 0o666) -> in
         raise
 
 
+@contextlib.contextmanager
+def naming(path):
+    """Re-raises an OS error of the block that names no file as one naming `path`: a failed
+    write (EFBIG past `ulimit -f`, ENOSPC) names none, and its one line must say which file."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None or e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+
+
+class _NamedWriter(io.BufferedWriter):
+    """A buffered writer whose OS errors (a write's, or the flush at close) name its file."""
+
+    def __init__(self, raw, path):
+        super().__init__(raw)
+        self._path = os.fspath(path)
+
+    def write(self, data):
+        with naming(self._path):
+            return super().write(data)
+
+    def flush(self):
+        with naming(self._path):
+            super().flush()
+
+    def close(self):
+        with naming(self._path):
+            super().close()
+
+
 def open_for_writing(path, *, append: bool = False, text: bool = False):
     """A file object writing the regular file `path` alone (`open_fd_for_writing`): appended to
-    (`append`), else emptied first. `text`: line-buffered UTF-8 text."""
+    (`append`), else emptied first; its OS errors name `path`. `text`: line-buffered UTF-8."""
     fd = open_fd_for_writing(path, os.O_WRONLY | (os.O_APPEND if append else 0))
     if not append:
         os.ftruncate(fd, 0)
-    if text:
-        return os.fdopen(fd, "a" if append else "w", buffering=1, encoding="utf-8")
-    return os.fdopen(fd, "ab" if append else "wb")
+    f = _NamedWriter(io.FileIO(fd, "a" if append else "w"), path)
+    return io.TextIOWrapper(f, encoding="utf-8", line_buffering=True) if text else f
 
 
 # Per kind of input: one document (a .txt file, a jsonl line) and a text read whole (a stream

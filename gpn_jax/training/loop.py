@@ -7,6 +7,7 @@ is not applied (the jitted step keeps the previous state) and stops the run, so 
 non-finite is ever saved. The config is validated (`validate`) before any work.
 """
 
+import contextlib
 import itertools
 import json
 import math
@@ -22,7 +23,7 @@ from jax.experimental import multihost_utils
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.checkpoints.restore import tokenizer_sha256
-from gpn_jax.io import paths
+from gpn_jax.io import cli, paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.kernels import selfcheck
 from gpn_jax.models import accounting, factory
@@ -293,8 +294,9 @@ def _check_finite(step: int, metrics: dict, ckpt: Checkpointer) -> dict:
     return host
 
 
-def _loop(run: _Run, stop: StopSignal) -> int:
-    """The training loop proper; returns the step it ended on."""
+def _loop(run: _Run, stop: StopSignal, compiled=lambda: None) -> int:
+    """The training loop proper; returns the step it ended on. `compiled()` is called once the
+    first step has compiled and run."""
     t = run.config.train
     step = int(run.state.step)
     log = _training_log(run, step)
@@ -331,6 +333,7 @@ def _loop(run: _Run, stop: StopSignal) -> int:
         run.state, metrics = run.train_step(run.state, batch)
         if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
             log.compile_done(log.timer.clock() - started)
+            compiled()
             steady_step_memory(t.get("reuse_step_memory", True))
         step += 1
         log.dispatched()
@@ -421,8 +424,12 @@ def _train(run: _Run) -> dict:
     run.writer = _metric_writer(run)
     run.say(f"data: {run.data.description}")
     stop = StopSignal()
+    # Until the first step has compiled and run nothing is trained and nothing is to be saved:
+    # Ctrl-C in a command exits at once, not after the compile (XLA's: minutes on a pod).
+    start_up = contextlib.ExitStack()
+    start_up.enter_context(cli.interrupt_exits_at_once())
     try:
-        step = _loop(run, stop)
+        step = _loop(run, stop, start_up.close)
         if stop.requested:
             run.save_once(step)
             print(
@@ -432,6 +439,7 @@ def _train(run: _Run) -> dict:
             return {"stopped_at": step, "signal": stop.name}
         final = _finish(run, step)
     finally:
+        start_up.close()
         stop.restore()
         run.ckpt.wait_until_finished()
         run.ckpt.close()

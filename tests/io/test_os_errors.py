@@ -6,9 +6,12 @@ permission, is-a-directory and a name too long anywhere."""
 import errno
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gpn_jax.data.pipeline import build_data
@@ -16,7 +19,7 @@ from gpn_jax.data.prepare import shards
 from gpn_jax.data.prepare.run import Options, prepare_corpus
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
-from gpn_jax.io import cli, paths
+from gpn_jax.io import cli, files, paths, regular
 from tests.environment import one_device_env
 from tests.helpers.training import save_tiny_run
 
@@ -168,6 +171,60 @@ def test_disk_full_in_the_data_cache_is_one_line_and_leaves_nothing(
     assert not cache.exists() or not os.listdir(cache)  # no partial cache file
 
 
+@pytest.fixture
+def file_size_limit():
+    """Writes past 16 KiB in this process fail with EFBIG, as on a full or quota'd disk
+    (SIGXFSZ ignored; the limit is lifted when the test ends)."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, old_limit[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+    signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def _write_through(path: str, how: str) -> None:
+    big = np.arange(40_000, dtype=np.uint16)  # 80 KB: past the limit
+    if how == "data cache":
+        files.save_cache(path, big)
+    elif how == "atomic":
+        paths.write_bytes(path, big.tobytes())
+    elif how == "private":
+        files.atomic_write(path, big.tobytes(), private=True)
+    elif how in ("append", "truncate"):
+        with regular.open_for_writing(path, append=how == "append") as f:
+            f.write(big.tobytes())
+    else:  # a run's text file, line-buffered (metrics.jsonl)
+        with regular.open_for_writing(path, append=True, text=True) as f:
+            for _ in range(2000):
+                f.write(json.dumps({"loss": 1.0, "step": 1}) + "\n")
+
+
+@pytest.mark.parametrize("how", ["data cache", "atomic", "private", "append", "truncate", "text"])
+def test_a_real_file_size_limit_names_the_file_being_written(
+    tmp_path, capsys, file_size_limit, how
+):
+    """EFBIG from a real RLIMIT_FSIZE, raised by a write (which names no file), is one line
+    naming the file through every writer in gpn_jax.io; an atomic writer leaves nothing."""
+    path = str(tmp_path / "train-0.npy")
+    exits_1(_write_through, path, how, prog="gpn-train")
+    one_line(capsys, "gpn-train", f"{path}: File too large (EFBIG); the file exceeds")
+    if how in ("data cache", "atomic", "private"):
+        assert os.listdir(tmp_path) == []
+
+
+def test_a_real_file_size_limit_in_the_data_cache_is_one_line(
+    tmp_path, tokenizer_path, capsys, file_size_limit
+):
+    cache = tmp_path / "cache"
+    build = dict(vocab_size=V, seq_len=8, batch_size=2, tokenizer_path=tokenizer_path,
+                 cache_dir=str(cache), heldout_fraction=0.1)  # fmt: skip
+    exits_1(build_data, "embedded", **build, prog="gpn-train")
+    line = one_line(capsys, "gpn-train", f"{cache}/", ": File too large (EFBIG); the file exceeds")
+    assert line.split(": File too large")[0].endswith(".npy"), line
+    assert not [n for n in os.listdir(cache) if n.endswith(".npy")]
+
+
 # Sets RLIMIT_FSIZE, then becomes `python -m module args` (no preexec_fn: this process runs
 # JAX's threads, and forking with them is unsafe).
 _LAUNCH = (
@@ -196,7 +253,7 @@ def test_a_file_size_limit_in_prepare_is_one_line(tmp_path, jsonl, tokenizer_pat
     proc = _child("gpn_jax.prepare", f"--input={jsonl}", f"--output={tmp_path / 'out'}",
                   f"--tokenizer_path={tokenizer_path}", "--workers=1", "--shard_tokens=100000",
                   "--noprogress", kib=24)  # fmt: skip
-    assert_one_line_exit(proc, "gpn-prepare", "File too large (EFBIG)")
+    assert_one_line_exit(proc, "gpn-prepare", ".bin.partial: File too large (EFBIG)")
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ once with one line, no traceback."""
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -36,3 +37,32 @@ def test_ctrl_c_outside_the_steps_is_one_line_and_the_interrupted_status(capsys,
         cli.run_or_exit(compiling, prog="gpn-train")
     assert e.value.code == cli.INTERRUPTED == 130
     assert capsys.readouterr().err == "gpn-train: interrupted\n"
+
+
+def test_ctrl_c_in_a_commands_compile_block_exits_from_a_thread(monkeypatch):
+    """`cli.interrupt_exits_at_once` (the first step's compile): the signal's wakeup fd wakes a
+    thread that exits, whatever the main thread is doing (in XLA's compile, native code,
+    Python's handler would run only once it returned). The handler in place stays (here a
+    no-op, as the loop's StopSignal only sets a flag)."""
+    calls, done = [], threading.Event()
+
+    def interrupted(prog):
+        calls.append((prog, threading.current_thread() is threading.main_thread()))
+        done.set()
+
+    monkeypatch.setattr(cli, "_interrupted", interrupted)
+
+    def compiling():
+        with cli.interrupt_exits_at_once():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert done.wait(60)
+
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        cli.run_or_exit(compiling, prog="gpn-train")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == [("gpn-train", False)]
+    assert signal.set_wakeup_fd(wakeup) == wakeup  # given back
