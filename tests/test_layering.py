@@ -322,14 +322,49 @@ def _test_module_imports() -> set[str]:
     return out
 
 
+def _module_aliases(tree) -> dict[str, str]:
+    """{local name: gpn_jax module} of the modules a file imports as modules."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpn_jax"):
+            for a in node.names:
+                if _is_module(f"{node.module}.{a.name}"):
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            out |= {a.asname: a.name for a in node.names if a.asname and _is_module(a.name)}
+    return out
+
+
+def _private_uses() -> set[str]:
+    """A private name (`_x`) of one gpn_jax module used from another: make it public, or move
+    the code that needs it."""
+    out = set()
+    for path in MODULES:
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = _module_aliases(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                rel = path.relative_to(ROOT.parent)
+                out.add(f"private name used across modules: {rel} -> "
+                        f"{aliases[node.value.id]}.{node.attr}")  # fmt: skip
+    return out
+
+
 def _violations() -> set[str]:
-    return _package_cycles() | _size_violations() | _test_module_imports()
+    return _package_cycles() | _size_violations() | _test_module_imports() | _private_uses()
 
 
 def test_structure_rules_hold():
     """No package cycle among gpn_jax's subpackages (strongly connected components of their
     import graph), no module over 600 lines, no function over 60 (config literals aside), no
-    test module importing a test module; except the listed known violations."""
+    test module importing a test module, no private name of one module used from another;
+    except the listed known violations."""
     new = sorted(_violations() - KNOWN_VIOLATIONS)
     assert not new, "structure rules broken:\n  " + "\n  ".join(new)
 
@@ -542,3 +577,20 @@ def test_the_gate_sees_every_way_of_opening_a_file(tmp_path, monkeypatch):
     assert _ungated_modules() == {"gpn_jax/planted.py": {
         "open", "os.open", "gzip.open", "np.load", "json.load", "Path(...).open", ".read_text()",
         ".read_bytes()"}}  # fmt: skip
+
+
+def test_a_private_name_used_from_another_module_is_seen(tmp_path, monkeypatch):
+    pkg = tmp_path / "gpn_jax"
+    (pkg / "benchmarks").mkdir(parents=True)
+    (pkg / "benchmarks" / "traffic.py").write_text("_SECRET = 1\nPUBLIC = 2\n")
+    planted = pkg / "planted.py"
+    planted.write_text(
+        "from gpn_jax.benchmarks import traffic\nimport gpn_jax.benchmarks.traffic as t\n"
+        "x = traffic._SECRET + traffic.PUBLIC + t._SECRET + traffic.__name__\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", pkg)
+    monkeypatch.setitem(globals(), "MODULES", [planted])
+    assert _private_uses() == {
+        "private name used across modules: gpn_jax/planted.py -> "
+        "gpn_jax.benchmarks.traffic._SECRET"
+    }

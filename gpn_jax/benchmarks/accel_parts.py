@@ -302,7 +302,7 @@ def hlo(settings: dict, out: Out, scratch: str) -> None:
     profile_dir = os.path.join(scratch, "profile")
     try:
         spec |= {"profile_dir": profile_dir}
-        train._time(one, spec, compiled.as_text)
+        train.time_steps(one, spec, compiled.as_text)
         out.set(profile_ops_md=read_text(os.path.join(profile_dir, "ops.md"))[:200_000])
     except Exception as e:  # noqa: BLE001 - the profile is the last, optional figure
         out.set(profile_error=_error(e))

@@ -133,7 +133,7 @@ def _scalar(shape_text: str) -> bool:
     """Whether a result holds only scalars (a loop counter, a flag): no array operation."""
     from gpn_jax.benchmarks import traffic
 
-    return all(not dims for _, dims, _ in traffic._SHAPE.findall(shape_text))
+    return all(not dims for _, dims, _ in traffic.SHAPE.findall(shape_text))
 
 
 def _body_runs(comps: dict, entry: str | None) -> dict:

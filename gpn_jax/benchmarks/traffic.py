@@ -85,7 +85,7 @@ FREE = {
     "replica-id",
     "iota",
 }
-_SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
+SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
 _OPCODE = re.compile(r"^\s*([a-z][\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(
@@ -107,7 +107,7 @@ def arrays(shape_text: str, elements: int) -> list[tuple[int, int]]:
     of `elements` (1: M-sized; k > 1: a stack of k such arrays). An array in a memory space
     other than 0 (`S(1)`: VMEM on TPU) has 0 HBM bytes."""
     out = []
-    for dtype, dims, layout in _SHAPE.findall(shape_text):
+    for dtype, dims, layout in SHAPE.findall(shape_text):
         n = math.prod(int(d) for d in dims.split(",")) if dims else 1
         if n == 0 or n % elements:
             continue
@@ -191,7 +191,7 @@ def _result_bytes(ins: Instr, body: list[Instr], elements: int) -> int:
 
 def _shape_of(operand: str, shapes: dict) -> str:
     """An operand's shape text: printed with it, or its definition's in the computation."""
-    if _SHAPE.search(operand):
+    if SHAPE.search(operand):
         return operand
     return shapes.get(operand.split()[-1].lstrip("%"), "")
 

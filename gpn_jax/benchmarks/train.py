@@ -23,7 +23,7 @@ from gpn_jax.training import setup
 from gpn_jax.training.host_memory import steady_step_memory
 
 
-def _time(one, spec: dict, hlo_text=None) -> tuple[list, tuple, float]:
+def time_steps(one, spec: dict, hlo_text=None) -> tuple[list, tuple, float]:
     """(times of `spec['steps']` steps after the warm-up, peak memory, the loss of one more
     step); then one profiled step when `spec['profile_dir']` is set, summarised per operation
     (`write_profile_tables`) when `hlo_text` (a function returning the step's optimised HLO) is
@@ -133,7 +133,7 @@ def run(spec: dict) -> dict:
     if spec.get("hlo_path"):  # the optimised HLO, for a caller to read (the accelerator run)
         files.atomic_write(spec["hlo_path"], compiled.as_text().encode())
     B, T = spec["batch_size"], spec["seq_len"]
-    times, (mem, mem_kind), loss = _time(one, spec, compiled.as_text)
+    times, (mem, mem_kind), loss = time_steps(one, spec, compiled.as_text)
     return (
         {
             "model": spec["name"],
