@@ -591,6 +591,5 @@ def test_a_private_name_used_from_another_module_is_seen(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "ROOT", pkg)
     monkeypatch.setitem(globals(), "MODULES", [planted])
     assert _private_uses() == {
-        "private name used across modules: gpn_jax/planted.py -> "
-        "gpn_jax.benchmarks.traffic._SECRET"
+        "private name used across modules: gpn_jax/planted.py -> gpn_jax.benchmarks.traffic._SECRET"
     }
