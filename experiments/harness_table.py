@@ -12,7 +12,7 @@ paper's list get columns of their own ("<task> <metric>").
 import math
 import os
 
-from gpn_jax.harness import COLUMNS as PAPER  # (column, lm-eval task, metric key)
+from gpn_jax.eval.harness_run import COLUMNS as PAPER  # (column, lm-eval task, metric key)
 
 AVG = "Avg."
 ACC_COLUMNS = tuple(c for c, _, _ in PAPER if "acc" in c)

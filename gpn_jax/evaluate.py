@@ -3,7 +3,7 @@
     python -m gpn_jax.evaluate --workdir=/tmp/run --eval=ppl,lambada,stream,recall \\
         --lambada_path=lambada_test.jsonl --out=results.json
 
-Thin absl launcher over `gpn_jax.eval.run_evals`. Results are printed as a short table and
+Thin absl launcher over `gpn_jax.eval.suite.run_evals`. Results are printed as a short table and
 written to `--out` if given (merged with an earlier `--out` file of the same run and step); the
 run's workdir is only read (token caches go to `--cache_dir` or a temporary directory). User errors (missing checkpoint, malformed
 jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.

@@ -21,7 +21,11 @@ from gpn_jax import harness  # noqa: E402
 from gpn_jax.checkpoints.manager import Checkpointer  # noqa: E402
 from gpn_jax.data.text_sources import embedded_corpus  # noqa: E402
 from gpn_jax.data.tokenizer import train_tokenizer  # noqa: E402
-from gpn_jax.eval import lambada, sampling  # noqa: E402
+from gpn_jax.eval import (  # noqa: E402
+    harness_run,  # noqa: E402
+    lambada,
+    sampling,
+)
 from gpn_jax.eval.harness_lm import GPNLM  # noqa: E402
 from gpn_jax.models import factory  # noqa: E402
 from gpn_jax.training import train_step as ts  # noqa: E402
@@ -336,31 +340,37 @@ def test_bad_model_args_are_one_line_errors(
 def test_tasks_all_in_include_path_are_indexed_without_lm_evals_built_in_ones(tasks, tmp_path):
     """lm-eval's CLI then indexes --include_path alone (the same tasks load); a built-in name, a
     group or no --include_path keeps its full index."""
-    assert harness.local_tasks(["--tasks", "gpnt_mc,gpnt_lmb", "--include_path", tasks]) == tasks
-    assert harness.local_tasks(["-t", "gpnt_mc", f"--include_path={tasks}"]) == tasks
-    assert harness.local_tasks(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]) is None
-    assert harness.local_tasks(["--tasks", "gpnt_mc"]) is None
+    assert (
+        harness_run.local_tasks(["--tasks", "gpnt_mc,gpnt_lmb", "--include_path", tasks]) == tasks
+    )
+    assert harness_run.local_tasks(["-t", "gpnt_mc", f"--include_path={tasks}"]) == tasks
+    assert harness_run.local_tasks(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]) is None
+    assert harness_run.local_tasks(["--tasks", "gpnt_mc"]) is None
     (tmp_path / "group.yaml").write_text("group: gpnt_both\ntask:\n  - gpnt_mc\n  - gpnt_lmb\n")
     (tmp_path / "mc.yaml").write_text(open(os.path.join(tasks, "gpnt_mc.yaml")).read())
-    assert harness.local_tasks(["--tasks", "gpnt_both", "--include_path", str(tmp_path)]) is None
+    assert (
+        harness_run.local_tasks(["--tasks", "gpnt_both", "--include_path", str(tmp_path)]) is None
+    )
     full = lm_eval.tasks.TaskManager
-    with harness.task_index(["--tasks", "gpnt_mc", "--include_path", tasks]):
+    with harness_run.task_index(["--tasks", "gpnt_mc", "--include_path", tasks]):
         local = lm_eval.tasks.TaskManager(include_path=tasks)  # as lm-eval's CLI builds it
         assert local.all_tasks == ["gpnt_gen", "gpnt_lmb", "gpnt_mc", "gpnt_roll"]
         assert local.load(["gpnt_mc"])["tasks"]["gpnt_mc"].config.task == "gpnt_mc"
     assert lm_eval.tasks.TaskManager is full
-    with harness.task_index(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]):
+    with harness_run.task_index(["--tasks", "gpnt_mc,piqa", "--include_path", tasks]):
         assert lm_eval.tasks.TaskManager is full
 
 
 def test_model_args_are_found_in_every_spelling_lm_eval_accepts():
     argv = ["--tasks", "t", "--model_args", "workdir=/r", "batch_size=2", "--limit", "2"]
-    assert harness.flag_values(argv, "--model_args", "-a") == ["workdir=/r", "batch_size=2"]
-    assert harness.flag_values(["-a", "workdir=/r,step=3"], "--model_args", "-a") == [
+    assert harness_run.flag_values(argv, "--model_args", "-a") == ["workdir=/r", "batch_size=2"]
+    assert harness_run.flag_values(["-a", "workdir=/r,step=3"], "--model_args", "-a") == [
         "workdir=/r,step=3"
     ]
-    assert harness.flag_values(["--model_args=workdir=/r"], "--model_args", "-a") == ["workdir=/r"]
-    assert harness.flag_values(harness.harness_argv(["--tasks", "t"]), "--model", "-M") == [
+    assert harness_run.flag_values(["--model_args=workdir=/r"], "--model_args", "-a") == [
+        "workdir=/r"
+    ]
+    assert harness_run.flag_values(harness_run.harness_argv(["--tasks", "t"]), "--model", "-M") == [
         "gpn_jax"
     ]
 
@@ -384,16 +394,16 @@ def test_paper_table_fills_local_tasks_and_says_what_it_could_not(runs, tasks, l
 
 
 def test_zero_shot_expands_to_the_papers_tasks_and_own_flags_are_taken_out():
-    argv = harness.harness_argv(["--tasks", "zero_shot,mine", "--output_path", "zero_shot"])
+    argv = harness_run.harness_argv(["--tasks", "zero_shot,mine", "--output_path", "zero_shot"])
     assert argv[:2] == ["--model", "gpn_jax"] and argv[-2:] == ["--output_path", "zero_shot"]
-    assert argv[3].split(",") == [*harness.ZERO_SHOT, "mine"]
-    assert harness.harness_argv(["--tasks=zero_shot"])[2] == "--tasks=" + ",".join(
-        harness.ZERO_SHOT
+    assert argv[3].split(",") == [*harness_run.ZERO_SHOT, "mine"]
+    assert harness_run.harness_argv(["--tasks=zero_shot"])[2] == "--tasks=" + ",".join(
+        harness_run.ZERO_SHOT
     )
-    rest, own = harness.own_flags(["--tasks", "t", "--out", "r.json", "--label=GPN+M"])
+    rest, own = harness_run.own_flags(["--tasks", "t", "--out", "r.json", "--label=GPN+M"])
     assert rest == ["--tasks", "t"] and own == {"out": "r.json", "label": "GPN+M"}
     with pytest.raises(ValueError, match="--out needs a value"):
-        harness.own_flags(["--out"])
+        harness_run.own_flags(["--out"])
 
 
 @pytest.mark.slow
@@ -444,11 +454,11 @@ def test_a_dataset_not_cached_while_offline_says_how_to_download_it(tmp_path):
     code = textwrap.dedent(
         """\
         import datasets
-        from gpn_jax import harness
+        from gpn_jax.eval import harness_run
         try:
             datasets.load_dataset("EleutherAI/lambada_openai", split="test")
         except Exception as e:
-            print(harness.offline_error(e))
+            print(harness_run.offline_error(e))
         """
     )
     env = dict(os.environ, HF_HOME=str(tmp_path), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
@@ -459,4 +469,4 @@ def test_a_dataset_not_cached_while_offline_says_how_to_download_it(tmp_path):
     assert line.count("\n") == 0 and "Couldn't reach 'EleutherAI/lambada_openai'" in line, out
     assert "run once with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0" in line
     assert "--include_path DIR" in line
-    assert harness.offline_error(ValueError("another error")) is None
+    assert harness_run.offline_error(ValueError("another error")) is None
