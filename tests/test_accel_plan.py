@@ -1,4 +1,4 @@
-"""The device run's plan (`gpn_jax.benchmarks.accel_plan`, `accel_bench.py --plan`), made on a
+"""The device run's plan (`experiments.bench.accel_plan`, `accel_bench.py --plan`), made on a
 CPU before a GPU is booked: records in order, each fitting the device or skipped with the
 reason, the run inside its 8 minutes, the wheels checked first."""
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from experiments.bench import accel_plan as ap
 from experiments.bench import bench_accel
-from gpn_jax.benchmarks import accel_plan as ap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = ap.GiB
@@ -135,7 +135,7 @@ def test_a_stopped_run_kills_the_part_and_its_children(tmp_path):
     part.write_text("#!/bin/sh\nsleep 120 &\necho pids $$ $!\nwait\n")
     part.chmod(0o755)
     code = (
-        "import sys; from gpn_jax.benchmarks import accel; accel.stop_on_signals(); "
+        "import sys; from experiments.bench import accel; accel.stop_on_signals(); "
         f"accel.sys.executable = {str(part)!r}; "
         f"accel.run_part('check', 's.json', {str(tmp_path / 'o.json')!r}, {str(tmp_path)!r}, 120)"
     )

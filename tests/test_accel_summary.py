@@ -1,4 +1,4 @@
-"""The accelerator run's result files (`gpn_jax.benchmarks.accel_summary`): every record is a row,
+"""The accelerator run's result files (`experiments.bench.accel_summary`): every record is a row,
 one that failed, timed out or was not reached says so instead of a number, a part cut off at its
 deadline is named, the folder is read as untrusted data, and the committed H100 summary is what
 its committed folder gives. Also the targeted-rerun settings (`--budgets`, `--step_records`)."""
@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-from experiments.bench import bench_accel
-from gpn_jax.benchmarks import accel_summary
+from experiments.bench import accel_summary, bench_accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = os.path.join("experiments", "results", "accel_h100")

@@ -175,7 +175,7 @@ def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
     import select
     import time
 
-    from gpn_jax.benchmarks import accel
+    from experiments.bench import accel
 
     code = "import sys, time; print('row 1', flush=True); sys.stdout.write('half'); "
     code += "sys.stdout.flush(); time.sleep(120)"
@@ -196,7 +196,7 @@ def test_a_part_past_its_deadline_is_killed_and_what_it_printed_is_kept():
 def test_a_part_is_recorded_as_it_ended(tmp_path, monkeypatch, body, status):
     """A part killed at its deadline reads 'timeout' (not the 0 that Popen's own wait reports
     for a child already reaped), one that exits non-zero 'failed'."""
-    from gpn_jax.benchmarks import accel
+    from experiments.bench import accel
 
     part = tmp_path / "part"
     part.write_text(f"#!/bin/sh\necho row 1\n{body}\n")
@@ -208,7 +208,7 @@ def test_a_part_is_recorded_as_it_ended(tmp_path, monkeypatch, body, status):
 
 
 def test_each_row_is_saved_as_it_comes(tmp_path):
-    from gpn_jax.benchmarks.accel_parts import Out
+    from experiments.bench.accel_parts import Out
 
     out = Out(str(tmp_path / "part.json"), part="step")
     out.add("records", {"tokens_per_s": 1.0})

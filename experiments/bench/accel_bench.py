@@ -6,7 +6,7 @@
     python experiments/bench/accel_bench.py --summarise=DIR --out=experiments/results/NAME
 
 `--plan=KIND` (h100 | h200) is the dry run: it checks that `.whl/` holds the wheels the lent
-machine installs and prints the plan (`gpn_jax/benchmarks/accel_plan.py`): each record in
+machine installs and prints the plan (`experiments/bench/accel_plan.py`): each record in
 order, whether it fits the device's memory, the seconds it takes, and the run's total.
 The run: versions first (and whether cuDNN's attention runs), then the parts in order of
 value, each in its own process under its own budget, each writing its result file as it goes:
@@ -15,7 +15,7 @@ value, each in its own process under its own budget, each writing its result fil
 xla; (c) `step`, the GPN+M batch sweep and float32 memory; (b) `passes`, µs per token and GB/s
 against a copy bandwidth; (e) `hlo`, the optimised HLO and a one-step profile. The records are
 the plan's for the GPU found (`--kind`), with a persistent compile cache under `runs/`. What runs: `experiments/bench/bench_accel.py`
-(settings), `gpn_jax/benchmarks/accel.py` (the files), `gpn_jax/benchmarks/accel_parts.py`
+(settings), `experiments/bench/accel.py` (the files), `experiments/bench/accel_parts.py`
 (the parts). The exact command for a lent H200: `experiments/bench/h200_run.sh`.
 """
 
@@ -71,8 +71,7 @@ _BUDGET = flags.DEFINE_float(
 
 
 def _dry_run(kind: str) -> None:
-    from experiments.bench import bench_accel
-    from gpn_jax.benchmarks import accel_plan
+    from experiments.bench import accel_plan, bench_accel
 
     found = accel_plan.wheels(_WHEELS.value)
     print(f"{PROG}: {_WHEELS.value}: {', '.join(found)}", flush=True)
@@ -99,15 +98,14 @@ def _gpu_kind() -> str:
 
 
 def _body():
-    from experiments.bench import bench_accel
-    from gpn_jax.benchmarks import accel
+    from experiments.bench import accel, bench_accel
 
     if _PLAN.value:
         return _dry_run(_PLAN.value)
     if _OUT.value is None:
         raise ValueError("--out is required (the results folder), except with --plan")
     if _SUMMARISE.value:
-        from gpn_jax.benchmarks import accel_summary
+        from experiments.bench import accel_summary
 
         for path in accel_summary.write(_SUMMARISE.value, _OUT.value):
             print(f"{PROG}: wrote {path}", flush=True)

@@ -15,9 +15,9 @@ import os
 
 import ml_collections
 
-from experiments.bench import bench_tiny
+from experiments.bench import accel_plan, bench_tiny
 from experiments.configs import gdn_130m, gpn_m_1l_130m, transformer_130m
-from gpn_jax.benchmarks import accel_plan, bench_config
+from gpn_jax.benchmarks import bench_config
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

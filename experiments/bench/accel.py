@@ -61,7 +61,7 @@ def run_part(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
     env["GPN_JAX_ACCEL_DEADLINE"] = str(time.time() + timeout)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cmd = [sys.executable, "-m", "gpn_jax.benchmarks.accel_parts", part, settings_path]
+    cmd = [sys.executable, "-m", "experiments.bench.accel_parts", part, settings_path]
     t0 = time.monotonic()
     print(f"== {part} (budget {timeout:.0f} s)", flush=True)
     with subprocess.Popen(

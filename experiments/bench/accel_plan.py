@@ -29,8 +29,8 @@ import json
 import math
 import os
 
+from experiments.bench.accel_summary import MODELS  # the run's records by bench model
 from gpn_jax.benchmarks import gpu_target
-from gpn_jax.benchmarks.accel_summary import MODELS  # the run's records by bench model
 from gpn_jax.io import untrusted
 
 GiB = 2**30

@@ -1,8 +1,8 @@
 """The parts of the prepared accelerator run, one per process:
 
-    python -m gpn_jax.benchmarks.accel_parts PART SETTINGS.json OUT.json [SCRATCH]
+    python -m experiments.bench.accel_parts PART SETTINGS.json OUT.json [SCRATCH]
 
-(`gpn_jax.benchmarks.accel` starts each with a timeout; SETTINGS from
+(`experiments.bench.accel` starts each with a timeout; SETTINGS from
 `experiments/bench/bench_accel.settings`). Each part rewrites OUT.json (atomically) after every
 row it finishes, so a part cut off by its timeout keeps what it measured. On a CPU the Pallas
 kernels run in Pallas's interpreter (the rehearsal); elsewhere compiled for the device.
@@ -38,7 +38,7 @@ from gpn_jax.io.regular import MAX_TEXT_BYTES, read_text
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any JAX client
 
 MAX_HLO_BYTES = 15 * 2**20  # under the 16 MiB a result file may have
-_RERUN = "start the accelerator run again (`gpn_jax.benchmarks.accel` writes it)"
+_RERUN = "start the accelerator run again (`experiments.bench.accel` writes it)"
 # A 130M record on an H100 took about 50 s (a fresh process, a 20 s compile, a warm-up and
 # three steps: experiments/results/accel_h100/step.json)
 RECORD_FLOOR_S = 75
@@ -145,7 +145,8 @@ def train_check(tc: dict) -> dict:
 
 # ----------------------------------------------------------------------------- (b) passes
 def passes(settings: dict, out: Out, scratch: str) -> None:
-    from gpn_jax.benchmarks import accel, measure
+    from experiments.bench import accel
+    from gpn_jax.benchmarks import measure
     from gpn_jax.kernels.pallas import bench
 
     B, H, K, U, S = settings["pass_dims"]
