@@ -266,12 +266,12 @@ def test_alternate_reference_outside_the_models_is_an_error(tmp_path):
 
 def test_loop_costs_times_the_fused_windows_matrix_shapes():
     """`experiments/bench/loop_costs.py` times products of the fused W0 and W2o: their widths must be
-    those `fused_window.fuse_params` builds for the bench's GPN+M."""
+    those `fused.window.fuse_params` builds for the bench's GPN+M."""
     import jax
 
     from experiments.bench import loop_costs
     from gpn_jax.benchmarks import bench_config
-    from gpn_jax.core import fused_window
+    from gpn_jax.core.fused import window as fused_window
 
     block = bench_config.models().gpn_m
     model = measure.build_model(block.to_dict(), "float32")
@@ -282,13 +282,14 @@ def test_loop_costs_times_the_fused_windows_matrix_shapes():
 
 def test_window_ab_loads_each_revisions_window():
     """`experiments/bench/window_ab.py` compiles the bench step with the fused window of each git
-    revision it is given: the window and every `core/fused_*` part it imports, as a package of
+    revision it is given: the window and every part of `core/fused/` (`core/fused_*` before), as a package of
     its own (so a revision's forward / backward are its own too), and a clear exit for a
     revision that does not exist."""
     import tempfile
 
     from experiments.bench import window_ab
-    from gpn_jax.core import fused_forward, fused_window
+    from gpn_jax.core.fused import forward as fused_forward
+    from gpn_jax.core.fused import window as fused_window
 
     with tempfile.TemporaryDirectory() as tmp:
         mod = window_ab.load_window("worktree", tmp)
@@ -300,7 +301,7 @@ def test_window_ab_loads_each_revisions_window():
         )
         committed = window_ab.load_window("HEAD", tmp)  # from `git show`, into tmp
         assert committed.__file__.startswith(tmp) and callable(committed.scan_window_fused)
-        with pytest.raises(SystemExit, match="no gpn_jax/core/fused_window.py at revision 'nope'"):
+        with pytest.raises(SystemExit, match="no gpn_jax/core/fused/window.py at revision 'nope'"):
             window_ab.load_window("nope", tmp)
 
 

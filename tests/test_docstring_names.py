@@ -1,5 +1,5 @@
 """Docstrings name only what exists: every backticked reference in a gpn_jax docstring that
-names a gpn_jax module (`core.fused_window`, `fused_window.scan_window_fused`,
+names a gpn_jax module (`core.fused.window`, `fused.window.scan_window_fused`,
 `gpn_jax.eval.suite.run_evals`) names a module, a top-level name of it, or a class's member;
 every backticked private name (`_write`) is defined somewhere in the package.
 

@@ -416,6 +416,9 @@ SHARED_BASENAMES = {
     "recall": {"gpn_jax.data.recall", "gpn_jax.eval.recall"},
     "stream": {"gpn_jax.data.stream", "gpn_jax.eval.stream"},
     "report": {"gpn_jax.analysis.report", "gpn_jax.benchmarks.report"},
+    # the cross-entropy: chunked over the vocabulary, and the fused window's own (its gradients
+    # computed in the forward pass)
+    "loss": {"gpn_jax.core.loss", "gpn_jax.core.fused.loss"},
 }
 
 

@@ -2,7 +2,7 @@
 
     python experiments/bench/loop_costs.py [--batch=16] [--steps=256]
 
-The fused window (`gpn_jax/core/fused_window.py`) leaves inside its per-token loops only what is
+The fused window (`gpn_jax/core/fused/window.py`) leaves inside its per-token loops only what is
 truly recurrent: products of the B-row state with the fused weight matrices, and passes over
 the (B, H, K, U) memory matrix. This script times each kind alone in a `lax.scan` of `--steps`
 steps at the `bench_small` GPN+M sizes (`gpn_jax/benchmarks/bench_config.py`), next to the
@@ -22,7 +22,7 @@ can be read against them:
     step, which streams the memory state and the stacked activations between its products;
   * the products outside the loops, which have many rows: one segment's weight gradient of W0
     (contraction over 32 steps x B rows) and one loss chunk's logits; and the weight gradients
-    of W0 and of the loss chunk's embedding as the window computes them (`fused_products.wgrad`,
+    of W0 and of the loss chunk's embedding as the window computes them (`fused.products.wgrad`,
     its small input materialised transposed) next to one dot contracting both operands' first
     axis, which XLA:CPU ran up to half as fast.
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gpn_jax.benchmarks import bench_config
-from gpn_jax.core import fused_products
+from gpn_jax.core.fused import products as fused_products
 from gpn_jax.kernels.cpu import small_matmul
 
 
@@ -100,7 +100,7 @@ def big_product(m: int, k: int, n: int) -> float:
 
 
 def weight_gradient(rows: int, n_in: int, n_out: int, window: bool) -> float:
-    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fused_products.wgrad` (window) or as
+    """Seconds of x (rows, n_in)^T @ dz (rows, n_out): as `fused.products.wgrad` (window) or as
     one dot contracting both operands' first axis."""
     x = jax.random.normal(jax.random.PRNGKey(1), (rows, n_in))
     dz = jax.random.normal(jax.random.PRNGKey(2), (rows, n_out))
@@ -122,7 +122,7 @@ def _out_of_the_loop(m, B: int, D: int, n0: int) -> None:
     """The products the window runs once per segment or loss chunk, against the peak."""
     peak_s = big_product(2048, 2048, 2048)
     print(f"square matmul 2048^3: {2 * 2048**3 / peak_s / 1e9:.0f} GFLOP/s (the bench's peak)")
-    sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fused_window.MIN_SEGMENT`)
+    sb = 32 * B  # a memory-checkpoint segment of 32 steps (`fused.window.MIN_SEGMENT`)
     for what, (i, c, o) in {
         "W0's weight gradient per segment": (D, sb, n0),
         "loss chunk's logits (32 positions)": (sb, m.d_emb, m.vocab_size),

@@ -4,8 +4,9 @@
     python experiments/bench/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own fused
-window: `gpn_jax/core/fused_window.py` (`fast_window.py` in older revisions) with every
-`gpn_jax/core/fused_*.py` part it imports, loaded as a package of its own, and its own per-token
+window: `gpn_jax/core/fused/window.py` with every part of `gpn_jax/core/fused/` (older
+revisions: `core/fused_window.py` or `fast_window.py` and the `core/fused_*.py` parts), loaded as
+a package of its own, and its own per-token
 product kernel `gpn_jax/kernels/cpu/small_matmul.cc` where it has one and the kernel is used here
 (`GPN_JAX_NATIVE`), built and registered under a name of its own (the memory kernels,
 `gpn_jax.kernels.cpu.memory`, and every other module a window imports are the checked-out ones, so
@@ -46,8 +47,13 @@ _XLA_OPTIONS = flags.DEFINE_string(
 )
 
 CORE = "gpn_jax/core"
-PATH = f"{CORE}/fused_window.py"
-ENTRIES = ("fused_window", "fast_window")  # the window's module, named so before the rename
+PATH = f"{CORE}/fused/window.py"
+# where each layout keeps the window: (folder, the window's module, its parts' file prefix)
+LAYOUTS = (
+    (f"{CORE}/fused", "window", ""),  # the fused package
+    (CORE, "fused_window", "fused_"),  # before it: core/fused_*.py
+    (CORE, "fast_window", "fused_"),  # before the window's rename
+)
 KERNEL = "gpn_jax/kernels/cpu/small_matmul.cc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _KERNELS = itertools.count()  # kernels registered by this process
@@ -70,35 +76,43 @@ def revision_file(rev: str, path: str, tmp: str) -> str | None:
     return source
 
 
-def core_files(rev: str) -> list[str]:
-    """The file names in `rev`'s gpn_jax/core/ (none for a revision that does not exist)."""
+def folder_files(rev: str, folder: str) -> list[str]:
+    """The file names in `rev`'s `folder` (none for a revision or folder that does not exist)."""
     if rev == "worktree":
-        return sorted(os.listdir(os.path.join(ROOT, CORE)))
+        path = os.path.join(ROOT, folder)
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
     out = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{rev}:{CORE}"], cwd=ROOT, capture_output=True, text=True
-    )
+        ["git", "ls-tree", "--name-only", f"{rev}:{folder}"], cwd=ROOT, capture_output=True,
+        text=True,
+    )  # fmt: skip
     return [] if out.returncode else out.stdout.split()
 
 
 def load_window(rev: str, tmp: str):
-    """The fused window of `rev` (its entry module and every `core/fused_*` part), imported as
-    a package of its own under `tmp`: the parts import each other there, not the checkout."""
-    names = core_files(rev)
-    entry = next((e for e in ENTRIES if f"{e}.py" in names), None)
-    if entry is None:
+    """The fused window of `rev` (its window module and every part of it: `core/fused/*.py`,
+    or `core/fused_*.py` in older revisions), imported as a package of its own under `tmp`:
+    the parts import each other there, not the checkout."""
+    found = [(f, e, p) for f, e, p in LAYOUTS if f"{e}.py" in folder_files(rev, f)]
+    if not found:
         raise SystemExit(f"window_ab: no {PATH} at revision {rev!r}")
+    folder, entry, prefix = found[0]
+    names = folder_files(rev, folder)
     package = f"window_ab_{len(os.listdir(tmp))}"
-    folder = os.path.join(tmp, package)
-    os.makedirs(folder)
-    private = re.compile(r"\bgpn_jax\.core\.((?:fused_|fast_window)\w*)")
-    for name in names:
-        if not (name.startswith("fused_") or name == f"{entry}.py") or not name.endswith(".py"):
+    os.makedirs(os.path.join(tmp, package))
+    dotted = folder.replace("/", ".")
+    own = re.compile(rf"\b{re.escape(dotted)}\.((?:{prefix}|fast_window)\w*)" if prefix
+                     else rf"\b{re.escape(dotted)}\.(\w+)")  # fmt: skip
+    parts = [n for n in names if n.endswith(".py") and n != "__init__.py"]
+    for name in parts:
+        if prefix and not (name.startswith(prefix) or name == f"{entry}.py"):
             continue
-        with open(revision_file(rev, f"{CORE}/{name}", tmp)) as f:
-            text = private.sub(rf"{package}.\1", f.read())
-        with open(os.path.join(folder, name), "w") as f:
+        with open(revision_file(rev, f"{folder}/{name}", tmp)) as f:
+            text = own.sub(rf"{package}.\1", f.read())
+        if not prefix:  # the package's own `from gpn_jax.core.fused import x`
+            text = text.replace(f"from {dotted} import", f"from {package} import")
+        with open(os.path.join(tmp, package, name), "w") as f:
             f.write(text)
-    open(os.path.join(folder, "__init__.py"), "w").close()
+    open(os.path.join(tmp, package, "__init__.py"), "w").close()
     if tmp not in sys.path:
         sys.path.insert(0, tmp)
     return importlib.import_module(f"{package}.{entry}")

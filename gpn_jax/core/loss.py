@@ -4,7 +4,7 @@ A family hands over its hidden states time-major (T, B, D) and a `logits_fn` map
 (chunk, B, D) slice to (chunk, B, V) float32 logits (GPN: `core.gpn.decode`; Transformer++
 and Gated DeltaNet: the LM head). The states are decoded `chunk` time steps at a time and
 each chunk is rematerialised, so neither the forward nor the backward pass ever holds more
-than (chunk, B, V) logits. GPN's fused path (`core.fused_loss.cross_entropy_sum_fused`)
+than (chunk, B, V) logits. GPN's fused path (`core.fused.loss.cross_entropy_sum_fused`)
 computes the same sum with its gradients in the forward pass, chunked by `chunk_size`.
 """
 

@@ -85,7 +85,7 @@ def math_free_fields() -> frozenset:
 class ScanImpl(enum.StrEnum):
     """How the window is scanned and differentiated (same math; configs give the string).
 
-    FUSED (the default): `core.fused_window` (fused projections, custom VJP with weight
+    FUSED (the default): `core.fused.window` (fused projections, custom VJP with weight
     gradients out of the loop, cross-entropy gradients in the forward pass), tensor parallelism
     over whole memory heads and d_ffn slices; no interventions, and no tensor size that does
     not divide n_heads and d_ffn (both refused with an error naming AUTODIFF). AUTODIFF: the

@@ -14,8 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax import kernels as kernels_lib
-from gpn_jax.core import autodiff_window, fused_layout, fused_loss, fused_window, gpn
+from gpn_jax.core import autodiff_window, gpn
 from gpn_jax.core import loss as loss_lib
+from gpn_jax.core.fused import layout as fused_layout
+from gpn_jax.core.fused import loss as fused_loss
+from gpn_jax.core.fused import window as fused_window
 from gpn_jax.core.gpn import GPNCarry, Intervention
 from gpn_jax.core.kernel_ops import MemoryKernels
 from gpn_jax.core.norms import cast_matrices
@@ -159,7 +162,7 @@ class GPN(SpecModel):
         """The model to run with its logical axes split as `splits` ({axis: (mesh axis, size)},
         split axes only) under GSPMD: the fused window lays its matrices out in column blocks
         of whole memory heads and d_ffn columns, one per device of the axis that splits both
-        (`core.fused_window`, "Tensor parallelism"); the autodiff scan needs nothing.
+        (`core.fused.window`, "Tensor parallelism"); the autodiff scan needs nothing.
 
         Raises:
           ValueError: the fused window with heads and d_ffn split differently, or a split
@@ -301,7 +304,7 @@ class GPN(SpecModel):
                        sequences: passes * n_rec * w / B; decode + embedding read twice per
                        loss chunk of C positions and their float32 gradient read + written;
           weight_grads float32 accumulators of n_rec read + written once per fused segment of
-                       S steps (`fused_window`), once per step under autodiff;
+                       S steps (`fused.window`), once per step under autodiff;
           activations  the per-step residuals (fused widths) written once and read once, plus
                        the predicted state, its cotangent, xg and its cotangent;
           memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer

@@ -25,7 +25,7 @@ separate column-parallel matrices (`core.mlp`) and the memory read applies its n
 per-row scale after the row-parallel `Wo` (`core.gpn.memory_read`), so a GPN layer's partial
 sums are independent and XLA reduces them in one all-reduce per scan step (forward and
 backward; `tests/parallel/test_sharding.py` reads it off the optimised HLO). GPN's fused
-window (`scan_impl="fused"`, `core.fused_window`) gets there too: inside this shard_map runs
+window (`scan_impl="fused"`, `core.fused.window`) gets there too: inside this shard_map runs
 `model.partitioned(...)`, the model laid out for the mesh's split of its logical axes (GPN:
 fused matrices in per-device column blocks of whole heads and d_ffn slices). Known cost: with
 `tensor` > 1, XLA all-gathers each tensor-split gradient over `tensor` before the `fsdp`

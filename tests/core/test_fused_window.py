@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.core import fused_products, fused_window
+from gpn_jax.core.fused import products as fused_products
+from gpn_jax.core.fused import window as fused_window
 from gpn_jax.core.gpn import Intervention
 from gpn_jax.models import gpn as gpn_model
 from tests.helpers.window import (
@@ -94,7 +95,7 @@ def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monk
     assert_rel_close(grads_f, grads_r, bound, "gradients")
 
 
-# The tensor-parallel layout (module doc of `fused_window`: tp column blocks, the predict gate its
+# The tensor-parallel layout (module doc of `fused.window`: tp column blocks, the predict gate its
 # own projection, the read norm's scale after Wo and its hand-written derivative) on one
 # device, where the blocks are an ordinary array axis; `tests/parallel/test_sharding.py`
 # splits them over a mesh. (config, tp, T); every case from a random carry, with resets.
@@ -233,7 +234,7 @@ def test_weight_gradients_contract_with_only_the_small_input_transposed():
     product each: only the small input x is copied transposed, to (I, S*B), and the
     cotangent dz not at all (an einsum over (s, b) lowers to a dot contracting (b, s), and
     XLA then copies both operands; a dot contracting both operands' first axis ran up to half
-    as fast; see `fused_products.wgrad`)."""
+    as fast; see `fused.products.wgrad`)."""
     x = jnp.ones((8, 4, 16))
     dz = jnp.ones((8, 4, 24))
     w = jnp.ones((16, 24))

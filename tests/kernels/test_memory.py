@@ -11,7 +11,11 @@ import jax.numpy as jnp
 import pytest
 
 from gpn_jax import kernels
-from gpn_jax.core import fused_backward, fused_forward, fused_layout, fused_stages, fused_window
+from gpn_jax.core.fused import backward as fused_backward
+from gpn_jax.core.fused import forward as fused_forward
+from gpn_jax.core.fused import layout as fused_layout
+from gpn_jax.core.fused import stages as fused_stages
+from gpn_jax.core.fused import window as fused_window
 from gpn_jax.kernels.cpu import memory
 from tests.helpers import memory_reference
 from tests.helpers.window import (

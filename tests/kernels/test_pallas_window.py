@@ -73,7 +73,7 @@ def test_the_window_takes_kernels_per_shard_only():
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from gpn_jax.core import fused_window
+    from gpn_jax.core.fused import window as fused_window
 
     real = kernels.resolve("pallas", "cpu")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("data", "tensor"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpn_jax import kernels
-from gpn_jax.core import fused_window
+from gpn_jax.core.fused import window as fused_window
 from gpn_jax.kernels.cpu import small_matmul
 from tests.helpers.window import (
     f32_bound,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.core import fused_window
+from gpn_jax.core.fused import window as fused_window
 from gpn_jax.models.base import document_starts, reset_after_eos
 from gpn_jax.models.gdn import GatedDeltaNet, GDNConfig
 from gpn_jax.models.gpn import GPN, GPNConfig

@@ -256,7 +256,7 @@ def test_memory_kernels_run_per_shard_under_data_and_fsdp(shape, kernels, monkey
     assert bool(traced) == (kernels == "pallas")
 
 
-# The fused window under tensor parallelism (`core.fused_window`: tp-major column blocks): GPN+M
+# The fused window under tensor parallelism (`core.fused.window`: tp-major column blocks): GPN+M
 # 1 layer, 2 layers with remat segments, 4 heads on tensor = 4, and GPN without memory.
 FUSED_TP = {
     "gpn_m_fused": (2, 2, 2),
@@ -481,7 +481,7 @@ def test_fused_window_tensor_parallel_reduces_once_per_layer_step(name):
     """The fused window's per-token loops under tensor parallelism hold exactly one all-reduce
     per predict layer and no other collective, forward and backward, as the autodiff scan's.
 
-    Its loops (`core.fused_window`): an outer loop over segments of S steps (S = T = 8 here
+    Its loops (`core.fused.window`): an outer loop over segments of S steps (S = T = 8 here
     without remat, so XLA removes that one-trip loop; S = remat_segment = 4 with it), with
     per-token loops of S trips inside: the forward; in the backward the reverse step loop,
     before it either the segment's forward rerun (remat) or, with memory, the memory

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from gpn_jax.core import fused_forward
 from gpn_jax.core import gpn as core_gpn
+from gpn_jax.core.fused import forward as fused_forward
 from gpn_jax.models.gpn import GPN, GPNConfig
 from gpn_jax.training import train_step as ts
 

@@ -1,5 +1,5 @@
 // The per-token passes of the fused window's backward over the (B, H, K, U) memory
-// (gpn_jax/core/fused_backward.py, `memory_bwd`), one (batch row, head) at a time; memory.py's
+// (gpn_jax/core/fused/backward.py, `memory_bwd`), one (batch row, head) at a time; memory.py's
 // `grad` composes the two into the backward pass of gpn_jax/core/kernel_ops.py.
 //
 // One step's write and read, per (b, h), with Mi = keep Ms[t] (the memory entering step t,

@@ -1,4 +1,4 @@
-// Y (M, N) = X (M, K) @ W for the fused window's per-token products (gpn_jax/core/fused_window.py):
+// Y (M, N) = X (M, K) @ W for the fused window's per-token products (gpn_jax/core/fused/window.py):
 // few rows (M is the batch), and W the same for every token of a training step, so it is packed
 // once per step (gpn_jax/kernels/cpu/small_matmul.py) into column tiles that each stream in order.
 //

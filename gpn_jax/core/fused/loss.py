@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpn_jax.core import gpn, loss
-from gpn_jax.core.fused_products import bias_grad, mm_t, segments, unsegment, wgrad
+from gpn_jax.core.fused.products import bias_grad, mm_t, segments, unsegment, wgrad
 from gpn_jax.core.norms import mm, rms
 
 Array = jax.Array

@@ -4,13 +4,13 @@ Same math as `gpn_jax.core.autodiff_window.scan_window` over `gpn.step` (gradien
 autodiff within float32 rounding), arranged so the per-token loop only does what is truly
 recurrent. The window is in parts, each a module of its own:
 
-* `fused_layout`: fused projections. RMSNorm weights fold into their matrices and
+* `fused.layout`: fused projections. RMSNorm weights fold into their matrices and
   projections of one vector concatenate into one matmul, in tensor-parallel column blocks
   (`Dims.tp` > 1; that module's doc).
-* `fused_stages`: the elementwise stages (the memory's write and reads, a layer's output).
-* `fused_forward`: the per-token step. The write key of `s_prev` at step t is the key of `s`
+* `fused.stages`: the elementwise stages (the memory's write and reads, a layer's output).
+* `fused.forward`: the per-token step. The write key of `s_prev` at step t is the key of `s`
   at step t-1, already a column block of W0's output: it rides in the carry.
-* `fused_backward`: weight gradients out of the loop. A `jax.custom_vjp` over the window
+* `fused.backward`: weight gradients out of the loop. A `jax.custom_vjp` over the window
   (`make_window`): the backward is a reverse scan that propagates cotangents of (s, key, M)
   step by step but only *emits* each projection's (input activation, output cotangent) pair;
   after each segment of S steps every weight gradient is one product with contraction S*B
@@ -23,7 +23,7 @@ recurrent. The window is in parts, each a module of its own:
   never imported from a backend): where they cover the window (`dims_of`) the memory's passes
   call their `step`, `stack` and `grad`, and the loops multiply by weights
   packed once per window for their product kernel; everywhere else the XLA formulas run.
-* `fused_loss`: the cross-entropy with its gradients computed in the forward pass.
+* `fused.loss`: the cross-entropy with its gradients computed in the forward pass.
 
 The memory is stored in its carry's dtype (`GPNConfig.memory_dtype`: bfloat16 halves its
 per-step traffic), each write computed in float32; the backward keeps the memory's cotangent
@@ -42,9 +42,9 @@ import jax
 import jax.numpy as jnp
 
 from gpn_jax.core import gpn
-from gpn_jax.core.fused_backward import window_bwd
-from gpn_jax.core.fused_forward import window_fwd, window_primal
-from gpn_jax.core.fused_layout import (
+from gpn_jax.core.fused.backward import window_bwd
+from gpn_jax.core.fused.forward import window_fwd, window_primal
+from gpn_jax.core.fused.layout import (
     UNROLL,
     Dims,
     along,
@@ -56,7 +56,7 @@ from gpn_jax.core.fused_layout import (
     merge_blocks,
     shard_fused,
 )
-from gpn_jax.core.fused_stages import as_f32
+from gpn_jax.core.fused.stages import as_f32
 from gpn_jax.core.gpn import GPNCarry, StepOutput
 from gpn_jax.core.kernel_ops import MemoryKernels
 

@@ -23,7 +23,7 @@ heads, so its per-row scale multiplies the row-parallel product, y = h @ W2 + sc
 (as `core.gpn.memory_read`): the layer's partial sums h @ W2, r @ Wo and sum(o^2) are
 independent and XLA reduces them in one all-reduce per layer and step. The backward saves
 (r @ Wo, scale), both replicated, so the scale's derivative is local
-(`fused_backward.layer_split_bwd`) and its one all-reduce per layer is the input cotangent
+(`fused.backward.layer_split_bwd`) and its one all-reduce per layer is the input cotangent
 dZ @ W^T of the column-parallel projection (contracted over the blocks); weight gradients stay
 local. tp must divide n_heads and d_ffn (else an error). With tp == 1 there is no block axis:
 the predict gate stays in W0 and the read scale is applied before W2o.
@@ -101,7 +101,7 @@ class Dims:
     @property
     def kernel_backward(self) -> bool:
         """Whether the backward's per-token passes over the memory do too
-        (`fused_backward.memory_bwd`): kernels for them and one predict layer (whose query the
+        (`fused.backward.memory_bwd`): kernels for them and one predict layer (whose query the
         recomputation takes); with remat the kernels' `stack` rebuilds each rerun segment's
         memories."""
         ops = self.kernels

@@ -7,8 +7,8 @@ float32."""
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core.fused_layout import Dims
-from gpn_jax.core.fused_products import rows
+from gpn_jax.core.fused.layout import Dims
+from gpn_jax.core.fused.products import rows
 from gpn_jax.core.gpn import delta_write
 from gpn_jax.core.norms import RMS_EPS, l2n, rms
 

@@ -12,9 +12,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core.fused_forward import Res, scan_steps
-from gpn_jax.core.fused_layout import BLOCK_DIM, Dims, along, transposed, with_halves
-from gpn_jax.core.fused_products import (
+from gpn_jax.core.fused.forward import Res, scan_steps
+from gpn_jax.core.fused.layout import BLOCK_DIM, Dims, along, transposed, with_halves
+from gpn_jax.core.fused.products import (
     bias_grad,
     cols,
     loop_weights,
@@ -23,7 +23,7 @@ from gpn_jax.core.fused_products import (
     unsegment,
     wgrad,
 )
-from gpn_jax.core.fused_stages import (
+from gpn_jax.core.fused.stages import (
     as_f32,
     layer_local,
     layer_out,

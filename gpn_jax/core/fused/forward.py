@@ -1,14 +1,14 @@
 """The fused window's forward: the per-token step over the fused weights, document resets, and
 the segmented scan that keeps the residuals (or, with remat, only each segment's start) for
-the backward (`fused_backward`)."""
+the backward (`fused.backward`)."""
 
 from typing import NamedTuple
 
 import jax
 
-from gpn_jax.core.fused_layout import Dims, with_halves
-from gpn_jax.core.fused_products import cols, loop_weights, rows, segments, unsegment
-from gpn_jax.core.fused_stages import (
+from gpn_jax.core.fused.layout import Dims, with_halves
+from gpn_jax.core.fused.products import cols, loop_weights, rows, segments, unsegment
+from gpn_jax.core.fused.stages import (
     layer_out,
     layer_pre,
     layer_split,

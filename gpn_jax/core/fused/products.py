@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core.fused_layout import Dims
+from gpn_jax.core.fused.layout import Dims
 
 Array = jax.Array
 
