@@ -4,6 +4,7 @@
 # says what each step does.
 #
 #   launch/tpu_vm.sh create [--spot] [--queued]      # a TPU VM, or a queued resource
+#   launch/tpu_vm.sh resolve                         # here: pip resolves install's .[tpu], installs nothing
 #   launch/tpu_vm.sh install                         # this checkout's HEAD + .[tpu] on every worker
 #   launch/tpu_vm.sh train --config=... --workdir=gs://bucket/runs/x [gpn_jax.train flags...]
 #   launch/tpu_vm.sh attach --workdir=...            # follow worker 0's log (Ctrl-C detaches)
@@ -131,6 +132,13 @@ cd $REMOTE_DIR && VENV=\$HOME/$REMOTE_VENV launch/setup_host.sh tpu"
   rm -rf "$tmp"
 }
 
+resolve() {
+  # Before paying for a slice: on this machine (Linux x86-64, python3.11 or $PYTHON), pip's
+  # resolver resolves what `install` installs on every worker and checks jax, jaxlib and libtpu
+  # against setup.cfg's pins; nothing is installed.
+  run "$REPO_ROOT/launch/setup_host.sh" tpu --resolve
+}
+
 train() {
   workdir_of
   on_workers all "$(job start --distributed "$(printf '%q ' "${ARGS[@]}")")"
@@ -176,6 +184,7 @@ take_options "$@"
 main() {
   case "$cmd" in
     create) create ;;
+    resolve) resolve ;;
     install) install ;;
     train) train ;;
     attach) workdir_of && on_workers 0 "$(job attach --workdir="$WORKDIR")" ;;
@@ -184,7 +193,7 @@ main() {
     watch) watch ;;
     delete) delete ;;
     *)
-      echo "usage: $0 [--dry_run] {create|install|train|attach|status|stop|watch|delete} [--spot] [--queued] [gpn_jax.train flags...]" >&2
+      echo "usage: $0 [--dry_run] {create|resolve|install|train|attach|status|stop|watch|delete} [--spot] [--queued] [gpn_jax.train flags...]" >&2
       exit 2
       ;;
   esac
