@@ -1,7 +1,7 @@
 """Benchmarks: training tokens/s and MFU side by side, scaling in T and B, generation latency.
 
-    python -m gpn_jax.bench --config=experiments/bench/bench_small.py --workdir=/tmp/gpn_bench \
-        --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate] \
+    python -m gpn_jax.bench --config=experiments/bench/bench_small.py --workdir=/tmp/gpn_bench \\
+        --out=/tmp/gpn_bench/small.json [--profile] [--suites=train,scaling,generate] \\
         [--device_spec=h100,h200,v5e,v5p]
 
 Suites (the config's `suites`, or `--suites`):

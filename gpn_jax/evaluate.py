@@ -5,8 +5,9 @@
 
 Thin absl launcher over `gpn_jax.eval.suite.run_evals`. Results are printed as a short table and
 written to `--out` if given (merged with an earlier `--out` file of the same run and step); the
-run's workdir is only read (token caches go to `--cache_dir` or a temporary directory). User errors (missing checkpoint, malformed
-jsonl line, empty file, tokenizer mismatch) print one line and exit with status 1.
+run's workdir is only read (token caches go to `--cache_dir` or a temporary directory). User
+errors (missing checkpoint, malformed jsonl line, empty file, tokenizer mismatch) print one line
+and exit with status 1.
 
 `--model_dir=<dir>` evaluates an exported model (`gpn_jax.export`) instead of a workdir. Evals
 that read the held-out split (ppl, stream without --stream_path, recall) rebuild it from the

@@ -2,7 +2,7 @@
 families with a byte model, training bytes per token and the roofline bound on accelerators
 named by `--device_spec` (data-sheet numbers, `gpn_jax.benchmarks.roofline`).
 
-python -m gpn_jax.summary --config=experiments/configs/gpn_m_1l_130m.py [--json] \
+python -m gpn_jax.summary --config=experiments/configs/gpn_m_1l_130m.py [--json] \\
     [--batch_size=16] [--device_spec=h100,h200,v5e,v5p]
 """
 

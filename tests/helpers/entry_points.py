@@ -39,10 +39,14 @@ def expected_help(target: str) -> tuple[str, list[str]]:
 def assert_help(name: str, target: str, text: str) -> None:
     """`text` (a script's --help output) opens with its module's description and names its
     flags: every absl flag its module defines, or, for the harness (lm-eval's own CLI), the
-    flags of both."""
+    flags of both. An absl script's lines fit 100 columns: a usage line continued with a lone
+    backslash in the docstring's source printed as one line of 130 to 220 characters."""
     first, flags = expected_help(target)
     if not flags:  # gpn-harness: its usage, then lm-eval's argparse help
         first, flags = f"usage: {name} ", ["model_args", "out", "label", "tasks", "include_path"]
+    else:
+        wide = [line for line in text.splitlines() if len(line) > 100]
+        assert not wide, (name, wide)
     assert text.lstrip().startswith(first), (name, text[:500])
     missing = [f for f in flags if f"--{f}" not in text and f"--[no]{f}" not in text]
     assert flags and not missing, (name, missing, text[:2000])
