@@ -38,7 +38,7 @@ NO_CONNECTION = re.compile(r"Could not fetch URL (\S+): (?:connection error|time
 
 def pins(setup_cfg: str, extra: str, environment: dict) -> list:
     """The `==` requirements of setup.cfg's extra whose markers hold in `environment`."""
-    parser = configparser.ConfigParser()
+    parser = configparser.ConfigParser(interpolation=None)
     parser.read_string(setup_cfg)
     lines = parser["options.extras_require"][extra].splitlines()
     reqs = [Requirement(line) for line in lines if line.strip()]
