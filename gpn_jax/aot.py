@@ -9,9 +9,9 @@ Nothing touches an accelerator. `--devices=N` forces N CPU host devices; `--topo
 (v5e:2x2, v5p:2x2x1, v6e:1x1, ...) compiles for that TPU slice with libtpu's compile-only
 devices (needs libtpu: `pip install 'jax[tpu]'`); `--topology=h100` (h200, h100:8: N GPUs of
 one host) compiles for sm_90 with the CUDA plugin's compile-only devices (Python 3.12:
-`pip install -e ".[gpu]"`; `gpn_jax/benchmarks/gpu_target.py`). The train step is built by the same code
-as training (`gpn_jax.training.setup.build`, the config's sharding rules), lowered from
-abstract inputs and compiled. It prints XLA's per-device memory analysis of the compiled step
+`pip install -e ".[gpu]"`; `gpn_jax/benchmarks/gpu_target.py`). The train step is built by the
+same code as training (`gpn_jax.training.setup.build`, the config's sharding rules), lowered
+from abstract inputs and compiled. It prints XLA's per-device memory analysis of the compiled step
 and whether it fits the device's memory (a TPU chip's HBM by its kind, a GPU's share that the
 JAX client allocates, 0.75 of it unless XLA_PYTHON_CLIENT_MEM_FRACTION says, or `--memory_gb`),
 the memory's HBM bytes per token read off the compiled HLO against their analytic minimum
