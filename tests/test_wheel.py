@@ -134,7 +134,10 @@ def _venv(tmp: pathlib.Path, wheel: pathlib.Path) -> pathlib.Path:
     ).stdout.strip()  # fmt: skip
     (pathlib.Path(own) / "_outer_packages.pth").write_text("\n".join(_site_packages()) + "\n")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
-    subprocess.run([*pip, str(wheel)], check=True, capture_output=True, timeout=300)
+    # without PYTHONPATH: a checkout on it (its gpn_jax.egg-info) reads as gpn_jax installed,
+    # and pip skipped the wheel ("already installed with the same version")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([*pip, str(wheel)], check=True, capture_output=True, timeout=300, env=env)
     return venv
 
 
