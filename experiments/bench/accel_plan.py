@@ -25,7 +25,6 @@ stated assumptions below.
 """
 
 import dataclasses
-import json
 import math
 import os
 
@@ -256,11 +255,6 @@ def describe(plan: dict) -> str:
         f"a rerun of the records with the compile cache {rerun:.0f} s"
     )
     return "\n".join(lines)
-
-
-def as_json(plan: dict) -> str:
-    rows = [r | {"record": dataclasses.asdict(r["record"])} for r in plan["rows"]]
-    return json.dumps(plan | {"rows": rows}, indent=1)
 
 
 def settings_records(plan: dict, part: str) -> list[dict]:
