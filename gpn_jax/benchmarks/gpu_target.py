@@ -11,7 +11,7 @@ The figures below are the devices' own (the lent H100's runtime, nvidia-smi, the
 in `roofline.DEVICE_SPECS`), written once here and read by the fit check, the device run's
 plan (`experiments/bench/accel_plan.py`) and the target description. An executable compiled this way has the
 device's memory analysis: the 130M GPN+M step's compiled peak is the one the H100 run measured
-within 5 % (`aot_130m_h100_gpn_m.json` beside `accel_h100_step.json`, tests/test_aot.py).
+within 5 % (`aot_130m_h100_gpn_m.json` beside `accel_h100_step.json`, tests/benchmarks/test_aot.py).
 """
 
 import dataclasses

@@ -366,7 +366,7 @@ def test_rejects_other_models():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny GPN+M trained for a few steps on the embedded corpus (its own held-out split), by
-    the trainer in this process (its command line is tests/test_train_cli.py's)."""
+    the trainer in this process (its command line is tests/entry_points/test_train_cli.py's)."""
     from tests.helpers.training import tiny_config, train_on_one_device
 
     workdir = str(tmp_path_factory.mktemp("run"))

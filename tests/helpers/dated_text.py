@@ -1,6 +1,6 @@
 """Finds dated measurements in source text: ISO dates, UTC times and commit-hash-like tokens.
 
-Used by tests/test_readme.py on the README and on the docstrings and comments of the package and
+Used by tests/project/test_readme.py on the README and on the docstrings and comments of the package and
 the tests. Data only: files are read as text, parsed with `ast` / `tokenize`, never imported.
 """
 
