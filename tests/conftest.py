@@ -42,8 +42,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow end-to-end tests first (stable order otherwise): with `-n 2 --dist worksteal` a
-    minute-long test that starts last leaves the other worker idle until it ends."""
+    """Tests that start processes marked `process` (`tests/helpers/tiers.py`); slow end-to-end
+    tests first (stable order otherwise): with `-n 2 --dist worksteal` a minute-long test that
+    starts last leaves the other worker idle until it ends."""
+    from tests.helpers import tiers
+
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is not None and tiers.starts_processes(fn, item.module, item.fixturenames):
+            item.add_marker(pytest.mark.process)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
