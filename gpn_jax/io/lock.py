@@ -35,7 +35,7 @@ from etils import epath
 
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
-from gpn_jax.io.regular import NotRegularFileError, open_fd_for_writing
+from gpn_jax.io.regular import NotRegularFileError, naming, open_fd_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,9 @@ class WorkdirLock:
                 _describe(stale),
                 self.path,
             )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder_record(self._token)).encode(), 0)
+        with naming(self.path):  # a write error (EFBIG, ENOSPC) names the lock file
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_holder_record(self._token)).encode(), 0)
         self._fd = fd
 
     def _release_local(self) -> None:

@@ -147,7 +147,8 @@ def test_pool_workers_share_one_compilation_cache(tmp_path):
         "print(jax.config.jax_compilation_cache_dir)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments/ lives here
+    # the checkout's root: experiments/ lives here
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cache = tmp_path / "shared"
     out = subprocess.run([sys.executable, "-c", code, str(cache)], env=env, check=True,
                          capture_output=True, text=True, cwd=root)  # fmt: skip

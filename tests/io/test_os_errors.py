@@ -283,3 +283,17 @@ def test_a_nan_size_in_an_exported_config_is_one_line(tmp_path, workdir):
     with pytest.raises(ValueError, match="config.json") as err:
         load_model_dir(str(out))
     assert "\n" not in str(err.value)
+
+
+def test_a_failed_write_of_the_workdir_lock_names_the_lock_file(tmp_path, monkeypatch):
+    """The lock's holder record is written with os.pwrite, whose error names no file (EFBIG
+    past `ulimit -f`): the one line must still say which file."""
+    from gpn_jax.io import lock
+
+    def full(fd, data, offset):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(lock.os, "pwrite", full)
+    with pytest.raises(OSError) as e:
+        lock.acquire(str(tmp_path))
+    assert e.value.filename == str(tmp_path / ".gpn_jax.lock") and e.value.errno == errno.EFBIG

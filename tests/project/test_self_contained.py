@@ -17,7 +17,13 @@ OUTSIDE = re.compile(
     r"\bSPEC\b|\bSTYLE\.md\b|\bARCHITECTURE\.md\b|/work/(?:shared|wt|main)\b|\.\./shared/"
 )
 TEXT = {".md", ".cfg", ".toml", ".txt", ".ipynb", ".sh", ".sbatch", ".yaml", ".yml", ".cc", ".h"}
-SKIP = {".git", "experiments/results", "build", ".pytest_cache", "tests/project/test_self_contained.py"}
+SKIP = {
+    ".git",
+    "experiments/results",
+    "build",
+    ".pytest_cache",
+    "tests/project/test_self_contained.py",
+}
 
 
 def _project_files() -> list[str]:
