@@ -304,6 +304,12 @@ def reason(record: dict) -> str:
     return " ".join(text.split())[:600]  # a cached reason is untrusted text: one line
 
 
-def recorded() -> list[dict]:
-    """Every check this process ran or read from the cache (without per-pass details)."""
-    return [{k: v for k, v in r.items() if k != "passes"} for r in _RECORDS]
+def recorded(platform: str | None = None) -> list[dict]:
+    """Every check this process ran or read from the cache (without per-pass details), or
+    those for `platform` only: a run records its own devices' (a compile for another platform
+    in the same process, `gpn_jax.aot --topology=h100`, checks nothing of the run's)."""
+    return [
+        {k: v for k, v in r.items() if k != "passes"}
+        for r in _RECORDS
+        if platform is None or r["platform"] == platform
+    ]

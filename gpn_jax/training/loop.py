@@ -457,7 +457,8 @@ def _metric_writer(run: _Run) -> MetricWriter:
         writers=parse_writers(run.config),
         info=run_info(run.config, run.workdir)
         | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels}
-        | {"kernel_checks": selfcheck.recorded()},  # the Pallas self-checks on this device
+        # the Pallas self-checks on this run's devices
+        | {"kernel_checks": selfcheck.recorded(run.mesh.devices.flat[0].platform)},
         wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
     )
 

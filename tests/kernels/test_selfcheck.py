@@ -170,3 +170,12 @@ def test_a_cached_failure_is_trusted_only_as_one_line(monkeypatch, interpreted):
     with pytest.raises(kernels.KernelsUnavailable) as e:
         kernels.resolve("pallas", "gpu", "float16")  # a storage the kernels lack: float32's check
     assert "\n" not in str(e.value) and "\r" not in str(e.value) and "(a b c)" in str(e.value)
+
+
+def test_a_run_records_only_its_own_platforms_checks():
+    """A GPU compile in this process (`gpn_jax.aot --topology=h100` resolves the Pallas kernels
+    for a GPU the process does not have) leaves a skipped GPU check; a CPU run's record of its
+    kernel checks does not list it."""
+    assert selfcheck.ensure("gpu", None)["status"] == "skipped"
+    assert [r["platform"] for r in selfcheck.recorded()] == ["gpu"]
+    assert selfcheck.recorded("cpu") == []

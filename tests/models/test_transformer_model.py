@@ -222,9 +222,10 @@ def test_attention_choice():
 
 
 def test_auto_attention_falls_back_to_xla_with_one_warning_where_cudnn_refuses(monkeypatch, caplog):
-    """On a GPU whose cuDNN refuses (here: a CPU posing as a GPU, so cuDNN is not found),
-    'auto' trains with XLA's attention, the same loss bit for bit, and says so once; an
-    explicit 'cudnn' raises cuDNN's own error."""
+    """On a GPU whose cuDNN refuses (here: a CPU posing as a GPU, so cuDNN is not found, or,
+    where the CUDA wheels are installed, found but not lowerable for the CPU), 'auto' trains
+    with XLA's attention, the same loss bit for bit, and says so once; an explicit 'cudnn'
+    raises that error."""
     from gpn_jax.models import transformer
 
     params = make(compute_dtype="bfloat16").init(jax.random.PRNGKey(0))
@@ -236,5 +237,5 @@ def test_auto_attention_falls_back_to_xla_with_one_warning_where_cudnn_refuses(m
     assert got == want
     warned = [r.message for r in caplog.records if "cuDNN's fused attention" in r.message]
     assert len(warned) == 1 and "model.attention=xla" in warned[0]
-    with pytest.raises(RuntimeError, match="cuDNN"):
+    with pytest.raises(RuntimeError, match="cuDNN|for platform cpu"):
         make(compute_dtype="bfloat16", attention="cudnn").loss(params, tokens())
