@@ -155,7 +155,7 @@ def resolved_kernels(model) -> str:
 def carry_rows(config) -> int:
     """Streams whose carry the train state holds: one per batch row with `train.carry_state`
     (stateful training), else 0 (no carry)."""
-    return config.train.batch_size if config.train.get("carry_state", False) else 0
+    return config.train.batch_size if config.train.carry_state else 0
 
 
 def jit_train_step(

@@ -15,6 +15,7 @@ the knob that fixes it (`config.<block>.<field>`) and its allowed range. No JAX 
 import importlib.util
 import math
 
+from gpn_jax.configs import blocks
 from gpn_jax.models import configs as model_configs
 from gpn_jax.models.bounds import (  # noqa: F401 - MAX_PARAMETERS, estimated_parameters: API
     INT32_MAX,
@@ -31,22 +32,16 @@ from gpn_jax.models.configs import COMPUTE_DTYPES
 MODEL_MINIMUM = model_configs.field_rule(model_configs.MINIMUM)
 _GPN_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
 
-# Minimum of each train field (all integers).
-TRAIN_MINIMUM = {
-    "batch_size": 1,
-    "seq_len": 1,
-    "grad_accum": 1,
-    "steps": 1,
-    "warmup_steps": 0,
-    "log_every": 1,
-    "eval_every": 0,  # 0: evaluate only at the end
-    "eval_batches": 0,  # 0: the whole held-out split
-    "final_eval_batches": 0,
-    "final_eval_stride": 1,
-    "checkpoint_every": 1,
-    "keep_checkpoints": 1,
-    "keep_best": 0,
-}
+# The bounds of the train, data and mesh fields, as their declarations give them
+# (`configs.blocks`): the minimum and maximum of each integer field, the range of each float.
+TRAIN_MINIMUM = blocks.rule(blocks.Train, blocks.MINIMUM)
+TRAIN_MAXIMUM = blocks.rule(blocks.Train, blocks.MAXIMUM)
+# {field: (lowest, highest, whether the highest is allowed)}
+TRAIN_FLOAT_RANGE = blocks.rule(blocks.Train, blocks.RANGE)
+DATA_RANGE = blocks.rule(blocks.Data, blocks.RANGE)
+MESH_MINIMUM = blocks.rule(blocks.Mesh, blocks.MINIMUM)
+MESH_MAXIMUM = blocks.rule(blocks.Mesh, blocks.MAXIMUM)
+WRITERS = blocks.rule(blocks.Logging, blocks.CHOICES)["writers"]
 
 
 def _at_least(block: str, field: str, value, minimum: int) -> None:
@@ -76,16 +71,16 @@ def check_train(train_cfg, data_parallel: int | None = None) -> None:
     can rank something; with `data_parallel`, also the mesh split (`check_batch_split`)."""
     t = train_cfg
     for field, minimum in TRAIN_MINIMUM.items():
-        if field in t:
-            _at_least("train", field, t[field], minimum)
-    _finite_at_least(t.learning_rate, "config.train.learning_rate must be >= 0", 0.0)
-    ratio = t.get("min_lr_ratio", 0.0)
-    if not _number(ratio) or not 0 <= ratio <= 1:
+        _at_least("train", field, t[field], minimum)
+    low = TRAIN_FLOAT_RANGE["learning_rate"][0]
+    _finite_at_least(t.learning_rate, f"config.train.learning_rate must be >= {low:g}", low)
+    ratio, (low, high, _) = t.min_lr_ratio, TRAIN_FLOAT_RANGE["min_lr_ratio"]
+    if not _number(ratio) or not low <= ratio <= high:
         raise ValueError(
-            f"config.train.min_lr_ratio must be in [0, 1] (the cosine's end as a fraction of "
-            f"the peak learning rate), got {ratio!r}"
+            f"config.train.min_lr_ratio must be in [{low:g}, {high:g}] ({_doc('min_lr_ratio')}), "
+            f"got {ratio!r}"
         )
-    clip = t.get("grad_clip", None)
+    clip = t.grad_clip
     if clip is not None and (not _number(clip) or not math.isfinite(clip) or clip < 0):
         raise ValueError(
             f"config.train.grad_clip must be > 0 (global-norm clipping) or 0 / None for no "
@@ -115,6 +110,11 @@ def check_batch_split(t, data_parallel: int, process_count: int = 1) -> None:
         )
 
 
+def _doc(field: str) -> str:
+    """The one-line doc of train field `field` (`configs.blocks.Train`)."""
+    return blocks.Train.__dataclass_fields__[field].metadata[blocks.DOC]
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -131,7 +131,7 @@ def _check_keep_best(t) -> None:
     to rank and are allowed (the latest checkpoints are kept); a run that evaluates, but
     never on a checkpoint step (the final step is always one), is a config mistake.
     """
-    if not t.get("keep_best") or not t.eval_every or t.steps < t.eval_every:
+    if not t.keep_best or not t.eval_every or t.steps < t.eval_every:
         return
     lands = math.lcm(t.eval_every, t.checkpoint_every) <= t.steps or t.steps % t.eval_every == 0
     if not lands:
@@ -148,7 +148,7 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
     window layout; with `data_parallel` (mesh-dependent), its streams (one per batch row)
     must split evenly over micro-batches and devices."""
     t = config.train
-    if not t.get("carry_state", False):
+    if not t.carry_state:
         return
     family = config.model.get("family", "gpn")
     if family == "transformer":
@@ -156,7 +156,7 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
             "config.train.carry_state=true needs a recurrent model (family gpn or gdn); the "
             "transformer carries no state across windows"
         )
-    layout = config.data.get("train_layout", "")
+    layout = config.data.train_layout
     if layout and layout != "streams":
         raise ValueError(
             "config.train.carry_state=true reads one contiguous stream per batch row: "
@@ -174,19 +174,15 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
 
 
 def check_data(data_cfg) -> None:
-    f = data_cfg.heldout_fraction
-    if not _number(f) or not 0 <= f < 1:
-        raise ValueError(f"config.data.heldout_fraction must be in [0, 1), got {f!r}")
-
-
-WRITERS = ("jsonl", "tensorboard", "wandb")  # as `training.metric_writer.WRITERS`
+    f, (low, high, _) = data_cfg.heldout_fraction, DATA_RANGE["heldout_fraction"]
+    if not _number(f) or not low <= f < high:
+        raise ValueError(f"config.data.heldout_fraction must be in [{low:g}, {high:g}), got {f!r}")
 
 
 def check_logging(config) -> None:
     """`config.logging.writers` names at least one known writer (with none, a run would leave
     no record of itself), and wandb only where it is installed."""
-    logging_cfg = config.get("logging") or {}
-    spec = logging_cfg.get("writers", "jsonl")
+    spec = config.logging.writers
     if not isinstance(spec, str):
         raise ValueError(f"config.logging.writers must be a comma-separated string, got {spec!r}")
     names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -236,7 +232,7 @@ def check_static(config) -> None:
     check_data(config.data)
     check_logging(config)
     check_bounds(config)
-    parse_init_from(config.train.get("init_from", ""))
+    parse_init_from(config.train.init_from)
 
 
 INIT_FROM_SCHEMES = ("paper",)
@@ -289,27 +285,21 @@ def check_config(
 # bounded before anything is allocated. Kept apart from the minimums above.
 
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps 32 bits of the seed; larger seeds would collide
-# float fields of config.train: (lowest, highest, whether the highest is allowed)
-TRAIN_FLOAT_RANGE = {
-    "learning_rate": (0.0, 10.0, True),
-    "weight_decay": (0.0, 10.0, True),
-    "b1": (0.0, 1.0, False),  # Adam's moment decay: 1 never forgets the first gradient
-    "b2": (0.0, 1.0, False),  # 1 divides by zero in the bias correction
-    "grad_clip": (0.0, 1e9, True),
-    "min_lr_ratio": (0.0, 1.0, True),
-}
-MESH_MAXIMUM = 1 << 20  # devices along one mesh axis
 
 
 def check_bounds(config) -> None:
     """Upper bounds of every numeric field: train counts in int32, finite train floats in their
-    ranges, tokens per step in int32, the seed in [0, 2^32), mesh axes, and the model's size
+    ranges, tokens per step in int32, the seed in [0, 2^32), mesh axes (and their minimum),
+    and the model's size
     (`check_model_size`). One ValueError line naming the field."""
     t = config.train
-    for field in TRAIN_MINIMUM:
-        _at_most("train", field, t.get(field, 0), INT32_MAX)
+    for field, minimum in MESH_MINIMUM.items():
+        _at_least("mesh", field, config.mesh[field], minimum)
+    for block, maxima in (("train", TRAIN_MAXIMUM), ("mesh", MESH_MAXIMUM)):
+        for field, maximum in maxima.items():
+            _at_most(block, field, config[block][field], maximum)
     for field, (low, high, closed) in TRAIN_FLOAT_RANGE.items():
-        value = t.get(field, low)
+        value = t[field]
         if field == "grad_clip" and value is None:
             continue
         ok = _number(value) and math.isfinite(value) and low <= value
@@ -319,7 +309,7 @@ def check_bounds(config) -> None:
                 f"config.train.{field} must be a finite number in [{low:g}, {high:g}{bracket}, "
                 f"got {value!r}"
             )
-    tokens = t.get("batch_size", 1) * t.get("seq_len", 1)
+    tokens = t.batch_size * t.seq_len
     if tokens > INT32_MAX:
         raise ValueError(
             f"config.train.batch_size x config.train.seq_len = {tokens} tokens per step, over "
@@ -328,14 +318,12 @@ def check_bounds(config) -> None:
     seed = config.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"config.seed must be an integer in [0, 2^32 - 1], got {seed!r:.60}")
-    for axis, value in dict(config.get("mesh") or {}).items():
-        if isinstance(value, int) and not isinstance(value, bool) and value > MESH_MAXIMUM:
-            raise ValueError(f"config.mesh.{axis} must be at most {MESH_MAXIMUM}, got {value}")
     check_model_size(config.model)
 
 
 def _at_most(block: str, field: str, value, maximum: int) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and value > maximum:
+        why = " (int32)" if maximum == INT32_MAX else ""
         raise ValueError(
-            f"config.{block}.{field} must be at most {maximum} (int32), got {value!r:.60}"
+            f"config.{block}.{field} must be at most {maximum}{why}, got {value!r:.60}"
         )
