@@ -145,15 +145,20 @@ class Mesh:
     )
 
 
+# {block name: its declaration}, in a config's order; everything reads the blocks from here
 BLOCKS = {"data": Data, "train": Train, "logging": Logging, "mesh": Mesh}
 
 
-def rule(cls: type, key: str) -> dict:
+def rule(block: str, key: str) -> dict:
     """{field name: its rule `key` (MINIMUM, MAXIMUM, RANGE, CHOICES, CPU)} of the fields of
-    `cls` that set it."""
-    return {
-        f.name: f.metadata[key] for f in dataclasses.fields(cls) if f.metadata.get(key) is not None
-    }
+    `block` ('train', 'data', 'logging' or 'mesh') that set it."""
+    fields = dataclasses.fields(BLOCKS[block])
+    return {f.name: f.metadata[key] for f in fields if f.metadata.get(key) is not None}
+
+
+def doc(block: str, field: str) -> str:
+    """The one-line doc of `block`'s `field`."""
+    return BLOCKS[block].__dataclass_fields__[field].metadata[DOC]
 
 
 def default(f: dataclasses.Field):
@@ -171,12 +176,12 @@ def _value(f: dataclasses.Field):
     return ml_collections.ConfigDict(value) if isinstance(value, dict) else value
 
 
-def config_block(cls: type) -> ml_collections.ConfigDict:
-    """A ConfigDict block holding every declared field of `cls` at its default."""
-    block = ml_collections.ConfigDict()
-    for f in dataclasses.fields(cls):
-        block[f.name] = _value(f)
-    return block
+def config_block(block: str) -> ml_collections.ConfigDict:
+    """A ConfigDict of every declared field of `block` at its default."""
+    c = ml_collections.ConfigDict()
+    for f in dataclasses.fields(BLOCKS[block]):
+        c[f.name] = _value(f)
+    return c
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -186,7 +191,7 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     with config.unlocked():
         for name, cls in BLOCKS.items():
             if name not in config:
-                config[name] = config_block(cls)
+                config[name] = config_block(name)
                 continue
             for f in dataclasses.fields(cls):
                 if f.name not in config[name]:

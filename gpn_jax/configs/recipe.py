@@ -23,8 +23,8 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()  # filled by each experiment: family + its fields
-    for name, cls in blocks.BLOCKS.items():
-        c[name] = blocks.config_block(cls)
+    for name in blocks.BLOCKS:
+        c[name] = blocks.config_block(name)
     return c
 
 
@@ -78,6 +78,6 @@ def apply_arg(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.C
     for field, rule in shrink.items():
         c.model[field] = rule(c.model[field])
     # each train field's own: 8 x 128 tokens, 200 steps, evaluations every 100 (`blocks.Train`)
-    for field, rule in blocks.rule(blocks.Train, blocks.CPU).items():
+    for field, rule in blocks.rule("train", blocks.CPU).items():
         c.train[field] = rule(c.train[field])
     return c

@@ -31,17 +31,8 @@ from gpn_jax.models.configs import COMPUTE_DTYPES
 # slip past unchecked.
 MODEL_MINIMUM = model_configs.field_rule(model_configs.MINIMUM)
 _GPN_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
-
-# The bounds of the train, data and mesh fields, as their declarations give them
-# (`configs.blocks`): the minimum and maximum of each integer field, the range of each float.
-TRAIN_MINIMUM = blocks.rule(blocks.Train, blocks.MINIMUM)
-TRAIN_MAXIMUM = blocks.rule(blocks.Train, blocks.MAXIMUM)
-# {field: (lowest, highest, whether the highest is allowed)}
-TRAIN_FLOAT_RANGE = blocks.rule(blocks.Train, blocks.RANGE)
-DATA_RANGE = blocks.rule(blocks.Data, blocks.RANGE)
-MESH_MINIMUM = blocks.rule(blocks.Mesh, blocks.MINIMUM)
-MESH_MAXIMUM = blocks.rule(blocks.Mesh, blocks.MAXIMUM)
-WRITERS = blocks.rule(blocks.Logging, blocks.CHOICES)["writers"]
+# The train, data, logging and mesh fields' bounds are read from their declarations
+# (`configs.blocks.rule`) at each check: a field declared there is checked here.
 
 
 def _at_least(block: str, field: str, value, minimum: int) -> None:
@@ -70,15 +61,16 @@ def check_train(train_cfg, data_parallel: int | None = None) -> None:
     """Train sizes and ranges, divisibility of the batch by grad_accum, and a keep_best that
     can rank something; with `data_parallel`, also the mesh split (`check_batch_split`)."""
     t = train_cfg
-    for field, minimum in TRAIN_MINIMUM.items():
+    for field, minimum in blocks.rule("train", blocks.MINIMUM).items():
         _at_least("train", field, t[field], minimum)
-    low = TRAIN_FLOAT_RANGE["learning_rate"][0]
+    ranges = blocks.rule("train", blocks.RANGE)  # {field: (lowest, highest, highest allowed?)}
+    low = ranges["learning_rate"][0]
     _finite_at_least(t.learning_rate, f"config.train.learning_rate must be >= {low:g}", low)
-    ratio, (low, high, _) = t.min_lr_ratio, TRAIN_FLOAT_RANGE["min_lr_ratio"]
-    if not _number(ratio) or not low <= ratio <= high:
+    ratio = t.min_lr_ratio
+    if not _in_range(ratio, ranges["min_lr_ratio"]):
         raise ValueError(
-            f"config.train.min_lr_ratio must be in [{low:g}, {high:g}] ({_doc('min_lr_ratio')}), "
-            f"got {ratio!r}"
+            f"config.train.min_lr_ratio must be in {_interval(ranges['min_lr_ratio'])} "
+            f"({blocks.doc('train', 'min_lr_ratio')}), got {ratio!r}"
         )
     clip = t.grad_clip
     if clip is not None and (not _number(clip) or not math.isfinite(clip) or clip < 0):
@@ -110,9 +102,16 @@ def check_batch_split(t, data_parallel: int, process_count: int = 1) -> None:
         )
 
 
-def _doc(field: str) -> str:
-    """The one-line doc of train field `field` (`configs.blocks.Train`)."""
-    return blocks.Train.__dataclass_fields__[field].metadata[blocks.DOC]
+def _in_range(value, span: tuple) -> bool:
+    """`value` a finite number in the declared `span` (lowest, highest, highest allowed?)."""
+    low, high, closed = span
+    ok = _number(value) and math.isfinite(value) and low <= value <= high
+    return ok and (closed or value < high)
+
+
+def _interval(span: tuple) -> str:
+    low, high, closed = span
+    return f"[{low:g}, {high:g}{']' if closed else ')'}"
 
 
 def _number(value) -> bool:
@@ -174,9 +173,9 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
 
 
 def check_data(data_cfg) -> None:
-    f, (low, high, _) = data_cfg.heldout_fraction, DATA_RANGE["heldout_fraction"]
-    if not _number(f) or not low <= f < high:
-        raise ValueError(f"config.data.heldout_fraction must be in [{low:g}, {high:g}), got {f!r}")
+    f, span = data_cfg.heldout_fraction, blocks.rule("data", blocks.RANGE)["heldout_fraction"]
+    if not _in_range(f, span):
+        raise ValueError(f"config.data.heldout_fraction must be in {_interval(span)}, got {f!r}")
 
 
 def check_logging(config) -> None:
@@ -186,16 +185,17 @@ def check_logging(config) -> None:
     if not isinstance(spec, str):
         raise ValueError(f"config.logging.writers must be a comma-separated string, got {spec!r}")
     names = [n.strip() for n in spec.split(",") if n.strip()]
+    known = blocks.rule("logging", blocks.CHOICES)["writers"]
     if not names:
         raise ValueError(
             f"config.logging.writers is empty, so the run would write no metrics.jsonl or "
-            f"run_info; name at least one of {','.join(WRITERS)}"
+            f"run_info; name at least one of {','.join(known)}"
         )
-    unknown = [n for n in names if n not in WRITERS]
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
             f"unknown metric writer {unknown[0]!r} in config.logging.writers={spec!r}; "
-            f"choose from {','.join(WRITERS)}"
+            f"choose from {','.join(known)}"
         )
     if "wandb" in names and importlib.util.find_spec("wandb") is None:
         raise ValueError(
@@ -293,21 +293,18 @@ def check_bounds(config) -> None:
     and the model's size
     (`check_model_size`). One ValueError line naming the field."""
     t = config.train
-    for field, minimum in MESH_MINIMUM.items():
+    for field, minimum in blocks.rule("mesh", blocks.MINIMUM).items():
         _at_least("mesh", field, config.mesh[field], minimum)
-    for block, maxima in (("train", TRAIN_MAXIMUM), ("mesh", MESH_MAXIMUM)):
-        for field, maximum in maxima.items():
+    for block in ("train", "mesh"):
+        for field, maximum in blocks.rule(block, blocks.MAXIMUM).items():
             _at_most(block, field, config[block][field], maximum)
-    for field, (low, high, closed) in TRAIN_FLOAT_RANGE.items():
+    for field, span in blocks.rule("train", blocks.RANGE).items():
         value = t[field]
         if field == "grad_clip" and value is None:
             continue
-        ok = _number(value) and math.isfinite(value) and low <= value
-        if not ok or value > high or (value == high and not closed):
-            bracket = "]" if closed else ")"
+        if not _in_range(value, span):
             raise ValueError(
-                f"config.train.{field} must be a finite number in [{low:g}, {high:g}{bracket}, "
-                f"got {value!r}"
+                f"config.train.{field} must be a finite number in {_interval(span)}, got {value!r}"
             )
     tokens = t.batch_size * t.seq_len
     if tokens > INT32_MAX:
