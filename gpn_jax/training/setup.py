@@ -113,7 +113,7 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
     meshlib.check_batch(mesh, t.batch_size, t.grad_accum)
     model = factory.build_model(config.model) if model is None else model
     kernels = resolved_kernels(model)
-    rules = shardlib.rules_from_config(config.get("mesh"))
+    rules = shardlib.rules_from_config(config.mesh)
     optimizer = make_optimizer(t, model.weight_decay_mask)
     abstract = jax.eval_shape(
         lambda r: ts.init_train_state(model, optimizer, r, carry_rows(config)),
