@@ -444,7 +444,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def _body():
     config = cli.config_or_exit(_CONFIG, "gpn-compare")
-    if config.get("train", {}).get("reuse_step_memory", True):  # as the gpn-train launcher
+    if config.train.reuse_step_memory:  # as the gpn-train launcher
         host_memory.inline_cpu_steps()  # (before JAX starts; `training.host_memory`)
     distributed.initialize()
     start = time.perf_counter()

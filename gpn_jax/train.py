@@ -10,6 +10,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from gpn_jax.configs import blocks
 from gpn_jax.io import cli
 from gpn_jax.training import validate
 
@@ -36,7 +37,7 @@ _TIMEOUT = flags.DEFINE_integer(
 
 
 def _body():
-    config = cli.config_or_exit(_CONFIG, "gpn-train")
+    config = blocks.complete(cli.config_or_exit(_CONFIG, "gpn-train"))
     validate.check_static(config)  # before JAX loads; the loop adds `validate.check_mesh`
     # Imported only now: JAX and the training stack (flax, orbax, grain) take seconds to load,
     # and a bad config above is reported without them.
@@ -45,7 +46,7 @@ def _body():
     from gpn_jax.training.loop import train_and_evaluate
 
     cli.settle_heap()  # the imported stack out of the garbage collector's passes
-    if config.train.get("reuse_step_memory", True):
+    if config.train.reuse_step_memory:
         host_memory.inline_cpu_steps()  # before JAX starts its CPU client
 
     distributed.initialize(

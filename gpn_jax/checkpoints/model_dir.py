@@ -36,6 +36,7 @@ import numpy as np
 
 from gpn_jax.checkpoints import owned_dir
 from gpn_jax.checkpoints.restore import RestoredRun
+from gpn_jax.configs import blocks
 from gpn_jax.data.tokenizer import load_tokenizer
 from gpn_jax.io.files import atomic_write, sha256_file
 from gpn_jax.io.provenance import package_version
@@ -353,7 +354,7 @@ def load_model_dir(model_dir: str) -> RestoredRun:
 
     model_dir = os.path.abspath(model_dir)
     record = read_record(model_dir)
-    config = ml_collections.ConfigDict(record["config"])
+    config = blocks.complete(ml_collections.ConfigDict(record["config"]))  # an older export's too
     try:
         check_model_size(config.model)  # the trainer's bounds, before anything is built
         model = factory.build_model(config.model)

@@ -23,6 +23,7 @@ import ml_collections
 
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.configs import blocks
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
 from gpn_jax.io import paths
 from gpn_jax.io.errors import CheckpointError
@@ -47,7 +48,7 @@ class RestoredRun:
         (never trained or saved there) and token caches go to `cache_dir` (default: a
         temporary directory removed at exit), never to `<workdir>/data_cache`."""
         config = ml_collections.ConfigDict(self.config.to_dict())
-        if self.tokenizer is not None and not config.data.get("tokenizer_path"):
+        if self.tokenizer is not None and not config.data.tokenizer_path:
             config.data.tokenizer_path = self.tokenizer.path
         return datalib.from_config(
             config,
@@ -79,7 +80,7 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
     workdir = require_checkpoints(workdir)
     ckpt = Checkpointer(workdir, keep=None, async_save=False, read_only=True)
     try:
-        config = _config_from_latest(ckpt, step)
+        config = blocks.complete(_config_from_latest(ckpt, step))  # an older run's too
         try:  # the trainer's bounds, before anything is built: the config may be edited
             check_model_size(config.model)
         except ValueError as e:
@@ -98,7 +99,7 @@ def load_run(workdir: str, step: int | None = None) -> RestoredRun:
         _say_step(ckpt, got)
     finally:
         ckpt.close()
-    tok_path = config.data.get("tokenizer_path") or paths.join(workdir, "tokenizer.model")
+    tok_path = config.data.tokenizer_path or paths.join(workdir, "tokenizer.model")
     tokenizer = load_tokenizer(tok_path) if paths.exists(tok_path) else None
     check_tokenizer(meta, tokenizer, tok_path, got)
     return RestoredRun(config, model, params, tokenizer, got, workdir)

@@ -1,5 +1,7 @@
 """The shared recipe experiments build on (ml_collections).
 
+* `blocks`: the train, data, logging and mesh fields, each declared once (type, default,
+  bounds, `:cpu` value, one-line doc); `complete` fills what an older saved config lacks.
 * `recipe`: the training config every experiment starts from (`base_config`: the paper's
   recipe, the data and mesh blocks), the `model_block` completion and the `:arg` variants
   (`apply_arg`: `--config=path.py:cpu` shrinks any config for a CPU run).

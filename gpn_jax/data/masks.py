@@ -10,7 +10,7 @@ def loss_mask(config) -> np.ndarray | None:
     """(seq_len,) bool: the positions the training loss of `config`'s data is taken on (the
     answers of `recall:` data with targets=answers), or None for every position. Known from
     the config alone, so the train step can be built before the data."""
-    source = parse_spec(config.get("data", {}).get("source", "embedded"))
+    source = parse_spec(config.data.source)
     if source.kind != "recall":
         return None
     from gpn_jax.data import recall

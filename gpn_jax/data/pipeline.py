@@ -140,12 +140,12 @@ def train_layout(config) -> str:
     training (`train.carry_state`), in order for `bin:` data continued from another trainer's
     checkpoint (`train.init_from`, see `training.init_from`), as that trainer reads it, and
     shuffled otherwise. Fixed by the config, so a resume agrees with it."""
-    explicit = config.data.get("train_layout", "")
+    explicit = config.data.train_layout
     if explicit:
         return explicit
-    if config.train.get("carry_state", False):  # stateful training: one stream per batch row
+    if config.train.carry_state:  # stateful training: one stream per batch row
         return "streams"
-    continued = bool(config.train.get("init_from", ""))
+    continued = bool(config.train.init_from)
     return (
         "sequential" if continued and parse_spec(config.data.source).kind == "bin" else "shuffled"
     )

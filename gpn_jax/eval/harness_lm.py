@@ -123,7 +123,7 @@ class GPNLM(TemplateLM):
         self.model, self.params = scoring_model(self.run), self.run.params
         self.tok = run_tokenizer(self.run, kwargs.get("tokenizer"))
         self.batch_size = given.get("batch_size", 16)  # 'auto' means the default
-        self.window = given.get("window", min(self.run.config.train.get("seq_len", 256), 256))
+        self.window = given.get("window", min(self.run.config.train.seq_len, 256))
         self.max_gen_toks = given.get("max_gen_toks", 256)
         self.seed = given.get("seed", 0)
         self.stats = scoring.Stats()

@@ -34,13 +34,13 @@ from gpn_jax.training.validate import parse_init_from as parse  # the spec: chec
 def train_layout(config) -> str:
     """`data.pipeline.train_layout` (sequential on `bin:` data continued from the paper) after
     checking the `init_from` spec."""
-    parse(config.train.get("init_from", ""))
+    parse(config.train.init_from)
     return pipeline.train_layout(config)
 
 
 def note_resumed(config, step: int, directory: str) -> None:
     """Says that the workdir's checkpoint, not `init_from`, is where the run goes on from."""
-    if parse(config.train.get("init_from", "")):
+    if parse(config.train.init_from):
         msg = (
             f"train.init_from={config.train.init_from} is not used: the workdir holds "
             f"checkpoint step {step} ({directory}), and a run resumes from its own checkpoint"

@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.checkpoints.restore import tokenizer_sha256
+from gpn_jax.configs import blocks
 from gpn_jax.io import cli, paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.kernels import selfcheck
@@ -167,6 +168,7 @@ class _Run:
     """The state of one training run; methods are the phases of `train_and_evaluate`."""
 
     def __init__(self, config, workdir: str, devices=None):
+        config = blocks.complete(config)  # a config without base_config's newer fields too
         devices = jax.devices() if devices is None else list(devices)
         if len(devices) != jax.device_count() and jax.process_count() > 1:
             raise ValueError("devices: a multi-host run trains on every device of every host")
@@ -202,7 +204,7 @@ class _Run:
     def init_or_restore(self):
         run = self.setup
         data_state = position = None
-        continued = init_from.parse(self.config.train.get("init_from", ""))  # a bad spec stops here
+        continued = init_from.parse(self.config.train.init_from)  # a bad spec stops here
         if continued and not self.ckpt.all_steps():  # a fresh run: before the data and tokenizer
             init_from.check_found(continued[1])
         # The data first: a bad corpus or tokenizer is reported before anything compiles.
@@ -225,7 +227,7 @@ class _Run:
         self.data = source.open(data_state, jax.process_index(), jax.process_count())
         if position is not None:  # the paper run's place in its bin: shards
             init_from.seek_data(self.data.train, position, self.config)
-        if self.config.train.get("carry_state", False):  # resets need the data's separator
+        if self.config.train.carry_state:  # resets need the data's separator
             self.train_step = run.stateful_train_step(self.data.eos_id)
         t = self.config.train
         # heldout_fraction=0 keeps no held-out set: train, skip every evaluation.
@@ -334,7 +336,7 @@ def _loop(run: _Run, stop: StopSignal, compiled=lambda: None) -> int:
         if step == first:  # this call compiled the step: the heap around steps (`host_memory`)
             log.compile_done(log.timer.clock() - started)
             compiled()
-            steady_step_memory(t.get("reuse_step_memory", True))
+            steady_step_memory(t.reuse_step_memory)
         step += 1
         log.dispatched()
         if pending is not None:
@@ -378,13 +380,13 @@ def _finished_at(metrics: dict, clock) -> float | None:
 def _training_log(run: _Run, step: int) -> progress.TrainingLog:
     """The lead host's log (`training.progress`); MFU where `config.logging.peak_flops` (one
     device's peak FLOP/s) is set."""
-    cfg, t = run.config.get("logging") or {}, run.config.train
-    peak = float(cfg.get("peak_flops", 0) or 0) * run.mesh.size
+    cfg, t = run.config.logging, run.config.train
+    peak = float(cfg.peak_flops or 0) * run.mesh.size
     return progress.TrainingLog(
         t.steps,
         step,
         run.tokens_per_step,
-        bar=cfg.get("progress_bar", None),
+        bar=cfg.progress_bar,
         enabled=run.is_lead,
         flops_per_token=run.model.flops_per_token(t.seq_len)["train"] if peak else 0.0,
         peak_flops=peak,
@@ -451,7 +453,6 @@ def _metric_writer(run: _Run) -> MetricWriter:
     """The writers of `config.logging` (process 0 only), each first told the run's info."""
     if not run.is_lead:
         return MetricWriter(run.workdir, enabled=False)
-    logging_cfg = run.config.get("logging") or {}
     return MetricWriter(
         run.workdir,
         writers=parse_writers(run.config),
@@ -459,7 +460,7 @@ def _metric_writer(run: _Run) -> MetricWriter:
         | {"cpu_steps_inline": cpu_steps_inline(), "kernels": run.setup.kernels}
         # the Pallas self-checks on this run's devices
         | {"kernel_checks": selfcheck.recorded(run.mesh.devices.flat[0].platform)},
-        wandb_project=logging_cfg.get("wandb_project", "gpn_jax"),
+        wandb_project=run.config.logging.wandb_project,
     )
 
 
@@ -467,7 +468,7 @@ def _finish(run: _Run, step: int) -> dict:
     final = {"step": step, "tokens_seen": step * run.tokens_per_step}
     if run.has_heldout:
         t = run.config.train
-        ev = run.evaluate(t.get("final_eval_batches", 0), t.get("final_eval_stride", 1))
+        ev = run.evaluate(t.final_eval_batches, t.final_eval_stride)
         final = {
             "heldout_ppl": ev["ppl"],
             "heldout_loss": ev["loss"],

@@ -28,31 +28,14 @@ from gpn_jax.io import paths
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
 from gpn_jax.io.regular import read_regular_file
-
-WRITERS = ("jsonl", "tensorboard", "wandb")
-DEFAULT_WRITERS = "jsonl,tensorboard"
+from gpn_jax.training.validate import check_logging
 
 
 def parse_writers(config) -> list[str]:
-    """The writer names of `config.logging.writers` ('jsonl,tensorboard' when the run's config
-    has no logging block, e.g. one saved before the block existed), or a one-line ValueError."""
-    logging_cfg = config.get("logging") or {}
-    spec = logging_cfg.get("writers", DEFAULT_WRITERS)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in WRITERS]
-    if unknown:
-        raise ValueError(
-            f"unknown metric writer {unknown[0]!r} in config.logging.writers={spec!r}; "
-            f"choose from {','.join(WRITERS)}"
-        )
-    if "wandb" in names:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                "config.logging.writers names wandb, which is not installed: "
-                "pip install 'gpn_jax[wandb]'"
-            ) from None
+    """The writer names of `config.logging.writers`, each once, after `validate.check_logging`
+    (a one-line ValueError for an empty list, an unknown writer, or wandb not installed)."""
+    check_logging(config)
+    names = [n.strip() for n in config.logging.writers.split(",") if n.strip()]
     return list(dict.fromkeys(names))
 
 

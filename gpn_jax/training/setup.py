@@ -113,7 +113,7 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
     meshlib.check_batch(mesh, t.batch_size, t.grad_accum)
     model = factory.build_model(config.model) if model is None else model
     kernels = resolved_kernels(model)
-    rules = shardlib.rules_from_config(config.get("mesh"))
+    rules = shardlib.rules_from_config(config.mesh)
     optimizer = make_optimizer(t, model.weight_decay_mask)
     abstract = jax.eval_shape(
         lambda r: ts.init_train_state(model, optimizer, r, carry_rows(config)),
@@ -155,7 +155,7 @@ def resolved_kernels(model) -> str:
 def carry_rows(config) -> int:
     """Streams whose carry the train state holds: one per batch row with `train.carry_state`
     (stateful training), else 0 (no carry)."""
-    return config.train.batch_size if config.train.get("carry_state", False) else 0
+    return config.train.batch_size if config.train.carry_state else 0
 
 
 def jit_train_step(

@@ -15,6 +15,7 @@ the knob that fixes it (`config.<block>.<field>`) and its allowed range. No JAX 
 import importlib.util
 import math
 
+from gpn_jax.configs import blocks
 from gpn_jax.models import configs as model_configs
 from gpn_jax.models.bounds import (  # noqa: F401 - MAX_PARAMETERS, estimated_parameters: API
     INT32_MAX,
@@ -30,23 +31,8 @@ from gpn_jax.models.configs import COMPUTE_DTYPES
 # slip past unchecked.
 MODEL_MINIMUM = model_configs.field_rule(model_configs.MINIMUM)
 _GPN_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
-
-# Minimum of each train field (all integers).
-TRAIN_MINIMUM = {
-    "batch_size": 1,
-    "seq_len": 1,
-    "grad_accum": 1,
-    "steps": 1,
-    "warmup_steps": 0,
-    "log_every": 1,
-    "eval_every": 0,  # 0: evaluate only at the end
-    "eval_batches": 0,  # 0: the whole held-out split
-    "final_eval_batches": 0,
-    "final_eval_stride": 1,
-    "checkpoint_every": 1,
-    "keep_checkpoints": 1,
-    "keep_best": 0,
-}
+# The train, data, logging and mesh fields' bounds are read from their declarations
+# (`configs.blocks.rule`) at each check: a field declared there is checked here.
 
 
 def _at_least(block: str, field: str, value, minimum: int) -> None:
@@ -75,17 +61,18 @@ def check_train(train_cfg, data_parallel: int | None = None) -> None:
     """Train sizes and ranges, divisibility of the batch by grad_accum, and a keep_best that
     can rank something; with `data_parallel`, also the mesh split (`check_batch_split`)."""
     t = train_cfg
-    for field, minimum in TRAIN_MINIMUM.items():
-        if field in t:
-            _at_least("train", field, t[field], minimum)
-    _finite_at_least(t.learning_rate, "config.train.learning_rate must be >= 0", 0.0)
-    ratio = t.get("min_lr_ratio", 0.0)
-    if not _number(ratio) or not 0 <= ratio <= 1:
+    for field, minimum in blocks.rule("train", blocks.MINIMUM).items():
+        _at_least("train", field, t[field], minimum)
+    ranges = blocks.rule("train", blocks.RANGE)  # {field: (lowest, highest, highest allowed?)}
+    low = ranges["learning_rate"][0]
+    _finite_at_least(t.learning_rate, f"config.train.learning_rate must be >= {low:g}", low)
+    ratio = t.min_lr_ratio
+    if not _in_range(ratio, ranges["min_lr_ratio"]):
         raise ValueError(
-            f"config.train.min_lr_ratio must be in [0, 1] (the cosine's end as a fraction of "
-            f"the peak learning rate), got {ratio!r}"
+            f"config.train.min_lr_ratio must be in {_interval(ranges['min_lr_ratio'])} "
+            f"({blocks.doc('train', 'min_lr_ratio')}), got {ratio!r}"
         )
-    clip = t.get("grad_clip", None)
+    clip = t.grad_clip
     if clip is not None and (not _number(clip) or not math.isfinite(clip) or clip < 0):
         raise ValueError(
             f"config.train.grad_clip must be > 0 (global-norm clipping) or 0 / None for no "
@@ -115,6 +102,18 @@ def check_batch_split(t, data_parallel: int, process_count: int = 1) -> None:
         )
 
 
+def _in_range(value, span: tuple) -> bool:
+    """`value` a finite number in the declared `span` (lowest, highest, highest allowed?)."""
+    low, high, closed = span
+    ok = _number(value) and math.isfinite(value) and low <= value <= high
+    return ok and (closed or value < high)
+
+
+def _interval(span: tuple) -> str:
+    low, high, closed = span
+    return f"[{low:g}, {high:g}{']' if closed else ')'}"
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -131,7 +130,7 @@ def _check_keep_best(t) -> None:
     to rank and are allowed (the latest checkpoints are kept); a run that evaluates, but
     never on a checkpoint step (the final step is always one), is a config mistake.
     """
-    if not t.get("keep_best") or not t.eval_every or t.steps < t.eval_every:
+    if not t.keep_best or not t.eval_every or t.steps < t.eval_every:
         return
     lands = math.lcm(t.eval_every, t.checkpoint_every) <= t.steps or t.steps % t.eval_every == 0
     if not lands:
@@ -148,7 +147,7 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
     window layout; with `data_parallel` (mesh-dependent), its streams (one per batch row)
     must split evenly over micro-batches and devices."""
     t = config.train
-    if not t.get("carry_state", False):
+    if not t.carry_state:
         return
     family = config.model.get("family", "gpn")
     if family == "transformer":
@@ -156,7 +155,7 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
             "config.train.carry_state=true needs a recurrent model (family gpn or gdn); the "
             "transformer carries no state across windows"
         )
-    layout = config.data.get("train_layout", "")
+    layout = config.data.train_layout
     if layout and layout != "streams":
         raise ValueError(
             "config.train.carry_state=true reads one contiguous stream per batch row: "
@@ -174,32 +173,29 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
 
 
 def check_data(data_cfg) -> None:
-    f = data_cfg.heldout_fraction
-    if not _number(f) or not 0 <= f < 1:
-        raise ValueError(f"config.data.heldout_fraction must be in [0, 1), got {f!r}")
-
-
-WRITERS = ("jsonl", "tensorboard", "wandb")  # as `training.metric_writer.WRITERS`
+    f, span = data_cfg.heldout_fraction, blocks.rule("data", blocks.RANGE)["heldout_fraction"]
+    if not _in_range(f, span):
+        raise ValueError(f"config.data.heldout_fraction must be in {_interval(span)}, got {f!r}")
 
 
 def check_logging(config) -> None:
     """`config.logging.writers` names at least one known writer (with none, a run would leave
     no record of itself), and wandb only where it is installed."""
-    logging_cfg = config.get("logging") or {}
-    spec = logging_cfg.get("writers", "jsonl")
+    spec = config.logging.writers
     if not isinstance(spec, str):
         raise ValueError(f"config.logging.writers must be a comma-separated string, got {spec!r}")
     names = [n.strip() for n in spec.split(",") if n.strip()]
+    known = blocks.rule("logging", blocks.CHOICES)["writers"]
     if not names:
         raise ValueError(
             f"config.logging.writers is empty, so the run would write no metrics.jsonl or "
-            f"run_info; name at least one of {','.join(WRITERS)}"
+            f"run_info; name at least one of {','.join(known)}"
         )
-    unknown = [n for n in names if n not in WRITERS]
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
             f"unknown metric writer {unknown[0]!r} in config.logging.writers={spec!r}; "
-            f"choose from {','.join(WRITERS)}"
+            f"choose from {','.join(known)}"
         )
     if "wandb" in names and importlib.util.find_spec("wandb") is None:
         raise ValueError(
@@ -236,7 +232,7 @@ def check_static(config) -> None:
     check_data(config.data)
     check_logging(config)
     check_bounds(config)
-    parse_init_from(config.train.get("init_from", ""))
+    parse_init_from(config.train.init_from)
 
 
 INIT_FROM_SCHEMES = ("paper",)
@@ -289,37 +285,28 @@ def check_config(
 # bounded before anything is allocated. Kept apart from the minimums above.
 
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps 32 bits of the seed; larger seeds would collide
-# float fields of config.train: (lowest, highest, whether the highest is allowed)
-TRAIN_FLOAT_RANGE = {
-    "learning_rate": (0.0, 10.0, True),
-    "weight_decay": (0.0, 10.0, True),
-    "b1": (0.0, 1.0, False),  # Adam's moment decay: 1 never forgets the first gradient
-    "b2": (0.0, 1.0, False),  # 1 divides by zero in the bias correction
-    "grad_clip": (0.0, 1e9, True),
-    "min_lr_ratio": (0.0, 1.0, True),
-}
-MESH_MAXIMUM = 1 << 20  # devices along one mesh axis
 
 
 def check_bounds(config) -> None:
     """Upper bounds of every numeric field: train counts in int32, finite train floats in their
-    ranges, tokens per step in int32, the seed in [0, 2^32), mesh axes, and the model's size
+    ranges, tokens per step in int32, the seed in [0, 2^32), mesh axes (and their minimum),
+    and the model's size
     (`check_model_size`). One ValueError line naming the field."""
     t = config.train
-    for field in TRAIN_MINIMUM:
-        _at_most("train", field, t.get(field, 0), INT32_MAX)
-    for field, (low, high, closed) in TRAIN_FLOAT_RANGE.items():
-        value = t.get(field, low)
+    for field, minimum in blocks.rule("mesh", blocks.MINIMUM).items():
+        _at_least("mesh", field, config.mesh[field], minimum)
+    for block in ("train", "mesh"):
+        for field, maximum in blocks.rule(block, blocks.MAXIMUM).items():
+            _at_most(block, field, config[block][field], maximum)
+    for field, span in blocks.rule("train", blocks.RANGE).items():
+        value = t[field]
         if field == "grad_clip" and value is None:
             continue
-        ok = _number(value) and math.isfinite(value) and low <= value
-        if not ok or value > high or (value == high and not closed):
-            bracket = "]" if closed else ")"
+        if not _in_range(value, span):
             raise ValueError(
-                f"config.train.{field} must be a finite number in [{low:g}, {high:g}{bracket}, "
-                f"got {value!r}"
+                f"config.train.{field} must be a finite number in {_interval(span)}, got {value!r}"
             )
-    tokens = t.get("batch_size", 1) * t.get("seq_len", 1)
+    tokens = t.batch_size * t.seq_len
     if tokens > INT32_MAX:
         raise ValueError(
             f"config.train.batch_size x config.train.seq_len = {tokens} tokens per step, over "
@@ -328,14 +315,12 @@ def check_bounds(config) -> None:
     seed = config.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"config.seed must be an integer in [0, 2^32 - 1], got {seed!r:.60}")
-    for axis, value in dict(config.get("mesh") or {}).items():
-        if isinstance(value, int) and not isinstance(value, bool) and value > MESH_MAXIMUM:
-            raise ValueError(f"config.mesh.{axis} must be at most {MESH_MAXIMUM}, got {value}")
     check_model_size(config.model)
 
 
 def _at_most(block: str, field: str, value, maximum: int) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and value > maximum:
+        why = " (int32)" if maximum == INT32_MAX else ""
         raise ValueError(
-            f"config.{block}.{field} must be at most {maximum} (int32), got {value!r:.60}"
+            f"config.{block}.{field} must be at most {maximum}{why}, got {value!r:.60}"
         )

@@ -22,7 +22,7 @@ import pytest
 from experiments.configs import gpn_m_tiny
 from gpn_jax.checkpoints.manager import Checkpointer, CheckpointError
 from gpn_jax.checkpoints.restore import load_run
-from gpn_jax.data.pipeline import build_data
+from gpn_jax.data.pipeline import DataConfig, build_data
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.export import export, load
@@ -423,3 +423,34 @@ def test_a_missing_step_says_so_and_lists_the_steps(run):
         str(e.value)
         == f"--step=5: {os.path.join(wd, 'checkpoints')} has no step 5; its steps are 1, 2"
     )
+
+
+# ------------------------------------------------- a config saved before a field existed
+def _older(config: dict) -> dict:
+    """`config` as a version before the logging block, train.carry_state and
+    data.train_layout saved it."""
+    config = json.loads(json.dumps(config))
+    del config["logging"], config["train"]["carry_state"], config["data"]["train_layout"]
+    return config
+
+
+def test_a_run_saved_before_a_config_field_reads_with_its_default(run, tmp_path, monkeypatch):
+    """Restore and export complete an older config from the declarations
+    (`configs.blocks.complete`), so their readers read `config.train.carry_state` as any
+    other; the data is rebuilt as the run built it."""
+    wd, params, _ = run
+    read = Checkpointer.read_config
+    monkeypatch.setattr(Checkpointer, "read_config", lambda self, s: _older(read(self, s)))
+    restored = load_run(wd)
+    _assert_params(restored.params, params[2])
+    want = (False, "jsonl,tensorboard", "")
+    old = restored.config
+    assert (old.train.carry_state, old.logging.writers, old.data.train_layout) == want
+    assert DataConfig.of(old).train_layout == "shuffled"
+    out = str(tmp_path / "model")
+    export(wd, out)
+    path = os.path.join(out, "config.json")
+    record = json.load(open(path))
+    json.dump(record | {"config": _older(record["config"])}, open(path, "w"))
+    old = load(out).config
+    assert (old.train.carry_state, old.logging.writers, old.data.train_layout) == want

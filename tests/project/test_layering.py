@@ -45,7 +45,8 @@ ALLOWED = {
     "data": set(),
     # Reading and writing runs (orbax, the paper pickle, exported model directories): below
     # every reader and the trainer, above the model.
-    "checkpoints": {"core", "models", "data"},
+    # configs: a saved config completed from the declarations (`configs.blocks.complete`)
+    "checkpoints": {"core", "models", "data", "configs"},
     "training": {"core", "models", "kernels", "data", "parallel", "configs", "checkpoints"},
     # Readers of a trained run: checkpoints only, never the trainer.
     "eval": {"core", "models", "data", "checkpoints"},

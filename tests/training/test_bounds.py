@@ -8,8 +8,11 @@ import subprocess
 import pytest
 
 from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny
+from gpn_jax.configs import blocks
 from gpn_jax.training import validate
 from tests.helpers.cli import ROOT, assert_one_line_error, train_cmd
+
+TRAIN_MINIMUM = blocks.rule("train", blocks.MINIMUM)  # the declared minimum of each count
 
 
 def refused(config, pattern: str):
@@ -18,7 +21,7 @@ def refused(config, pattern: str):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("field", sorted(validate.TRAIN_MINIMUM))
+@pytest.mark.parametrize("field", sorted(TRAIN_MINIMUM))
 def test_every_train_count_is_int32(field):
     c = gpn_m_tiny.get_config()
     c.train[field] = 2**31 - 1
@@ -33,7 +36,7 @@ def test_every_train_count_is_int32(field):
     refused(c, rf"^config\.train\.{field} must be at most 2147483647 \(int32\), got 10{{10}}$")
 
 
-@pytest.mark.parametrize("field", sorted(validate.TRAIN_FLOAT_RANGE))
+@pytest.mark.parametrize("field", sorted(blocks.rule("train", blocks.RANGE)))
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300, -1e-9])
 def test_every_train_float_is_finite_and_in_range(field, value):
     c = gpn_m_tiny.get_config()

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from experiments.configs import gpn_m_tiny
+from gpn_jax.configs import blocks
 from gpn_jax.training.metric_writer import parse_writers
 from tests import REPO_ROOT as ROOT
 from tests.helpers.training import train_on_one_device
@@ -74,6 +75,8 @@ def test_unknown_writer_is_a_one_line_config_error(tmp_path):
 
 
 def test_configs_without_a_logging_block_keep_todays_writers():
+    """A config saved before the logging block existed reads, once completed (as restore and
+    the trainer complete every config), with today's default writers."""
     c = tiny_config("jsonl")
     del c["logging"]
-    assert parse_writers(c) == ["jsonl", "tensorboard"]
+    assert parse_writers(blocks.complete(c)) == ["jsonl", "tensorboard"]

@@ -6,10 +6,13 @@ import importlib
 import pytest
 
 from experiments.configs import gdn_tiny, gpn_m_tiny, transformer_tiny
+from gpn_jax.configs import blocks
 from gpn_jax.models.factory import FAMILIES
 from gpn_jax.training import validate
 
 TINY = {"gpn": gpn_m_tiny, "transformer": transformer_tiny, "gdn": gdn_tiny}
+
+TRAIN_MINIMUM = blocks.rule("train", blocks.MINIMUM)  # the declared minimum of each count
 
 
 def int_fields(family):
@@ -37,10 +40,10 @@ def test_gpn_without_memory_allows_zero_heads():
     validate.check_config(c)
 
 
-@pytest.mark.parametrize("field", sorted(validate.TRAIN_MINIMUM))
+@pytest.mark.parametrize("field", sorted(TRAIN_MINIMUM))
 def test_train_fields_below_minimum(field):
     c = gpn_m_tiny.get_config()
-    c.train[field] = validate.TRAIN_MINIMUM[field] - 1
+    c.train[field] = TRAIN_MINIMUM[field] - 1
     with pytest.raises(ValueError, match=rf"^config\.train\.{field} must be an? "):
         validate.check_config(c)
 
