@@ -111,9 +111,10 @@ def train_tokenizer(
     """Trains a SentencePiece model on the lines of `docs`; saves it to `model_path` if given."""
     proto = io.BytesIO()
     spm.set_random_generator_seed(seed)
+    interrupted = []  # Ctrl-C while SentencePiece reads the lines: its C++ reports an error
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(docs),
+            sentence_iterator=_noting_interrupts(_training_lines(docs), interrupted),
             model_writer=proto,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -136,11 +137,22 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as e:
+        if interrupted:  # the user's Ctrl-C, not a training failure
+            raise KeyboardInterrupt from None
         raise ValueError(_training_error(e, vocab_size)) from None
     tokenizer = Tokenizer(proto.getvalue())
     if model_path:
         tokenizer.save(model_path)
     return tokenizer
+
+
+def _noting_interrupts(lines: Iterator[str], interrupted: list) -> Iterator[str]:
+    """`lines`, noting in `interrupted` a KeyboardInterrupt raised while the next is read."""
+    try:
+        yield from lines
+    except KeyboardInterrupt:
+        interrupted.append(True)
+        raise
 
 
 def _training_lines(docs: Iterable[str]) -> Iterator[str]:

@@ -53,3 +53,20 @@ def test_vocab_too_large_or_small_or_empty_corpus():
         train_tokenizer(SMALL, 100)
     with pytest.raises(ValueError, match="empty corpus"):
         train_tokenizer(["", "  "], 300)
+
+
+def test_ctrl_c_while_sentencepiece_reads_the_lines_is_an_interrupt_not_a_training_failure():
+    """SentencePiece's C++ reports a KeyboardInterrupt raised in the line iterator as its own
+    RuntimeError ("INTERNAL: KeyboardInterrupt"): the user's Ctrl-C must stay one (the commands
+    then exit 130 with `interrupted`), not become "SentencePiece training failed" (exit 1)."""
+    import os
+    import signal
+
+    def docs():
+        for i in range(100_000):
+            if i == 500:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield f"document {i} with a few words in it " * 3
+
+    with pytest.raises(KeyboardInterrupt):
+        train_tokenizer(docs(), 256)
