@@ -61,7 +61,7 @@ def _body():
         sys.exit(cli.INTERRUPTED)
 
 
-main, run = cli.absl_entry(_body, "gpn-train")
+main, run = cli.absl_entry(_body, "gpn-train", config_help=blocks.fields_help)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,27 @@ def doc(block: str, field: str) -> str:
     return BLOCKS[block].__dataclass_fields__[field].metadata[DOC]
 
 
+def fields_help(width: int = 100) -> str:
+    """Every declared field as `--help` lists it: `--config.<block>.<field>` (its default, its
+    bounds), then its doc, each line within `width` columns."""
+    import textwrap
+
+    lines = ["config fields (override any with --config.<block>.<field>=VALUE):"]
+    for name, cls in BLOCKS.items():
+        for f in dataclasses.fields(cls):
+            m, bounds = f.metadata, ""
+            if m.get(MINIMUM) is not None:
+                bounds = f", {m[MINIMUM]} to {m[MAXIMUM]}" if m[MAXIMUM] < INT32_MAX else (
+                    f", at least {m[MINIMUM]}")  # fmt: skip
+            elif m.get(RANGE):
+                low, high, closed = m[RANGE]
+                bounds = f", in [{low:g}, {high:g}{']' if closed else ')'}"
+            head = f"--config.{name}.{f.name} (default {default(f)!r}{bounds})"
+            lines += textwrap.wrap(head, width, initial_indent="  ", subsequent_indent=" " * 6)
+            lines += textwrap.wrap(m[DOC], width, initial_indent=" " * 4, subsequent_indent=" " * 4)
+    return "\n".join(lines)
+
+
 def default(f: dataclasses.Field):
     """A declared field's default value (a fresh one for a dict)."""
     return f.default_factory() if f.default is dataclasses.MISSING else f.default

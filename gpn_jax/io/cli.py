@@ -156,28 +156,32 @@ def help_requested(argv: list[str]) -> bool | None:
     return None
 
 
-def help_text(module: str, full: bool = False) -> str:
+def help_text(module: str, full: bool = False, config_help=None) -> str:
     """The help of the entry point defined in `module`: its docstring, then its own flags (or
-    every flag, `full`). absl's `--help` lists the flags of the module named like argv[0], which
-    a console script (`gpn-train`) is not, so it listed none."""
+    every flag and `config_help()`, the config's fields, `full`). absl's `--help` lists the
+    flags of the module named like argv[0], which a console script (`gpn-train`) is not, so it
+    listed none."""
     from absl import flags
 
     doc = (getattr(sys.modules.get(module), "__doc__", None) or "").strip()
     key = sys.argv[0] if module == "__main__" else module  # absl's name for `python -m`'s
     own = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
-    more = "" if full else "\n\nTry --helpfull to list every flag (absl's and JAX's too)."
+    fields = " and the config's fields" if config_help else ""
+    more = f"\n\nTry --helpfull to list every flag (absl's and JAX's too){fields}."
+    if full:
+        more = f"\n\n{config_help()}" if config_help else ""
     return f"{doc}\n\nflags:\n{own.strip()}{more}\n"
 
 
-def flags_parser(prog: str, module: str | None = None):
+def flags_parser(prog: str, module: str | None = None, config_help=None):
     """An absl `flags_parser` that turns a bad flag or unknown config field into one line;
-    `--help` prints `help_text(module)` and exits with status 0."""
+    `--help` prints `help_text(module, ..., config_help)` and exits with status 0."""
     from absl import flags
 
     def parse(argv):
         full = help_requested(argv)
         if full is not None and module is not None:
-            sys.stdout.write(help_text(module, full))
+            sys.stdout.write(help_text(module, full, config_help))
             sys.exit(0)
         names = config_args.config_flag_names(flags.FLAGS)
         for name in names:
@@ -231,14 +235,15 @@ def config_or_exit(holder, prog: str):
     return config
 
 
-def absl_entry(body, prog: str, quiet: bool = True):
+def absl_entry(body, prog: str, quiet: bool = True, config_help=None):
     """(main, run) of an entry point whose work is `body()` (which reads the parsed flags).
 
     `main(argv)` rejects stray positional arguments, makes stdout line-buffered, lowers absl
     logging (and XLA's C++ logging) to WARNING unless `--verbosity` was given (when `quiet`;
     JAX / orbax INFO lines would bury the progress output) and runs `body` through
     `run_or_exit`. `run()` is `app.run(main)` with this
-    module's one-line flag errors.
+    module's one-line flag errors; `config_help()`: the config's fields, which `--helpfull`
+    lists.
     """
     from absl import app, flags, logging
 
@@ -257,6 +262,6 @@ def absl_entry(body, prog: str, quiet: bool = True):
         run_or_exit(body, prog=prog)  # nothing returned: absl would exit with it as status
 
     def run():
-        app.run(main, flags_parser=flags_parser(prog, body.__module__))
+        app.run(main, flags_parser=flags_parser(prog, body.__module__, config_help))
 
     return main, run

@@ -90,3 +90,20 @@ def test_complete_fills_what_an_older_config_lacks_and_keeps_the_rest():
     assert blocks.complete(old).to_dict() == want.to_dict()
     old.lock()  # as a loaded config may be
     assert blocks.complete(old).to_dict() == want.to_dict() and old.is_locked
+
+
+def test_helpfull_lists_every_declared_field_with_its_default_bounds_and_doc():
+    from gpn_jax import train  # noqa: F401 - the entry point whose help this is
+    from gpn_jax.io import cli
+
+    text = cli.help_text("gpn_jax.train", True, blocks.fields_help)
+    flat = " ".join(text.split())
+    for name, cls in blocks.BLOCKS.items():
+        for f in dataclasses.fields(cls):
+            assert f"--config.{name}.{f.name} (default {blocks.default(f)!r}" in flat
+            assert " ".join(blocks.doc(name, f.name).split()) in flat
+    assert "--config.train.steps (default 10000, at least 1)" in flat
+    assert "--config.train.b2 (default 0.95, in [0, 1))" in flat
+    assert max(len(line) for line in blocks.fields_help().splitlines()) <= 100
+    short = cli.help_text("gpn_jax.train", False, blocks.fields_help)
+    assert "--config.train.steps (default" not in short and "the config's fields" in short
