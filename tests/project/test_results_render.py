@@ -192,6 +192,8 @@ def test_the_h100_time_split_adds_up_to_the_measured_step_and_backs_the_docs():
     at128 = next(t for t in trials if t["batch_per_device"] == 128)
     excess = at128["memory_bytes_per_token_hlo"] - at128["memory_bytes_per_token_min"]
     assert excess / (step["copy_bandwidth_gb_per_s"] * 1e9) * 1e6 < 0.5  # "loses under 0.5 µs"
+    assert f"measured ({step['copy_bandwidth_gb_per_s'] / 1e3:.2f} TB/s)" in text
+    assert f"instead of {at128['ops_per_token']:.0f} operations" in text
 
 
 def test_no_committed_compile_moves_less_than_its_minimum_traffic():
