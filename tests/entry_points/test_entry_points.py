@@ -58,3 +58,6 @@ def test_helpfull_lists_every_flag_and_exits_0():
     proc = _call_target("gpn-summary", "--helpfull")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--config" in proc.stdout and "--verbosity" in proc.stdout  # absl's own, too
+    proc = _call_target("gpn-train", "--helpfull")  # and the config's declared fields
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--config.train.steps (default 10000, at least 1)" in proc.stdout
