@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 
 import jax
@@ -434,9 +435,10 @@ def _train(run: _Run) -> dict:
         step = _loop(run, stop, start_up.close)
         if stop.requested:
             run.save_once(step)
-            print(
+            progress.say(  # stdout, as the result; stamped where it goes to a file
                 f"{stop.name}: saved step {step} in {run.ckpt.directory}; rerun the command to "
-                "resume"
+                "resume",
+                sys.stdout,
             )
             return {"stopped_at": step, "signal": stop.name}
         final = _finish(run, step)
@@ -489,7 +491,7 @@ def _finish(run: _Run, step: int) -> dict:
         paths.write_bytes(
             paths.join(run.workdir, FINAL_METRICS), json.dumps(final, indent=2).encode()
         )
-        print(f"step {step}: {summary}")
+        progress.say(f"step {step}: {summary}", sys.stdout)
     return final
 
 
