@@ -70,6 +70,19 @@ def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
     return None if any(t["batch_per_device"] == guess for t in trials) else guess
 
 
+def _trial(config, batch: int, dp: int, devices, sizes, memory_bytes, log) -> dict:
+    """The record of one compile at per-device `batch`, logged as one line."""
+    record, _ = compile_one(_with_batch(config, batch, dp), devices, sizes, memory_bytes)
+    peak, vmem = record["peak_bytes_per_device"], record["m_in_vmem"]
+    log(
+        f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
+        + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
+        + (f", M in VMEM: {vmem}" if vmem is not None else "")
+        + f", {record['compile_seconds']} s"
+    )
+    return record
+
+
 def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log, save=None) -> dict:
     """Compiles per-device batches until the largest that fits is bracketed within 8;
     `save(result)` after each compile keeps what was found if a later one is cut off."""
@@ -77,14 +90,7 @@ def find_max_batch(config, devices, sizes, memory_bytes, max_trials: int, log, s
     batch = max(1, config.train.batch_size // dp)
     trials = []
     while batch is not None and len(trials) < max_trials:
-        record, _ = compile_one(_with_batch(config, batch, dp), devices, sizes, memory_bytes)
-        trials.append(record)
-        peak = record["peak_bytes_per_device"]
-        log(
-            f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
-            + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
-            + f", M in VMEM: {record['m_in_vmem']}, {record['compile_seconds']} s"
-        )
+        trials.append(_trial(config, batch, dp, devices, sizes, memory_bytes, log))
         batch = _next_batch(trials, memory_bytes, 8)
         if save:
             save(_search_result(trials, complete=batch is None))
@@ -96,14 +102,7 @@ def compile_batches(config, devices, sizes, memory_bytes, batches, log, save=Non
     dp = _data_parallel(sizes, len(devices))
     trials = []
     for batch in batches:
-        record, _ = compile_one(_with_batch(config, batch, dp), devices, sizes, memory_bytes)
-        trials.append(record)
-        peak = record["peak_bytes_per_device"]
-        log(
-            f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
-            + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
-            + f", {record['compile_seconds']} s"
-        )
+        trials.append(_trial(config, batch, dp, devices, sizes, memory_bytes, log))
         if save:
             save(_search_result(trials, complete=False))
     return _search_result(trials, complete=True)
