@@ -9,7 +9,7 @@ Nothing touches an accelerator. `--devices=N` forces N CPU host devices; `--topo
 (v5e:2x2, v5p:2x2x1, v6e:1x1, ...) compiles for that TPU slice with libtpu's compile-only
 devices (needs libtpu: `pip install 'jax[tpu]'`); `--topology=h100` (h200, h100:8: N GPUs of
 one host) compiles for sm_90 with the CUDA plugin's compile-only devices (Python 3.12:
-`pip install -e ".[gpu]"`; `gpn_jax/benchmarks/gpu_target.py`). The train step is built by the
+`pip install -e ".[gpu]"`; `gpn_jax/benchmarks/aot/gpus.py`). The train step is built by the
 same code as training (`gpn_jax.training.setup.build`, the config's sharding rules), lowered
 from abstract inputs and compiled. It prints XLA's per-device memory analysis of the compiled step
 and whether it fits the device's memory (a TPU chip's HBM by its kind, a GPU's share that the
@@ -76,10 +76,10 @@ flags.mark_flags_as_required(["config"])
 
 
 def _body():
-    from gpn_jax.benchmarks import aot_run
+    from gpn_jax.benchmarks.aot import plan
 
     cli.settle_heap()  # the imported stack out of the garbage collector's passes
-    return aot_run.run(
+    return plan.run(
         _CONFIG.value,
         dict(
             devices=_DEVICES.value,

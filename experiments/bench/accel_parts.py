@@ -310,7 +310,7 @@ def hlo(settings: dict, out: Out, scratch: str) -> None:
 
 
 def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
-    from gpn_jax.benchmarks import aot
+    from gpn_jax.benchmarks.aot import readout
 
     dest = os.path.join(os.path.dirname(out.path), "train_step.hlo.txt")
     files.atomic_write(dest, text[:MAX_HLO_BYTES].encode())
@@ -321,7 +321,7 @@ def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
         truncated=len(text) > MAX_HLO_BYTES,
         memory_dtype="bfloat16",
         batch_size=settings["batch_size"],
-        **aot.loop_op_fields(text, settings["seq_len"]),
+        **readout.loop_op_fields(text, settings["seq_len"]),
     )
 
 

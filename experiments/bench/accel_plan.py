@@ -17,7 +17,7 @@ Memory per record, in this order of preference:
     peak(B0) x B / B0 above it (the fixed part is never negative); float32 memory storage at
     most doubles the bfloat16 step's bytes;
   - none: the record is skipped ("no memory estimate").
-A device's usable memory is the JAX client's share of it (`gpu_target`: 0.75 by default).
+A device's usable memory is the JAX client's share of it (`benchmarks.aot.gpus`: 0.75 by default).
 
 Time per record: process start + compile + (warm-up + 3 steps) x B x T / tokens per second,
 from a measured run (the kind's own first; an H100's rate is a floor for an H200), else the
@@ -29,7 +29,7 @@ import math
 import os
 
 from experiments.bench.accel_summary import MODELS  # the run's records by bench model
-from gpn_jax.benchmarks import gpu_target
+from gpn_jax.benchmarks.aot import gpus
 from gpn_jax.io import untrusted
 
 GiB = 2**30
@@ -68,7 +68,7 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
     """({record key: {batch: (peak bytes, source)}}, {record key: (tokens/s, compile s)}, the
     records measured) from the compiles for the GPU (the kind's own first) and its run, if any."""
     peaks, rates, measured = {}, {}, set()
-    for other in sorted(gpu_target.GPUS, key=lambda k: k != kind):
+    for other in sorted(gpus.GPUS, key=lambda k: k != kind):
         for family in MODELS:
             path = os.path.join(results, f"aot_130m_{other}_{family}.json")
             if not os.path.isfile(path):
@@ -78,7 +78,7 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
                 rec = _record(_compiled(t, family))
                 peak = (t["peak_bytes_per_device"], f"{other} compile")
                 peaks.setdefault(rec.key(), {}).setdefault(rec.batch, peak)
-    for other in sorted(gpu_target.GPUS, key=lambda k: k != kind):  # the kind's own run first
+    for other in sorted(gpus.GPUS, key=lambda k: k != kind):  # the kind's own run first
         path = os.path.join(results, f"accel_{other}_step.json")
         if not os.path.isfile(path):
             continue
@@ -193,9 +193,9 @@ def sweep_records(skip_batch: int | None) -> list[Record]:
 
 def make(kind: str, results: str) -> dict:
     """The plan for a device of `kind` (h100 | h200) from the result files in `results`."""
-    if kind not in gpu_target.GPUS:
-        raise ValueError(f"unknown device kind {kind!r}; choose from {', '.join(gpu_target.GPUS)}")
-    usable = gpu_target.GPUS[kind].usable_bytes
+    if kind not in gpus.GPUS:
+        raise ValueError(f"unknown device kind {kind!r}; choose from {', '.join(gpus.GPUS)}")
+    usable = gpus.GPUS[kind].usable_bytes
     peaks, rates, measured = load_points(results, kind)
     batch, larger = compare_batch(peaks, usable)
     rows = [dict(r, part="baselines") for r in larger]
@@ -238,7 +238,7 @@ def describe(plan: dict) -> str:
     """The plan as text: one line per record (part, fits, peak, seconds or why skipped)."""
     lines = [
         f"plan for {plan['kind']}: {plan['usable_bytes'] / GiB:.1f} GiB usable "
-        f"({gpu_target.mem_fraction()} of {gpu_target.GPUS[plan['kind']].memory_bytes / GiB:.1f})"
+        f"({gpus.mem_fraction()} of {gpus.GPUS[plan['kind']].memory_bytes / GiB:.1f})"
         f"; same tokens per step at "
         f"B = {plan['compare_batch']} x T = {SEQ_LEN}"
     ]

@@ -8,7 +8,7 @@
 * `worker`: runs one record in a fresh process, so each record's peak host RSS is its own.
 * `report`, `roofline`, `op_profile`: tables, the scaling analysis, the plot, roofline bounds.
 * `traffic`: the memory's HBM bytes per token read off a compiled step's HLO, and the minimum.
-* `aot`, `aot_run`: ahead-of-time compiles (CPU devices or a TPU topology), the batch search.
+* `aot/`: the ahead-of-time compile planner (CPU devices, a TPU slice, NVIDIA GPUs), the batch search.
 * `accel`: the prepared accelerator run (memory passes XLA vs Pallas, the 130M step).
 * `prepare`: `gpn_jax.prepare` and the `bin:` loader (its own command, `python -m` it).
 * `workdirs`: private default working directories; no planted symlink followed.

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from experiments.configs import gpn_m_tiny, transformer_tiny
-from gpn_jax.benchmarks import aot, aot_run, gpu_target
+from gpn_jax.benchmarks.aot import gpus, plan, readout, search, step, targets, tpus
 from tests.environment import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,20 +26,20 @@ def cli_env() -> dict:
 
 def test_parse_mesh():
     cfg = {"data": -1, "fsdp": 1, "tensor": 1}
-    assert aot.parse_mesh("2,4,1", cfg) == {"data": 2, "fsdp": 4, "tensor": 1}
-    assert aot.parse_mesh("fsdp=4,tensor=2", cfg) == {"data": -1, "fsdp": 4, "tensor": 2}
-    assert aot.parse_mesh(None, cfg) == cfg
+    assert targets.parse_mesh("2,4,1", cfg) == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert targets.parse_mesh("fsdp=4,tensor=2", cfg) == {"data": -1, "fsdp": 4, "tensor": 2}
+    assert targets.parse_mesh(None, cfg) == cfg
     with pytest.raises(ValueError, match="unknown mesh axis"):
-        aot.parse_mesh("model=2", cfg)
+        targets.parse_mesh("model=2", cfg)
     with pytest.raises(ValueError, match="needs 3 sizes"):
-        aot.parse_mesh("2,4", cfg)
+        targets.parse_mesh("2,4", cfg)
 
 
 def test_compile_reports_sharded_state_and_memory():
     config = gpn_m_tiny.get_config()
     config.train.update(dict(batch_size=8, seq_len=16))
-    result = aot.compile_train_step(config, jax.devices()[:8], {"data": 2, "fsdp": 4, "tensor": 1})
-    report = aot.memory_report(result, memory_bytes=aot.GiB)
+    result = step.compile_train_step(config, jax.devices()[:8], {"data": 2, "fsdp": 4, "tensor": 1})
+    report = step.memory_report(result, memory_bytes=targets.GiB)
     # the train state (params, Adam mu and nu, float32) is split 4 ways over fsdp, except
     # the vectors, which stay whole
     leaves = jax.tree.leaves(result["abstract"])
@@ -52,7 +52,7 @@ def test_compile_reports_sharded_state_and_memory():
         report["arguments"] + report["outputs"] - report["aliased"] + report["temporaries"]
     )
     assert report["loop_collectives"] == {}
-    text = aot.format_report(config, result, report, aot.GiB)
+    text = readout.format_report(config, result, report, targets.GiB)
     assert "per-device memory" in text and "fits in 1 GiB" in text
 
 
@@ -174,9 +174,9 @@ def test_the_latency_floor_binds_when_ops_outlast_the_bytes():
 def test_cpu_record_has_traffic_fields():
     """XLA:CPU keeps every array in memory: the step moves at least the schedule's minimum."""
     config = tiny_config()
-    result = aot.compile_train_step(config, jax.devices()[:1], {"data": 1, "fsdp": 1, "tensor": 1})
-    report = aot.memory_report(result, aot.GiB)
-    record = aot.step_record(config, result, report, aot.GiB)
+    result = step.compile_train_step(config, jax.devices()[:1], {"data": 1, "fsdp": 1, "tensor": 1})
+    report = step.memory_report(result, targets.GiB)
+    record = readout.step_record(config, result, report, targets.GiB)
     check_record(record)
     assert record["fits"] and record["batch_per_device"] == 4
     assert record["memory_bytes_per_token_hlo"] >= record["memory_bytes_per_token_min"]
@@ -191,7 +191,7 @@ def test_tpu_topology_compile(tmp_path):
     """The tiny train step compiled for a v5e:2x2 slice with libtpu's compile-only devices;
     the process's environment is as before (processes it starts later get no TPU host's
     variables, with which libtpu would probe for a chip and print its failure)."""
-    missing = aot.libtpu_missing()
+    missing = tpus.libtpu_missing()
     if missing:
         pytest.skip(missing)
     environ = dict(os.environ)
@@ -200,11 +200,11 @@ def test_tpu_topology_compile(tmp_path):
         devices=None, topology="v5e:2x2", mesh="4,1,1", memory_gb=None, json=True,
         out=str(out), find_max_batch=False, max_trials=1,
     )  # fmt: skip
-    record = aot_run.run(tiny_config(), flags, ["gpn-aot", "--topology=v5e:2x2"])
+    record = plan.run(tiny_config(), flags, ["gpn-aot", "--topology=v5e:2x2"])
     check_record(record)
     assert record["platform"] == "tpu" and record["device_kind"] == "TPU v5 lite"
     assert record["devices"] == 4 and record["batch_per_device"] == 1
-    assert record["fits"] and record["hbm_bytes_per_device"] == 16 * aot.GiB
+    assert record["fits"] and record["hbm_bytes_per_device"] == 16 * targets.GiB
     assert json.loads(out.read_text())["fits"] is True
     assert record["command"] == "python -m gpn_jax.aot --topology=v5e:2x2"
     assert dict(os.environ) == environ
@@ -216,31 +216,31 @@ def test_compile_only_executables_are_never_written_to_the_persistent_cache():
     import jax
 
     before = jax.config.jax_persistent_cache_min_compile_time_secs
-    with aot._uncached(True):
+    with step._uncached(True):
         assert jax.config.jax_persistent_cache_min_compile_time_secs == float("inf")
-    with aot._uncached(False):
+    with step._uncached(False):
         assert jax.config.jax_persistent_cache_min_compile_time_secs == before
     assert jax.config.jax_persistent_cache_min_compile_time_secs == before
 
 
 def test_bad_topology_is_one_line():
     with pytest.raises(ValueError, match="expected <v4|v5e|v5p|v6e>"):
-        aot.topology_devices("v5e-8")
+        targets.topology_devices("v5e-8")
 
 
 def test_batch_search_brackets_the_largest_fitting_batch():
     """`_next_batch` on a made-up step whose peak is 1 GiB + 0.5 GiB per sequence, in 16 GiB:
     30 fits and 31 does not, so the search ends with 24 fitting and 32 failing."""
-    memory = 16 * aot.GiB
+    memory = 16 * targets.GiB
 
     def compile_at(b):
-        peak = aot.GiB + b * aot.GiB // 2
+        peak = targets.GiB + b * targets.GiB // 2
         return {"batch_per_device": b, "peak_bytes_per_device": peak, "fits": peak <= memory}
 
     trials, batch = [], 8
     while batch is not None:
         trials.append(compile_at(batch))
-        batch = aot_run._next_batch(trials, memory, 8)
+        batch = search._next_batch(trials, memory, 8)
         assert len(trials) < 10
     fit = max(t["batch_per_device"] for t in trials if t["fits"])
     fail = min(t["batch_per_device"] for t in trials if not t["fits"])
@@ -251,15 +251,15 @@ def test_tpu_memory_in_vmem_moves_at_least_its_stack():
     """v5e holds a 2 MiB memory (8 x 8 x 128 x 256 float32) in VMEM through the per-token
     loops, but not the segment's stack of 16: the step moves more than the stack's write and
     read (2m per cell and token), and less than the HBM-resident minimum 5m + 8."""
-    missing = aot.libtpu_missing()
+    missing = tpus.libtpu_missing()
     if missing:
         pytest.skip(missing)
     config = gpn_m_tiny.get_config()
     config.train.update(dict(batch_size=8, seq_len=64))
     config.model.update(dict(n_heads=8, d_key=128, d_value=256, remat_segment=32))
-    device = aot.topology_devices("v5e:1x1")[0]
-    result = aot.compile_train_step(config, [device], {"data": 1, "fsdp": 1, "tensor": 1})
-    record = aot.step_record(config, result, aot.memory_report(result), None)
+    device = targets.topology_devices("v5e:1x1")[0]
+    result = step.compile_train_step(config, [device], {"data": 1, "fsdp": 1, "tensor": 1})
+    record = readout.step_record(config, result, step.memory_report(result), None)
     cells = 8 * 128 * 256
     assert (record["memory_on_chip"], record["stack_on_chip"]) == (True, False)
     assert record["memory_bytes_per_token_min"] == cells * 8
@@ -283,20 +283,20 @@ def test_a_gpus_usable_memory_is_the_client_limit_the_h100_run_measured(monkeypa
     with open(path) as f:
         versions = json.load(f)
     h100 = type("Device", (), {"device_kind": versions["device_kind"]})()
-    assert aot.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
+    assert targets.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
-    assert aot.hbm_bytes(h100) == int(0.9 * gpu_target.GPUS["h100"].memory_bytes)
+    assert targets.hbm_bytes(h100) == int(0.9 * gpus.GPUS["h100"].memory_bytes)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "lots")  # JAX's default, as JAX would
-    assert aot.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
+    assert targets.hbm_bytes(h100) == versions["memory_stats"]["bytes_limit"]
 
 
 def test_gpu_names_and_a_missing_toolchain_are_one_line(monkeypatch):
     for bad in ("h100:x", "a100", "h100:2:2"):
         with pytest.raises(ValueError, match="h100, h200"):
-            aot.topology_devices(bad)
-    monkeypatch.setattr(gpu_target.importlib.util, "find_spec", lambda name: None)
+            targets.topology_devices(bad)
+    monkeypatch.setattr(gpus.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError) as e:
-        aot.topology_devices("h100:2")
+        targets.topology_devices("h100:2")
     assert 'pip install -e ".[gpu]"' in str(e.value) and "\n" not in str(e.value)
 
 
@@ -304,7 +304,7 @@ def test_batches_compile_one_trial_each(tmp_path):
     config = tiny_config()
     config.train.batch_size = 2
     flags = _gpu_flags(tmp_path / "aot.json", batches=(1, 2), topology=None) | {"devices": 1}
-    record = aot_run.run(config, flags, ["gpn-aot", "--batches=1,2"])
+    record = plan.run(config, flags, ["gpn-aot", "--batches=1,2"])
     assert [t["batch_per_device"] for t in record["trials"]] == [1, 2]
     peaks = [t["peak_bytes_per_device"] for t in record["trials"]]
     assert peaks[0] < peaks[1]  # twice the sequences, more activations
@@ -316,21 +316,21 @@ def test_batches_compile_one_trial_each(tmp_path):
 def test_gpu_compile_from_this_host(tmp_path):
     """The tiny GPN+M step with Pallas kernels and a tiny Transformer++ with cuDNN's attention
     compiled for an H100 (sm_90) on this CPU host: the GPU's kernels are in the program."""
-    missing = gpu_target.toolchain_missing()
+    missing = gpus.toolchain_missing()
     if missing:
         pytest.skip(missing)
     config = tiny_config()
     config.model.update(kernels="pallas", compute_dtype="bfloat16")
-    record = aot_run.run(config, _gpu_flags(tmp_path / "a.json"), ["gpn-aot"])
+    record = plan.run(config, _gpu_flags(tmp_path / "a.json"), ["gpn-aot"])
     check_record(record)
     assert record["platform"] == "gpu" and record["device_kind"] == "NVIDIA H100 80GB HBM3"
     assert record["kernels"] == "pallas" and record["fits"]
-    assert record["hbm_bytes_per_device"] == gpu_target.GPUS["h100"].usable_bytes
+    assert record["hbm_bytes_per_device"] == gpus.GPUS["h100"].usable_bytes
     config = transformer_tiny.get_config()
     config.train.update(dict(batch_size=2, seq_len=16))
     config.model.update(attention="cudnn", compute_dtype="bfloat16")
-    devices = aot.topology_devices("h200")
-    result = aot.compile_train_step(config, devices, {"data": 1, "fsdp": 1, "tensor": 1})
+    devices = targets.topology_devices("h200")
+    result = step.compile_train_step(config, devices, {"data": 1, "fsdp": 1, "tensor": 1})
     assert "cudnn$fmha" in result["compiled"].as_text()
 
 
@@ -347,7 +347,7 @@ def test_the_committed_h100_compile_matches_what_the_h100_run_measured():
             if (r["model"], r["kernels"], r["memory_dtype"], r["batch_size"])
             == ("GPN+M 130M", "pallas", "bfloat16", 128)
         )  # fmt: skip
-    peak = compiled["peak_bytes_per_device"] / aot.GiB
+    peak = compiled["peak_bytes_per_device"] / targets.GiB
     assert abs(peak / run["peak_mem_gib"] - 1) <= 0.05, (peak, run["peak_mem_gib"])
     assert compiled["ops_per_token"] == run["ops_per_token"]
     assert (compiled["kernels"], compiled["memory_dtype"]) == ("pallas", "bfloat16")

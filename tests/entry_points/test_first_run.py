@@ -92,7 +92,7 @@ def test_no_libtpu_changes_nothing(tmp_path, monkeypatch):
 
 
 def test_accelerator_type_names_the_topologys_slice():
-    from gpn_jax.benchmarks.aot import accelerator_type
+    from gpn_jax.benchmarks.aot.tpus import accelerator_type
 
     assert accelerator_type("v5e", 4) == "v5litepod-4"
     assert accelerator_type("v5p", 4) == "v5p-8"

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpn_jax.benchmarks import aot
+from gpn_jax.benchmarks.aot import targets, tpus
 from gpn_jax.kernels.pallas import MEMORY_DTYPES, memory_kernels
 from gpn_jax.kernels.pallas import tpu as tpu_kernels
 from tests.helpers import memory_reference as ref
@@ -126,10 +126,10 @@ def test_lowers_for_tpu_at_130m(dtype):
 def test_compiles_for_a_v5e_chip_at_130m(dtype):
     """Mosaic's own compile (libtpu, compile-only devices): block layouts it cannot tile and
     blocks over the scoped VMEM limit fail here, not on the chip."""
-    missing = aot.libtpu_missing()
+    missing = tpus.libtpu_missing()
     if missing:
         pytest.skip(f"no libtpu to compile for a TPU: {missing}")
-    dev = aot.topology_devices("v5e:2x2")[0]
+    dev = targets.topology_devices("v5e:2x2")[0]
     sharding = jax.sharding.SingleDeviceSharding(dev)
     mk = memory_kernels(platform="tpu")
     for name, args in _shapes_130m(jnp.dtype(dtype)).items():
@@ -144,10 +144,10 @@ def test_compiles_inside_a_shard_map_manual_over_the_batch_axes():
     automatic, so the kernels map the rest themselves (replicated over one device)."""
     from jax.sharding import PartitionSpec as P
 
-    missing = aot.libtpu_missing()
+    missing = tpus.libtpu_missing()
     if missing:
         pytest.skip(f"no libtpu to compile for a TPU: {missing}")
-    dev = aot.topology_devices("v5e:2x2")[0]
+    dev = targets.topology_devices("v5e:2x2")[0]
     mesh = jax.sharding.Mesh(np.array([dev]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
     batch = P(("data", "fsdp"))
     step = jax.shard_map(

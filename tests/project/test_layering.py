@@ -403,10 +403,8 @@ def test_config_literals_are_told_from_code():
 # Module basenames shared on purpose: the same role in parallel places. Anything else gets a
 # name of its own, so a basename says which module it is.
 SHARED_BASENAMES = {
-    # a `python -m gpn_jax.<name>` launcher and its namesake in `benchmarks/`: the module that
-    # does its work (aot), or the benchmark suite that measures that work (train, generate,
-    # prepare)
-    "aot": {"gpn_jax.aot", "gpn_jax.benchmarks.aot"},
+    # a `python -m gpn_jax.<name>` launcher and its namesake in `benchmarks/`: the benchmark
+    # suite that measures that work (train, generate, prepare)
     "train": {"gpn_jax.train", "gpn_jax.benchmarks.train"},
     "generate": {"gpn_jax.generate", "gpn_jax.benchmarks.generate"},
     "prepare": {"gpn_jax.prepare", "gpn_jax.benchmarks.prepare"},

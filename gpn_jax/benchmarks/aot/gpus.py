@@ -8,10 +8,11 @@ needs on the host: Python 3.12 with jax 0.11, the CUDA 13 plugin and its compile
 (nvcc's ptxas, nvvm, cuDNN), one command in a 3.12 venv: `pip install -e ".[gpu]"`.
 
 The figures below are the devices' own (the lent H100's runtime, nvidia-smi, the data sheets
-in `roofline.DEVICE_SPECS`), written once here and read by the fit check, the device run's
-plan (`experiments/bench/accel_plan.py`) and the target description. An executable compiled this way has the
-device's memory analysis: the 130M GPN+M step's compiled peak is the one the H100 run measured
-within 5 % (`aot_130m_h100_gpn_m.json` beside `accel_h100_step.json`, tests/benchmarks/test_aot.py).
+in `roofline.DEVICE_SPECS`), written once here and read by the fit check (`targets`), the
+device run's plan (`experiments/bench/accel_plan.py`) and the target description. An
+executable compiled this way has the device's memory analysis: the 130M GPN+M step's compiled
+peak is the one the H100 run measured within 5 % (`aot_130m_h100_gpn_m.json` beside
+`accel_h100_step.json`, tests/benchmarks/test_aot.py).
 """
 
 import dataclasses

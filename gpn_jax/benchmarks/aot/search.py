@@ -1,5 +1,5 @@
-"""What `python -m gpn_jax.aot` does with its flags: one compile, or a search for the largest
-per-device batch that fits, printed as text or JSON and written to a results file.
+"""The batch search of `python -m gpn_jax.aot`: compiles per-device batches of a config's train
+step, one trial each, to find the largest that fits the device's memory, or the listed ones.
 
 The search (`--find_max_batch`) compiles the config's per-device batch, then twice it, fits
 a line through their peak bytes and compiles the largest multiple of 8 the line says fits,
@@ -7,15 +7,8 @@ stepping by 8 until one batch fits and the next does not (or `max_trials` compil
 compile is a trial in the result, so the bracket it found is on record.
 """
 
-import datetime
-import importlib.metadata
-import json
-import os
-import platform
-import sys
-
-from gpn_jax.benchmarks import aot
-from gpn_jax.io.files import atomic_write
+from gpn_jax.benchmarks.aot import readout, step
+from gpn_jax.benchmarks.aot.targets import GiB
 
 
 def _with_batch(config, per_device: int, data_parallel: int):
@@ -35,20 +28,20 @@ def _data_parallel(sizes: dict, n_devices: int) -> int:
 
 def compile_one(config, devices, sizes, memory_bytes):
     """(record, text report) of one compile."""
-    result = aot.compile_train_step(config, devices, sizes)
-    report = aot.memory_report(result, memory_bytes)
-    record = aot.step_record(config, result, report, memory_bytes)
-    return record, aot.format_report(config, result, report, memory_bytes)
+    result = step.compile_train_step(config, devices, sizes)
+    report = step.memory_report(result, memory_bytes)
+    record = readout.step_record(config, result, report, memory_bytes)
+    return record, readout.format_report(config, result, report, memory_bytes)
 
 
-def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
+def _next_batch(trials: list[dict], memory_bytes: int, stride: int) -> int | None:
     """The next per-device batch to try, or None when the bracket is found: the batch a line
     through the two latest peaks (fitting or not) says fills the memory, a multiple of
-    `step` strictly inside the bracket (else its middle)."""
+    `stride` strictly inside the bracket (else its middle)."""
     fit = [t["batch_per_device"] for t in trials if t["fits"]]
     fail = [t["batch_per_device"] for t in trials if not t["fits"]]
     lo, hi = max(fit, default=0), min(fail, default=None)
-    if hi is not None and hi - lo <= step:
+    if hi is not None and hi - lo <= stride:
         return None
     sized = [(t["batch_per_device"], t["peak_bytes_per_device"]) for t in trials]
     sized = sorted(x for x in sized if x[1])
@@ -60,11 +53,11 @@ def _next_batch(trials: list[dict], memory_bytes: int, step: int) -> int | None:
         b1, p1 = sized[0]
         guess = int(b1 * memory_bytes / p1)
     else:
-        guess = 2 * lo if lo else step
-    guess = guess // step * step
+        guess = 2 * lo if lo else stride
+    guess = guess // stride * stride
     if hi is not None and not lo < guess < hi:
-        guess = (lo + hi) // 2 // step * step
-    guess = max(guess, lo + step) if lo else max(guess, step)
+        guess = (lo + hi) // 2 // stride * stride
+    guess = max(guess, lo + stride) if lo else max(guess, stride)
     if hi is not None and guess >= hi:
         return None
     return None if any(t["batch_per_device"] == guess for t in trials) else guess
@@ -76,7 +69,7 @@ def _trial(config, batch: int, dp: int, devices, sizes, memory_bytes, log) -> di
     peak, vmem = record["peak_bytes_per_device"], record["m_in_vmem"]
     log(
         f"  per-device batch {batch}: {'fits' if record['fits'] else 'does NOT fit'}"
-        + (f", peak {peak / aot.GiB:.2f} GiB" if peak else "")
+        + (f", peak {peak / GiB:.2f} GiB" if peak else "")
         + (f", M in VMEM: {vmem}" if vmem is not None else "")
         + f", {record['compile_seconds']} s"
     )
@@ -125,76 +118,3 @@ def _search_result(trials: list[dict], complete: bool) -> dict:
         **{k: v for k, v in (best or trials[-1]).items() if k not in ("fits", "batch_size")},
         "trials": trials,
     }
-
-
-def provenance(argv: list[str]) -> dict:
-    """What every results file records: the command, date, machine, package versions."""
-
-    def version(pkg):
-        try:
-            return importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "command": " ".join(["python -m gpn_jax.aot", *argv[1:]]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
-        "gpn_jax_version": version("gpn_jax"),
-        "jax_version": version("jax"),
-        "libtpu_version": version("libtpu"),
-    }
-
-
-def write_json(path: str, obj: dict) -> None:
-    """Writes `obj` to `path` atomically (`io.files.atomic_write`: an existing symlink at
-    `path` is replaced, never followed)."""
-    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
-
-
-def run(config, flags: dict, argv: list[str] = sys.argv) -> dict:
-    """Compiles per `flags` (topology / devices, mesh, memory_gb, find_max_batch, max_trials,
-    batches, json, out); prints the report or JSON; returns the result object."""
-    if flags["topology"]:
-        devices = aot.topology_devices(flags["topology"])
-    else:
-        import jax
-
-        aot.force_cpu_devices(flags["devices"])
-        devices = jax.devices()
-        if len(devices) < flags["devices"]:
-            raise ValueError(f"{flags['devices']} devices asked for, JAX has {len(devices)}")
-        devices = devices[: flags["devices"]]
-    sizes = aot.parse_mesh(flags["mesh"], config.mesh)
-    memory = int(flags["memory_gb"] * aot.GiB) if flags["memory_gb"] else aot.hbm_bytes(devices[0])
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if flags["json"] else print
-    head = {**provenance(argv), "topology": flags["topology"] or None}
-    save = (lambda r: write_json(flags["out"], {**head, **r})) if flags["out"] else None
-    if flags["find_max_batch"]:
-        if not memory:
-            raise ValueError("--find_max_batch needs the device memory: pass --memory_gb")
-        result = find_max_batch(config, devices, sizes, memory, flags["max_trials"], log, save)
-    elif flags.get("batches"):
-        result = compile_batches(config, devices, sizes, memory, flags["batches"], log, save)
-    else:
-        result, text = compile_one(config, devices, sizes, memory)
-        log(text)
-    result = {**head, **result}
-    if flags["json"]:
-        print(json.dumps(result, indent=1), flush=True)
-    else:
-        log(_summary_line(result))
-    if flags["out"]:
-        write_json(flags["out"], result)
-    return result
-
-
-def _summary_line(r: dict) -> str:
-    hlo, low = r.get("memory_bytes_per_token_hlo"), r.get("memory_bytes_per_token_min")
-    traffic = (
-        f"memory traffic {hlo / 1e6:.2f} MB/token (HLO) vs {low / 1e6:.2f} minimum "
-        f"({hlo / low:.2f}x)"
-        if hlo is not None and low
-        else "no memory traffic figure (no GPN+M memory, or the compile did not fit)"
-    )
-    return f"kernels {r['kernels']}; fits: {r['fits']}; {traffic}; M in VMEM: {r['m_in_vmem']}"
