@@ -128,20 +128,7 @@ def model_stats(model_cfg, seq_len: int) -> dict:
     m = model.config
     family = factory.family_name(model_cfg)
     counts = accounting.param_counts(model)
-    if family == "gpn" and m.memory:
-        cells = m.n_heads * m.d_key * m.d_value
-        kind, formula = "matrix memory", f"{m.n_heads}×{m.d_key}×{m.d_value} memory"
-    elif family == "gpn":
-        cells, kind, formula = 0, "none", "no memory"
-    elif family == "gdn":
-        cells = m.n_layers * m.n_heads * m.d_key * m.d_value
-        kind = "recurrent state"
-        formula = f"{m.n_layers}×{m.n_heads}×{m.d_key}×{m.d_value} state"
-    elif family == "transformer":
-        cells = 2 * m.n_layers * seq_len * m.d_model
-        kind, formula = "KV cache", f"KV cache 2×{m.n_layers}×{seq_len}×{m.d_model}"
-    else:
-        cells, kind, formula = None, "?", "?"
+    cells, kind, formula = m.state(seq_len)
     return {
         "family": family,
         "params": counts["total"],

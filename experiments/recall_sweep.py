@@ -40,7 +40,7 @@ from gpn_jax.configs import recipe
 from gpn_jax.eval.recall import recall_eval
 from gpn_jax.io import cli
 from gpn_jax.io.files import atomic_write
-from gpn_jax.models import accounting, factory
+from gpn_jax.models import factory
 from gpn_jax.parallel import core_pool
 from gpn_jax.training import host_memory
 from gpn_jax.training.loop import train_and_evaluate
@@ -52,51 +52,16 @@ RESULT, TABLE_MD, TABLE_JSON, PLOT = (
     "recall_vs_pairs.png",
 )
 COMPILE_CACHE = "compile_cache"  # the pool workers' shared persistent compilation cache
-NAMES = {"gpn_m": "GPN+M", "gpn": "GPN", "gdn": "Gated DeltaNet", "transformer": "Transformer++"}
 
 
 # ------------------------------------------------------------------------------ models
-def base_fields(family: str, width: int, vocab: int, seq_len: int, sweep) -> dict:
-    """The family's model block at `width` before parameter matching (GPN+M's d_ffn is
-    `ffn_mult` x width, rounded to a multiple of 8; the others' are matched to its count)."""
-    w, h = width, sweep.heads
-    ffn = max(8, round(sweep.ffn_mult * w / 8) * 8)
-    gpn_m = dict(family="gpn", vocab_size=vocab, d_model=w, d_emb=w // 2, d_ffn=ffn,
-                 n_heads=h, d_key=max(w // (2 * h), 1), d_value=max(w // h, 1), loss_chunk=32)  # fmt: skip
-    if family == "gpn_m":
-        return gpn_m
-    if family == "gpn":
-        return gpn_m | dict(memory=False, n_heads=0, d_key=0, d_value=0)
-    if family == "gdn":
-        return dict(family="gdn", vocab_size=vocab, d_model=w, n_layers=sweep.gdn_layers,
-                    n_heads=2, d_key=max(w // 4, 1), d_value=max(w // 2, 1), d_ffn=2 * w,
-                    chunk_size=min(64, seq_len), loss_chunk=32)  # fmt: skip
-    if family == "transformer":
-        return dict(family="transformer", vocab_size=vocab, d_model=w,
-                    n_layers=sweep.transformer_layers, n_heads=2, d_ffn=2 * w,
-                    max_seq_len=seq_len, loss_chunk=32)  # fmt: skip
-    raise ValueError(f"unknown family {family!r}; choose from {','.join(NAMES)}")
-
-
-def n_params(fields: dict) -> int:
-    return accounting.param_counts(factory.build_model(fields))["total"]
-
-
-def match_ffn(fields: dict, target: int) -> dict:
-    """`fields` with the d_ffn (a multiple of 8) whose parameter count is nearest `target`
-    (the count is linear in d_ffn)."""
-    a, b = n_params(fields | dict(d_ffn=8)), n_params(fields | dict(d_ffn=16))
-    per = (b - a) / 8
-    ffn = max(8, round((8 + (target - a) / per) / 8) * 8)
-    return fields | dict(d_ffn=int(ffn))
-
-
 def model_fields(family: str, width: int, seq_len: int, sweep) -> dict:
-    vocab = 3 + 2 * sweep.n_keys
-    fields = base_fields(family, width, vocab, seq_len, sweep)
-    if family != "gpn_m":
-        fields = match_ffn(fields, n_params(base_fields("gpn_m", width, vocab, seq_len, sweep)))
-    return fields
+    """Model `family`'s block at `width`, matched to GPN+M's parameter count
+    (`gpn_jax.models.factory.matched`)."""
+    size = factory.Width(width, 3 + 2 * sweep.n_keys, seq_len, sweep.heads, sweep.ffn_mult,
+                         sweep.gdn_layers, sweep.transformer_layers, gdn_chunk=min(64, seq_len),
+                         loss_chunk=32)  # fmt: skip
+    return factory.matched(family, size)
 
 
 def run_config(sweep, fields: dict, pairs: int, seq_len: int, lr: float, seed: int):
@@ -127,7 +92,7 @@ def train_one(config, workdir: str, heldout: int) -> dict:
         "acc": r["acc"],
         "acc_by_query": r["acc_by_query"],
         "chance": r["chance"],
-        "params": n_params(config.model.to_dict()),
+        "params": factory.n_params(config.model.to_dict()),
         "wall_s": round(time.time() - start, 1),
         "cpus": core_pool.usable_cpus(),  # the cores it ran on (1 in a pool's worker)
     }
@@ -140,11 +105,7 @@ def cells(sweep):
 
 
 def families(sweep) -> list[str]:
-    names = [n.strip() for n in sweep.families.split(",") if n.strip()]
-    unknown = [n for n in names if n not in NAMES]
-    if unknown or not names:
-        raise ValueError(f"unknown families {unknown or names}; choose from {','.join(NAMES)}")
-    return names
+    return factory.variant_keys(sweep.families)
 
 
 def check_cells(sweep) -> None:
@@ -243,7 +204,8 @@ def cell_row(sweep, workdir: str, cell, family: str) -> dict | None:
     accs = by_lr[best]
     return {
         "pairs": pairs, "seq_len": seq_len, "width": width, "family": family,
-        "model": NAMES[family], "params": n_params(model_fields(family, width, seq_len, sweep)),
+        "model": factory.VARIANTS[family][1].label,
+        "params": factory.n_params(model_fields(family, width, seq_len, sweep)),
         "best_lr": best, "acc": sum(accs) / len(accs), "acc_by_seed": accs,
         "chance": 1.0 / sweep.n_keys, "acc_by_lr": {f"{lr:g}": v for lr, v in by_lr.items()},
     }  # fmt: skip

@@ -31,6 +31,7 @@ import os
 from experiments.bench.accel_summary import MODELS  # the run's records by bench model
 from gpn_jax.benchmarks.aot import gpus
 from gpn_jax.io import untrusted
+from gpn_jax.models import factory
 
 GiB = 2**30
 BATCHES = (128, 64, 32, 16, 8)  # the comparison's candidates, largest first
@@ -102,14 +103,11 @@ def _family(model: str) -> str:
 
 
 def _compiled(trial: dict, family: str) -> dict:
-    """A `gpn_jax.aot` trial as a plan row: GPN+M's kernels and memory dtype, Transformer++'s
-    attention."""
-    row = {"family": family, "batch_size": trial["batch_per_device"]}
-    if family == "gpn_m":
-        row |= {k: trial[k] for k in ("kernels", "memory_dtype")}
-    if family == "transformer":
-        row["attention"] = trial.get("attention")
-    return row
+    """A `gpn_jax.aot` trial as a plan row, with the switches its model's config takes (GPN+M's
+    kernels and memory dtype, Transformer++'s attention)."""
+    takes = factory.config_fields({"family": factory.VARIANTS[family][0].name})
+    switches = {k: trial.get(k) for k in ("kernels", "memory_dtype", "attention") if k in takes}
+    return {"family": family, "batch_size": trial["batch_per_device"]} | switches
 
 
 def _record(row: dict) -> Record:

@@ -18,9 +18,10 @@ import os
 import re
 
 from gpn_jax.io import files, untrusted
+from gpn_jax.models import factory
 
 MAX_BYTES = 16 * 2**20
-MODELS = {"gpn_m": "GPN+M 130M", "transformer": "Transformer++ 130M", "gdn": "Gated DeltaNet 130M"}
+MODELS = {k: f"{factory.VARIANTS[k][1].label} 130M" for k in ("gpn_m", "transformer", "gdn")}
 _TIMEOUT = re.compile(r"timed out after (\d+) seconds")
 
 

@@ -9,8 +9,7 @@ shared blocks and setting that model block as `model`.
 import ml_collections
 
 from gpn_jax.configs import recipe
-
-LABELS = dict(gpn_m="GPN+M", gpn="GPN", transformer="Transformer++", gdn="Gated DeltaNet")
+from gpn_jax.models import factory
 
 
 def compare_config(models: dict) -> ml_collections.ConfigDict:
@@ -21,9 +20,13 @@ def compare_config(models: dict) -> ml_collections.ConfigDict:
     c.compare = ml_collections.ConfigDict(
         dict(
             models=",".join(models),  # which entries of `models` run, in table order
-            labels=ml_collections.ConfigDict({k: LABELS.get(k, k) for k in models}),
+            labels=ml_collections.ConfigDict({k: _label(k) for k in models}),
             lambada_path="",  # lambada_openai jsonl (or --lambada_path); empty: no LAMBADA
             lambada_batch_size=16,
         )
     )
     return c
+
+
+def _label(key: str) -> str:
+    return factory.VARIANTS[key][1].label if key in factory.VARIANTS else key

@@ -15,7 +15,7 @@ trains them one after the other in the calling process, on every core).
 Cells: every (pairs, seq_len, width) of the grid below; keys = values = `n_keys` ids. Widths
 set GPN+M's d_model (d_emb d/2, d_ffn `ffn_mult` d, `heads` memory heads of d_key d/(2 heads),
 d_value d/heads: H x dk and H x dv do not depend on `heads`, so the count moves only by the
-per-head gate rows); the other families get GPN+M's parameter count by their d_ffn (`experiments.recall_sweep.match_ffn`);
+per-head gate rows); the other families get GPN+M's parameter count by their d_ffn (`gpn_jax.models.factory.matched`);
 Gated DeltaNet keeps 2 heads of d/4 x d/2 per layer.
 
 Why 4 heads and lrs below 1e-3 (measured at 8 pairs / T = 32 / width 128, seed 0, 1,500 steps): each

@@ -5,7 +5,8 @@
 Per (task, family) cell, one process-wide compiled program trains every (learning rate, seed)
 run of the cell side by side (`jax.vmap` over stacked parameters and optimiser states), picks
 the learning rate with the best mean validation accuracy and reports that rate's test accuracy
-over seeds (and, for state tracking, accuracy at longer test lengths). Modules: `families`
-(model blocks at matched parameter counts), `runner` (the vmapped training and scoring),
-`suite` (cells, resume, progress), `report` (tables, plot, result files).
+over seeds (and, for state tracking, accuracy at longer test lengths). The models are
+`gpn_jax.models.factory`'s variants at matched parameter counts. Modules: `runner` (the
+vmapped training and scoring), `suite` (cells, resume, progress, model blocks), `report`
+(tables, plot, result files).
 """

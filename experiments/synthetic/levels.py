@@ -21,6 +21,7 @@ all clear the level but one jumps far above the others, which widens the t bound
 import numpy as np
 
 from gpn_jax.data.synthetic import Examples
+from gpn_jax.models import factory
 
 CONTEXT_TASKS = ("in_context_recall", "noisy_recall", "fuzzy_recall", "mqar", "selective_copying")
 MIN_MARGIN = 0.05
@@ -44,10 +45,9 @@ def context_guess(ex: Examples) -> float:
 
 
 def direct_positions(fields: dict) -> int:
-    """Leading positions whose full prefix a family reads without its recurrent state."""
-    if fields.get("family") == "gdn":
-        return 1 + fields.get("n_layers", 1) * (fields.get("conv_size", 4) - 1)
-    return 1
+    """Leading positions whose full prefix a model block reads without its recurrent state (its
+    config's `direct_positions`, GDN's short convolutions; 1 elsewhere)."""
+    return getattr(factory.family_config(fields), "direct_positions", 1)
 
 
 def state_level(chance: float, length: int, direct: int) -> float:

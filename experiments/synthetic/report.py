@@ -6,9 +6,10 @@ import os
 import platform
 import sys
 
-from experiments.synthetic import families, verdicts
+from experiments.synthetic import verdicts
 from gpn_jax.io.files import atomic_write
 from gpn_jax.io.provenance import package_version
+from gpn_jax.models import factory
 
 COLUMNS = ("gpn_m", "gpn", "transformer", "gdn", "gdn_neg")
 
@@ -83,7 +84,7 @@ def record_header(command: str) -> dict:
 
 def table_md(rows: list[dict]) -> str:
     head = ["Task", "T", "Vocab", "Train", "Setting", "Chance"]
-    head += [families.NAMES[f] for f in COLUMNS]
+    head += [factory.VARIANTS[f][1].label for f in COLUMNS]
     keys = ["task", "seq_len", "vocab", "n_train", "setting", "chance", *COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]

@@ -14,12 +14,13 @@ import time
 
 import numpy as np
 
-from experiments.synthetic import families, levels, runner
+from experiments.synthetic import levels, runner
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import state
 from gpn_jax.io import lock as workdir_lock
 from gpn_jax.io import untrusted
 from gpn_jax.io.files import atomic_write
+from gpn_jax.models import factory
 from gpn_jax.parallel import core_pool
 from gpn_jax.training import host_memory
 
@@ -215,8 +216,8 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
     lvl = level(c, task, fields, test_ex)
     chance = synthetic.chance(kind, t.vocab, dict(t.get("params", {})))
     return {
-        "task": task, "kind": kind, "family": family, "model": families.NAMES[family],
-        "params": families.n_params(fields), "best_lr": c.learning_rates[best],
+        "task": task, "kind": kind, "family": family, "model": _label(family),
+        "params": factory.n_params(fields), "best_lr": c.learning_rates[best],
         "valid_acc_by_lr": {f"{lr:g}": v.tolist() for lr, v in zip(c.learning_rates, by_lr, strict=True)},
         "test_acc": test[pick].tolist(), "test_acc_mean": float(test[pick].mean()),
         "test_acc_std": float(test[pick].std(ddof=1)) if n_seeds > 1 else 0.0,
@@ -253,6 +254,17 @@ def worker_setup(cache_dir: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def model_block(key: str, c, vocab: int, max_len: int) -> dict:
+    """Model `key`'s block at the suite's width, matched to GPN+M's parameter count."""
+    size = factory.Width(c.width, vocab, max_len, c.heads, c.ffn_mult, c.gdn_layers,
+                         c.transformer_layers, c.gdn_chunk, loss_chunk=64)  # fmt: skip
+    return factory.matched(key, size)
+
+
+def _label(key: str) -> str:
+    return factory.VARIANTS[key][1].label
+
+
 def run_suite(c, workdir: str, log=print) -> list[dict]:
     """Every cell of the config, finished ones read back; returns the cells in plan order.
     One suite per workdir: a second is refused (the trainers' workdir lock)."""
@@ -265,14 +277,14 @@ def run_suite(c, workdir: str, log=print) -> list[dict]:
 
 
 def _run_cells(c, workdir: str, log) -> list[dict]:
-    names, fams = task_list(c), families.family_list(c.families)
+    names, fams = task_list(c), factory.variant_keys(c.families)
     vocab, longest = shapes(c)
-    fields = {f: families.model_fields(f, c, vocab, longest + 1) for f in fams}
+    fields = {f: model_block(f, c, vocab, longest + 1) for f in fams}
     plan = [(t, f) for f in fams for t in names]  # family-major: compiled steps are reused
     jobs = []
     for i, (task, fam) in enumerate(plan, 1):
         want = settings(c, task, fam, fields[fam])
-        tag = f"[{i}/{len(plan)}] {task} x {families.NAMES[fam]}"
+        tag = f"[{i}/{len(plan)}] {task} x {_label(fam)}"
         jobs.append((c, workdir, task, fam, fields[fam], want, tag))
     workers = core_pool.auto_workers(c.get("workers", 1))
     setup = functools.partial(worker_setup, os.path.join(workdir, "compile_cache"))

@@ -161,7 +161,8 @@ def run(spec: dict) -> list[dict]:
         batch_size=B,
         compute_dtype=dtype,
     )
-    runners_of = _transformer_runners if family == "transformer" else _recurrent_runners
+    recurrent = factory.FAMILIES[family].recurrent
+    runners_of = _recurrent_runners if recurrent else _transformer_runners
     records, runners = runners_of(spec, dtype, base, contexts)
     times = _time(runners, spec.get("warmup", 2), spec["rounds"], spec["steps"])
     mem, mem_kind = measure.peak_memory_bytes()

@@ -2,12 +2,12 @@
 
 import math
 
-NAMES = {
+from gpn_jax.models import factory
+
+# the bench's models: the compared variants, GPN+M under both of its scans
+NAMES = {key: v.label for key, (_, v) in factory.VARIANTS.items()} | {
     "gpn_m": "GPN+M (fused)",
     "gpn_m_autodiff": "GPN+M (autodiff)",
-    "gpn": "GPN",
-    "transformer": "Transformer++",
-    "gdn": "GDN",
 }
 
 

@@ -289,15 +289,10 @@ def _field(cfg, name: str, default):
 
 
 def memory_cells(model_cfg) -> int:
-    """H x K x U of a GPN+M model config (0 for a model without the matrix memory)."""
-    if hasattr(model_cfg, "get"):  # a config block: its family
-        gpn = factory.family_name(model_cfg) == "gpn"
-    else:  # a built model's config
-        gpn = type(model_cfg).__name__ == "GPNConfig"
-    if not gpn or not _field(model_cfg, "memory", True):
-        return 0
-    sizes = [int(_field(model_cfg, k, 0) or 0) for k in ("n_heads", "d_key", "d_value")]
-    return math.prod(sizes)
+    """H x K x U of a GPN+M model config, a block or a built model's (0 for a model without
+    the matrix memory)."""
+    cfg = factory.family_config(model_cfg) if hasattr(model_cfg, "get") else model_cfg
+    return getattr(cfg, "memory_cells", 0)
 
 
 def loop_carries(text: str, elements: int, innermost: bool = True) -> list[tuple[int, bool]]:

@@ -17,7 +17,7 @@ import ml_collections
 from gpn_jax.benchmarks import measure, op_profile, roofline, traffic
 from gpn_jax.configs import recipe
 from gpn_jax.io import files
-from gpn_jax.models import accounting
+from gpn_jax.models import accounting, factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import setup
 from gpn_jax.training.host_memory import steady_step_memory
@@ -81,7 +81,7 @@ def compiled_step(spec: dict, model_cfg: dict) -> tuple:
     dtype = measure.resolve_dtype(spec["compute_dtype"])
     B, T = spec["batch_size"], spec["seq_len"]
     overrides = dict(spec.get("overrides") or {})
-    if model_cfg.get("family") == "transformer":
+    if "max_seq_len" in factory.config_fields(model_cfg):  # a window as long as the bench's
         overrides.setdefault("max_seq_len", T)
     model = measure.build_model(model_cfg, dtype, **overrides)
     rss0 = measure.host_rss_bytes()
@@ -139,7 +139,7 @@ def run(spec: dict) -> dict:
             "model": spec["name"],
             "config": spec["config"],
             "suite": spec.get("suite", "train"),
-            "family": spec["model"].get("family", "gpn"),
+            "family": factory.family_name(spec["model"]),
             "scan_impl": getattr(model.config, "scan_impl", None),
             "params": accounting.param_counts(model)["total"],
             "batch_size": B,
@@ -202,7 +202,7 @@ def run_alternating(spec: dict) -> list[dict]:
             "model": name,
             "config": spec["config"],
             "suite": "alternate",
-            "family": spec["models"][name].get("family", "gpn"),
+            "family": factory.family_name(spec["models"][name]),
             "params": accounting.param_counts(models[name])["total"],
             "batch_size": B,
             "seq_len": T,

@@ -34,10 +34,8 @@ def _final_metrics(workdir: str) -> dict | None:
 
 def _architecture(config, model) -> list[str]:
     family = factory.family_name(config.model)
-    name = factory.FAMILIES[family].title if family in factory.FAMILIES else family
-    if family == "gpn":
-        memory = config.model.get("memory", bool(config.model.get("n_heads")))
-        name = "GPN+M, Grounded Prediction Network with memory" if memory else f"GPN, {name}"
+    v = factory.variant(config.model)
+    name = v.title if v.label == v.title else f"{v.label}, {v.title}"
     counts = param_counts(model)
     lines = [f"- family: `{family}` ({name})", f"- parameters: {counts['total']:,}"]
     lines += [f"  - `{group}`: {n:,}" for group, n in sorted(counts["groups"].items())]

@@ -139,6 +139,18 @@ class GPNConfig:
         object.__setattr__(self, "scan_impl", ScanImpl(self.scan_impl))
         check_choice(self.kernels)
 
+    @property
+    def memory_cells(self) -> int:
+        """H x K x U: the matrix memory's cells (0 for GPN)."""
+        return self.n_heads * self.d_key * self.d_value if self.memory else 0
+
+    def state(self, seq_len: int) -> tuple[int, str, str]:
+        """(cells, kind, formula) of what the model carries from token to token."""
+        if not self.memory:
+            return 0, "none", "no memory"
+        shape = f"{self.n_heads}×{self.d_key}×{self.d_value}"
+        return self.memory_cells, "matrix memory", f"{shape} memory"
+
 
 @dataclasses.dataclass(frozen=True)
 class GDNConfig:
@@ -189,6 +201,17 @@ class GDNConfig:
         """Channels of the short convolution: [q | k | v]."""
         return 2 * self.d_qk + self.d_v
 
+    def state(self, seq_len: int) -> tuple[int, str, str]:
+        """(cells, kind, formula) of what the model carries from token to token."""
+        shape = f"{self.n_layers}×{self.n_heads}×{self.d_key}×{self.d_value}"
+        return self.n_layers * self.d_qk * self.d_value, "recurrent state", f"{shape} state"
+
+    @property
+    def direct_positions(self) -> int:
+        """Leading positions whose whole prefix the model reads without its recurrent state:
+        the stacked short convolutions see 1 + n_layers (conv_size - 1) tokens."""
+        return 1 + self.n_layers * (self.conv_size - 1)
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -228,3 +251,8 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def state(self, seq_len: int) -> tuple[int, str, str]:
+        """(cells, kind, formula) of what the model carries from token to token."""
+        cells = 2 * self.n_layers * seq_len * self.d_model
+        return cells, "KV cache", f"KV cache 2×{self.n_layers}×{seq_len}×{self.d_model}"

@@ -17,6 +17,7 @@ import math
 
 from gpn_jax.configs import blocks
 from gpn_jax.models import configs as model_configs
+from gpn_jax.models import factory
 from gpn_jax.models.bounds import (  # noqa: F401 - MAX_PARAMETERS, estimated_parameters: API
     INT32_MAX,
     MAX_PARAMETERS,
@@ -30,7 +31,7 @@ from gpn_jax.models.configs import COMPUTE_DTYPES
 # checks that every int field of every family's config dataclass has one, so a new field cannot
 # slip past unchecked.
 MODEL_MINIMUM = model_configs.field_rule(model_configs.MINIMUM)
-_GPN_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
+_MEMORY_FIELDS = ("n_heads", "d_key", "d_value")
 # The train, data, logging and mesh fields' bounds are read from their declarations
 # (`configs.blocks.rule`) at each check: a field declared there is checked here.
 
@@ -44,11 +45,12 @@ def _at_least(block: str, field: str, value, minimum: int) -> None:
 def check_model(model_cfg) -> None:
     """Every size field of the model block in range (see MODEL_MINIMUM)."""
     m = dict(model_cfg)
-    gpn_without_memory = m.get("family", "gpn") == "gpn" and not m.get("memory", True)
+    # a model with its memory switched off (GPN) may leave the memory's sizes 0
+    without_memory = not m.get("memory", True) and "memory" in factory.config_fields(m)
     for field, minimum in MODEL_MINIMUM.items():
         if field not in m:
             continue
-        if gpn_without_memory and field in _GPN_MEMORY_FIELDS:
+        if without_memory and field in _MEMORY_FIELDS:
             minimum = 0
         _at_least("model", field, m[field], minimum)
     if "bos_id" in m and m["bos_id"] >= m["vocab_size"]:
@@ -149,11 +151,11 @@ def check_stateful(config, data_parallel: int | None = None) -> None:
     t = config.train
     if not t.carry_state:
         return
-    family = config.model.get("family", "gpn")
-    if family == "transformer":
+    if not factory.family(config.model).recurrent:
+        recurrent = " or ".join(f.name for f in factory.FAMILIES.values() if f.recurrent)
         raise ValueError(
-            "config.train.carry_state=true needs a recurrent model (family gpn or gdn); the "
-            "transformer carries no state across windows"
+            f"config.train.carry_state=true needs a recurrent model (family {recurrent}); the "
+            f"{factory.family_name(config.model)} model carries no state across windows"
         )
     layout = config.data.train_layout
     if layout and layout != "streams":

@@ -165,8 +165,9 @@ def test_compiled_cpu_loop_moves_m_twice_per_iteration():
 
 def test_minimum_per_token():
     cfg = ml_collections.ConfigDict(
-        dict(family="gpn", n_heads=15, d_key=128, d_value=256, memory_dtype="float32")
-    )
+        dict(family="gpn", vocab_size=64, d_model=32, d_emb=16, d_ffn=64, n_heads=15, d_key=128,
+             d_value=256, memory_dtype="float32")
+    )  # fmt: skip
     cells = 15 * 128 * 256
     assert traffic.min_bytes_per_token(cfg) == cells * 28  # 5 x 4 + 8
     # the memory on chip between tokens: its stack's write and read (2m)

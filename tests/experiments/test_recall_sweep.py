@@ -7,16 +7,17 @@ import pytest
 
 from experiments import recall_sweep as rs
 from experiments.configs import recall_sweep as sweep_config
+from gpn_jax.models import factory
 
 
 def test_families_are_matched_to_gpn_m_parameters():
     s = sweep_config.get_config()
-    counts = {f: rs.n_params(rs.model_fields(f, 128, 32, s)) for f in rs.families(s)}
+    counts = {f: factory.n_params(rs.model_fields(f, 128, 32, s)) for f in rs.families(s)}
     assert counts["gpn_m"] == 238_088  # the headline model (~236K; 4 memory heads)
     m = rs.model_fields("gpn_m", 128, 32, s)
     assert (m["n_heads"], m["d_key"], m["d_value"]) == (4, 16, 32)
     s.heads = 2  # H x dk and H x dv stay fixed: only the per-head gate rows change the count
-    assert rs.n_params(rs.model_fields("gpn_m", 128, 32, s)) == 237_572
+    assert factory.n_params(rs.model_fields("gpn_m", 128, 32, s)) == 237_572
     for family, n in counts.items():  # d_ffn moves in steps of 8: 6,144 parameters (2.6 %) for
         assert abs(n / counts["gpn_m"] - 1) < 0.013, (family, n)  # the 2-layer GDN, half is 1.3 %
 
@@ -28,7 +29,7 @@ def test_bad_cells_fail_before_training(tmp_path):
         rs.recall_sweep(s, str(tmp_path))
     s = sweep_config.get_config("tiny")
     s.families = "gpn_m,rnn"
-    with pytest.raises(ValueError, match="unknown families"):
+    with pytest.raises(ValueError, match="unknown models"):
         rs.recall_sweep(s, str(tmp_path))
 
 

@@ -13,6 +13,7 @@ from experiments.configs import synthetic_decisive, synthetic_quick, synthetic_t
 from experiments.synthetic import levels, suite, verdicts
 from gpn_jax.data import synthetic
 from gpn_jax.data.synthetic import Examples
+from gpn_jax.models import factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DECISIVE = os.path.join(ROOT, "experiments", "results", "synthetic_decisive.json")
@@ -44,10 +45,11 @@ def test_context_guess_matches_a_simulated_guesser():
 
 
 def test_state_level_counts_the_directly_seen_positions():
-    gdn = {"family": "gdn", "n_layers": 2, "conv_size": 4}
+    size = factory.Width(width=32, vocab=16, max_len=64)
+    gdn = factory.at_width("gdn", size) | {"n_layers": 2, "conv_size": 4}
     assert levels.direct_positions(gdn) == 7  # two stacked width-4 convolutions: 1 + 2 x 3
     assert levels.direct_positions(gdn | {"n_layers": 1}) == 4
-    assert levels.direct_positions({"family": "transformer"}) == 1
+    assert levels.direct_positions(factory.at_width("transformer", size)) == 1
     assert levels.state_level(0.5, 40, 4) == pytest.approx(0.55)  # (4 + 36 / 2) / 40
     assert levels.state_level(0.5, 16, 4) == pytest.approx(0.625)
     assert levels.state_level(0.5, 3, 7) == 1.0
