@@ -4,7 +4,7 @@ where two CPU cores allow it, every departure stated beside its task.
     python -m experiments.synthetic --config=experiments/configs/synthetic_small.py --workdir=DIR
 
 Families: GPN+M, GPN, Transformer++ and Gated DeltaNet (beta in [0, 1], and beta in [0, 2]:
-Grazzi et al.'s negative eigenvalues) at GPN+M's parameter count (`experiments.synthetic.families`).
+Grazzi et al.'s negative eigenvalues) at GPN+M's parameter count (`gpn_jax.models.factory.matched`).
 
 Protocols:
   * MAD (Poli et al. 2024, the mad-lab task configs): vocabularies, sequence lengths and
