@@ -176,9 +176,3 @@ def while_loops(hlo: str) -> list[Loop]:
             counts, where = collectives(comps, reachable(comps, loop_body))
             loops.append(Loop(loop_body, cond, known_trip_count(ins), counts, where))
     return loops
-
-
-def entry_collectives(hlo: str) -> collections.Counter:
-    """Collectives of the whole module (every computation)."""
-    comps = computations(hlo)
-    return collectives(comps, comps.keys())[0]
