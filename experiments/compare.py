@@ -199,14 +199,11 @@ def train_one(rc, run_dir: str, is_lead: bool = True) -> tuple[dict, float | Non
     return final, time.perf_counter() - start
 
 
-def lambada_results(run_dir: str, path: str, batch_size: int) -> dict | None:
-    """LAMBADA results of a finished run (cached per file and step); None if unavailable."""
-    try:
-        from gpn_jax.checkpoints.restore import load_run
-        from gpn_jax.eval import run_evals
-    except ImportError as e:  # evaluation not installed in this tree
-        print(f"LAMBADA skipped: gpn_jax.eval has no run_evals ({e})")
-        return None
+def lambada_results(run_dir: str, path: str, batch_size: int) -> dict:
+    """LAMBADA results of a finished run (cached per file and step)."""
+    from gpn_jax.checkpoints.restore import load_run
+    from gpn_jax.eval import run_evals
+
     path = os.path.abspath(os.path.expanduser(path))
     st = os.stat(path)
     key = {"path": path, "size": st.st_size, "mtime": st.st_mtime}
@@ -300,8 +297,6 @@ def _lambada_rows(config, rows: list[dict], lambada_path: str | None) -> dict:
         res = None
         if lambada_path:
             res = lambada_results(row["workdir"], lambada_path, config.compare.lambada_batch_size)
-            if res is None:
-                note = "not run: gpn_jax.eval has no LAMBADA API in this tree"
         row["lambada"] = res
         row["lambada_acc"] = res["paper"]["acc"] if res else None
         row["lambada_ppl"] = res["paper"]["ppl"] if res else None

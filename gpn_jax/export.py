@@ -106,12 +106,7 @@ def _body():
     print(f"exported step {record['step']} of {workdir} to {out}")
 
 
-_main, _run = cli.absl_entry(_body, "gpn-export")
-
-
-def main(argv):
-    _define_flags()
-    _main(argv)
+_run = cli.absl_entry(_body, "gpn-export")[1]
 
 
 def run():

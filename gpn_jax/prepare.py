@@ -96,13 +96,6 @@ def _command() -> str:
     return shlex.join(argv)
 
 
-def main(argv):
-    """For `app.run`; see `run`."""
-    from gpn_jax.io import cli
-
-    return cli.absl_entry(_body, PROG)[0](argv)
-
-
 def run():
     """The console script and `python -m`. The shared CLI module (and with it JAX) is imported
     here, not at the top: the tokenizing workers re-import this module when they start

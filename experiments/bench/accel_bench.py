@@ -48,6 +48,8 @@ _KIND = flags.DEFINE_enum(
 )  # fmt: skip
 _DEVICE = flags.DEFINE_bool("device", False, "The full run on this machine's accelerator.")
 _REHEARSE = flags.DEFINE_bool("rehearse", False, "Every part at toy shapes (a CPU is enough).")
+# in order of value: the three families at the same tokens per step (`baselines`), the check,
+# the GPN+M sweep and float32 (`step`), the passes, the HLO
 _PARTS = flags.DEFINE_list(
     "parts", ["baselines", "check", "step", "passes", "hlo"], "Parts to run, in this order."
 )

@@ -23,9 +23,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 MODES = ("device", "rehearse")
 RESULTS = os.path.join(_ROOT, "experiments", "results")
-# The device run's parts in order of value: the three families at the same tokens per step
-# (`baselines`), the check, the GPN+M sweep and float32 (`step`), the passes, the HLO.
-DEVICE_PARTS = ("baselines", "check", "step", "passes", "hlo")
 # Seconds of each part; time a part leaves unused passes to the next ones. From the H100 run
 # (experiments/results/accel_h100/): the check took 35 s. The device run's `baselines` and
 # `step` budgets are its plan's estimates (`accel_plan`) with a fifth to spare.

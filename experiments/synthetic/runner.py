@@ -7,7 +7,7 @@ depends only on the family and the window shape (tasks of one length share it).
 
 The model reads only the task's inputs: the window is [inputs, pad] (task ids shifted past the
 3 reserved ids), and the logits after reading inputs[0..t] (window position t + 1) are scored
-against labels[t] at the answer positions (`score` / the masked loss). Labels never enter
+against labels[t] at the answer positions (`hits` / the masked loss). Labels never enter
 the window.
 """
 
@@ -42,10 +42,10 @@ def model_window(ex: Examples, window: int) -> tuple[np.ndarray, np.ndarray, np.
     return x, y, m
 
 
-def score(pred: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
-    """(correct, answers): predictions equal to the label at the answer positions only."""
-    mask = np.asarray(mask, bool)
-    return int((np.asarray(pred)[..., mask] == np.asarray(labels)[mask]).sum()), int(mask.sum())
+def hits(pred: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Correct answers per position, summed over the examples (axis -2): predictions equal to
+    the label at the answer positions only (`pred` may lead with a runs axis)."""
+    return ((np.asarray(pred) == labels) & mask).sum(-2)
 
 
 def schedule(step: int, steps: int, warmup: int) -> float:
@@ -105,7 +105,7 @@ def correct_by_position(prog: Programs, params, ex: Examples, window: int, batch
             xb = np.concatenate([xb, np.repeat(xb[:1], batch - rows, 0)])
         pred = np.asarray(prog.predict(params, xb))[:, :rows, :T]
         yb, mb = y[lo : lo + rows, :T], m[lo : lo + rows, :T]
-        correct += ((pred == yb) & mb).sum(1)
+        correct += hits(pred, yb, mb)
     return correct, m[:, :T].sum(0)
 
 

@@ -212,13 +212,3 @@ def _analysed_workdir(metrics_path: str) -> str | None:
         return None
     run = data.get("run") if isinstance(data, dict) else None
     return run.get("workdir") if isinstance(run, dict) else None
-
-
-def analyze_workdir(
-    workdir: str, out: str | None = None, step: int | None = None, **config
-) -> dict:
-    """`analyze(load_run(workdir, step), out, AnalysisConfig(**config))`; the workdir is only
-    read (outputs go to `out`; None writes nothing)."""
-    from gpn_jax.checkpoints.restore import load_run
-
-    return analyze(load_run(workdir, step), out, AnalysisConfig(**config))

@@ -112,7 +112,6 @@ def collect(
     max_batch_means: int = 256,
     n_state_lags: int = 24,
     seed: int = 0,
-    progress=None,
 ) -> Collected:
     """Streams `windows` (an iterable of (B, T) int batches) through the model once.
 
@@ -140,8 +139,6 @@ def collect(
             col.batch_means.append(batch_sum / batch.size)
         col.sequences += batch.shape[0]
         col.batches += 1
-        if progress is not None:
-            progress(col.batches)
     if col is None:
         raise ValueError("no held-out windows to analyse")
     return col

@@ -86,7 +86,6 @@ FREE = {
     "iota",
 }
 SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
-_OPCODE = re.compile(r"^\s*([a-z][\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(
     r"(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+)|false_computation=%?([\w.\-]+))"
@@ -99,7 +98,6 @@ _MEMSPACE = re.compile(r"S\((\d+)\)")
 class Traffic:
     bytes: int  # HBM bytes over arrays of the asked size, loops multiplied out
     unknown_trip_counts: list  # loop bodies counted once because no trip count was found
-    instructions: int  # instructions (once each, not multiplied) that moved such an array
 
 
 def arrays(shape_text: str, elements: int) -> list[tuple[int, int]]:
@@ -240,7 +238,7 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
     comps, entry = hlo.parse(text)
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
-    unknown, moved, memo = [], set(), {}
+    unknown, memo = [], {}
 
     def cost(name: str, stack: tuple) -> int:
         if name in memo:
@@ -249,10 +247,8 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
             return 0
         total, shapes = 0, {i.name: i.result for i in comps[name]}
         for ins in comps[name]:
-            b = instruction_bytes(ins, comps, elements, shapes)
-            if b:
-                moved.add((name, ins.name))
-            total += b + _nested(ins, name, stack + (name,))
+            total += instruction_bytes(ins, comps, elements, shapes)
+            total += _nested(ins, name, stack + (name,))
         memo[name] = total
         return total
 
@@ -278,7 +274,7 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
         return 0
 
     total = cost(entry, ())
-    return Traffic(total, unknown, len(moved))
+    return Traffic(total, unknown)
 
 
 def _field(cfg, name: str, default):

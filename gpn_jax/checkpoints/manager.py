@@ -303,12 +303,11 @@ class Checkpointer:
 
     def _data_state(self, step: int, out) -> dict:
         """The restored data position; else another host's (the run had another host count:
-        every host's position is the same global step) or, for a checkpoint written before
-        Grain, orbax's JSON item."""
+        every host's position is the same global step)."""
         if "data" in out:
             return out["data"].get_state()
         folder = self._step_path(step) / "data"
-        files = sorted(folder.glob("process_0-of-*.json")) or [folder / step_files.JSON_FILE]
+        files = sorted(folder.glob("process_0-of-*.json")) or [folder / step_files.grain_file(0)]
         return step_files.read_json(files[0])
 
     def _restore_params(self, step: int, abstract_params: Any) -> Any:

@@ -435,22 +435,3 @@ def _checked(ckpt, path: str) -> dict:
         if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in _NUMERIC_KINDS:
             raise bad(f"parameter {name!r} is a {type(leaf).__name__}, not a numeric array")
     return ckpt
-
-
-def save(path: str, params: dict, opt_state, step: int, data_position: int) -> str:
-    """Writes our state in the paper trainer's layout, atomically (tmp file + rename)."""
-    if not path.endswith(".pkl"):
-        os.makedirs(path, exist_ok=True)
-        path = os.path.join(path, "checkpoint.pkl")
-    host = jax.device_get
-    ckpt = {
-        "step": int(step),
-        "data_position": int(data_position),
-        "params": to_paper_params(host(params)),
-        "opt_state": _map_param_dicts(host(opt_state), to_paper_params),
-    }
-    from gpn_jax.io.paths import atomic_open  # a temporary name unique per host/process
-
-    with atomic_open(path) as f:
-        pickle.dump(ckpt, f)
-    return path

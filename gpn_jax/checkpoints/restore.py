@@ -21,7 +21,6 @@ import tempfile
 import jax
 import ml_collections
 
-from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.configs import blocks
 from gpn_jax.data.tokenizer import Tokenizer, load_tokenizer
@@ -47,10 +46,12 @@ class RestoredRun:
         tokenizer and windows), reading the workdir only: the tokenizer is the workdir's file
         (never trained or saved there) and token caches go to `cache_dir` (default: a
         temporary directory removed at exit), never to `<workdir>/data_cache`."""
+        from gpn_jax.data import pipeline  # the pipeline (Grain) only for a reader of the data
+
         config = ml_collections.ConfigDict(self.config.to_dict())
         if self.tokenizer is not None and not config.data.tokenizer_path:
             config.data.tokenizer_path = self.tokenizer.path
-        return datalib.from_config(
+        return pipeline.from_config(
             config,
             cache_dir=cache_dir or _temporary_cache(),
             process_index=jax.process_index(),

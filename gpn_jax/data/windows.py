@@ -19,8 +19,7 @@ step's global batch, read from the source as one gather; `to_iter_dataset()` ite
 prefetching in a background thread. Grain's own `shuffle`/`batch`/`DataLoader` sharding are
 not used on purpose: they order and shard windows differently (a contiguous range of records
 per host, grain's own permutation), while every host here must read its rows of the SAME
-global batch, in the order this project has always used, so that checkpoints written before
-Grain resume bit-identically. The position is Grain's iterator state (`next_index`, the step)
+global batch, in the order `window_ids` defines. The position is Grain's iterator state (`next_index`, the step)
 plus the seed and the geometry: `get_state()`, a small JSON-serialisable dict that the
 trainer saves through Grain's orbax handler (`checkpoints.manager`).
 
@@ -178,16 +177,12 @@ class WindowIterator:
         return {**self._it.get_state(), "seed": self.seed, **self._geometry()}
 
     def set_state(self, state: dict) -> None:
-        """Moves to a position from `get_state()` (adopting its seed). The position of a
-        checkpoint written before Grain (`epoch`, `index`) is read too."""
+        """Moves to a position from `get_state()` (adopting its seed)."""
         mine = self._geometry()
         bad = [f"{k} {state.get(k)!r} != {mine[k]!r}" for k in _GEOMETRY if state.get(k) != mine[k]]
         if bad:
             raise ValueError(f"saved data state does not fit this data: {', '.join(bad)}")
-        if "next_index" in state:
-            step = int(state["next_index"])
-        else:  # the hand-written iterator's state (checkpoints from before Grain)
-            step = int(state["epoch"]) * self.steps_per_epoch + int(state["index"])
+        step = int(state["next_index"])
         if int(state["seed"]) != self.seed:
             self._start(int(state["seed"]), step)
         else:

@@ -178,18 +178,15 @@ def evaluate_lambada(
     tokenizer,
     examples: list[Example] | str,
     batch_size: int = 16,
-    max_len: int | None = None,
 ) -> dict:
     """LAMBADA results {'paper': {acc, ppl}, 'harness': {acc, ppl}, 'n', ...}.
 
     Args:
-      examples: parsed examples or the path of a lambada_openai jsonl file.
-      max_len: longest input (None: the model's `max_seq_len` if it has one, else unbounded).
+      examples: parsed examples or the path of a lambada_openai jsonl file; an input longer
+        than the model's `max_seq_len` (if it has one) keeps its last tokens.
     """
     if isinstance(examples, str):
         examples = read_lambada(examples)
-    if max_len is None:
-        max_len = getattr(model.config, "max_seq_len", None)
-    encoded = encode_all(tokenizer, examples, max_len)
+    encoded = encode_all(tokenizer, examples, getattr(model.config, "max_seq_len", None))
     per_example = score_encoded(model, params, encoded, batch_size)
     return summarize(per_example, sum(e.truncated for e in encoded))

@@ -129,7 +129,6 @@ def stream_eval(
     window: int,
     buckets: str | list[int] = DEFAULT_BUCKETS,
     num_streams: int = 1,
-    compare_reset: bool = True,
     eos_id: int | None = None,
 ) -> dict:
     """Streaming PPL by position bucket.
@@ -139,7 +138,6 @@ def stream_eval(
         length N = min(last edge, len // num_streams), rounded down to whole windows.
       window: tokens fed per call (the training window is the natural choice).
       buckets: position bucket edges ('0,2k,8k,32k' or a list).
-      compare_reset: for a carrying model, also score every window restarted.
       eos_id: documents mode (see the module doc): resets at document starts, buckets of the
         position within the document.
 
@@ -171,7 +169,7 @@ def stream_eval(
         "buckets": bucket_stats(ce, edges, pos),
         "overall": _overall(ce),
     }
-    if carried and compare_reset:
+    if carried:  # every window restarted too
         reset = stream_token_losses(model, params, streams, window, carry=False, eos_id=eos_id)
         result["reset"] = {"buckets": bucket_stats(reset, edges, pos), "overall": _overall(reset)}
     return result

@@ -39,8 +39,6 @@ from gpn_jax.models.params import (
     zeros,
 )
 
-Array = jax.Array
-
 
 def param_specs(c: GPNConfig) -> dict:
     """Every GPN(+M) parameter with the paper's initialisation and its logical axes (see

@@ -42,7 +42,6 @@ class Instr:
 @dataclasses.dataclass
 class Loop:
     body: str
-    condition: str
     trip_count: int | None  # None when XLA could not prove it
     collectives: collections.Counter  # opcode -> count, in the body and all it calls
     op_names: list  # the JAX op_name of each collective (for messages)
@@ -172,13 +171,7 @@ def while_loops(hlo: str) -> list[Loop]:
             parts = while_parts(ins)
             if parts is None:
                 continue
-            cond, loop_body = parts
+            _, loop_body = parts  # (condition, body)
             counts, where = collectives(comps, reachable(comps, loop_body))
-            loops.append(Loop(loop_body, cond, known_trip_count(ins), counts, where))
+            loops.append(Loop(loop_body, known_trip_count(ins), counts, where))
     return loops
-
-
-def entry_collectives(hlo: str) -> collections.Counter:
-    """Collectives of the whole module (every computation)."""
-    comps = computations(hlo)
-    return collectives(comps, comps.keys())[0]

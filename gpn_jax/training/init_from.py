@@ -25,17 +25,9 @@ import numpy as np
 from absl import logging
 
 from gpn_jax.checkpoints import paper_pickle
-from gpn_jax.data import pipeline
 from gpn_jax.data.spec import parse_spec
 from gpn_jax.training import train_step as ts
 from gpn_jax.training.validate import parse_init_from as parse  # the spec: checked before JAX
-
-
-def train_layout(config) -> str:
-    """`data.pipeline.train_layout` (sequential on `bin:` data continued from the paper) after
-    checking the `init_from` spec."""
-    parse(config.train.init_from)
-    return pipeline.train_layout(config)
 
 
 def note_resumed(config, step: int, directory: str) -> None:

@@ -21,10 +21,10 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from gpn_jax import data as datalib
 from gpn_jax.checkpoints.manager import Checkpointer
 from gpn_jax.checkpoints.restore import tokenizer_sha256
 from gpn_jax.configs import blocks
+from gpn_jax.data import pipeline
 from gpn_jax.io import cli, paths
 from gpn_jax.io.errors import TrainingError
 from gpn_jax.kernels import selfcheck
@@ -209,7 +209,7 @@ class _Run:
         if continued and not self.ckpt.all_steps():  # a fresh run: before the data and tokenizer
             init_from.check_found(continued[1])
         # The data first: a bad corpus or tokenizer is reported before anything compiles.
-        source = datalib.read(datalib.DataConfig.of(self.config), workdir=self.workdir)
+        source = pipeline.read(pipeline.DataConfig.of(self.config), workdir=self.workdir)
         if self.ckpt.all_steps():
             step, state, data_state, _, _ = self.ckpt.restore_latest_good(
                 run.state_target(), quarantine=True, check_config=self._check_same_model

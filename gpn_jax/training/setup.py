@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gpn_jax import data as datalib
 from gpn_jax import kernels as kernels_lib
+from gpn_jax.data.masks import loss_mask
 from gpn_jax.models import factory
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.parallel import sharding as shardlib
@@ -81,7 +81,7 @@ class Run:
         """The train step of stateful training that resets the carry at the documents of
         `eos_id` (known once the data is built; `train_step` resets nowhere)."""
         t = self.config.train
-        mask = datalib.loss_mask(self.config)
+        mask = loss_mask(self.config)
         return jit_train_step(
             self.model, self.optimizer, t.grad_accum, self.mesh, self.state_shardings, self.rules,
             eos_id, mask,
@@ -137,7 +137,7 @@ def build(config, mesh: jax.sharding.Mesh, model=None) -> Run:
             mesh,
             shardings,
             rules,
-            loss_mask=datalib.loss_mask(config),
+            loss_mask=loss_mask(config),
         ),
         eval_step=jit_eval_step(model, mesh, shardings.params, rules),
         kernels=kernels,

@@ -59,9 +59,9 @@ def check_model(model_cfg) -> None:
         )
 
 
-def check_train(train_cfg, data_parallel: int | None = None) -> None:
+def check_train(train_cfg) -> None:
     """Train sizes and ranges, divisibility of the batch by grad_accum, and a keep_best that
-    can rank something; with `data_parallel`, also the mesh split (`check_batch_split`)."""
+    can rank something (the mesh split: `check_batch_split`)."""
     t = train_cfg
     for field, minimum in blocks.rule("train", blocks.MINIMUM).items():
         _at_least("train", field, t[field], minimum)
@@ -86,8 +86,6 @@ def check_train(train_cfg, data_parallel: int | None = None) -> None:
             f"({t.grad_accum}), got {t.batch_size}"
         )
     _check_keep_best(t)
-    if data_parallel is not None:
-        check_batch_split(t, data_parallel)
 
 
 def check_batch_split(t, data_parallel: int, process_count: int = 1) -> None:

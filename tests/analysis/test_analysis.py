@@ -378,7 +378,10 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_analyze_trained_run_uses_its_heldout_split(trained, tmp_path):
     workdir, final = trained
-    res = analyses.analyze_workdir(workdir, str(tmp_path), max_batches=6, micro_batch=4)
+    from gpn_jax.checkpoints.restore import load_run
+
+    config = analyses.AnalysisConfig(max_batches=6, micro_batch=4)
+    res = analyses.analyze(load_run(workdir), str(tmp_path), config)
     # (a) reproduces the held-out PPL training reported over the same six held-out batches
     # the same forward in another batching: gpn_m_tiny (vocab 512, d_ffn 128, windows of 32) over
     # the six held-out batches of 8 windows; exp turns the mean loss's absolute error

@@ -104,7 +104,7 @@ def test_paper_names_for_gpn_without_memory():
 @pytest.mark.parametrize(
     "memory,protocol", [(True, pickle.DEFAULT_PROTOCOL), (True, 2), (True, 5), (False, 4)]
 )
-def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
+def test_load_a_paper_pickle(tmp_path, memory, protocol):
     kw = {} if memory else dict(memory=False, n_heads=0, d_key=0, d_value=0)
     model = GPN(tiny(n_layers=1 if not memory else 2, **kw))
     ours = random_params(model)
@@ -133,13 +133,6 @@ def test_load_a_paper_pickle_and_round_trip(tmp_path, memory, protocol):
     # Moments are keyed by our names now, in the structure our own optimiser would build.
     our_state = paper_optimizer(ours).init(ours)
     assert jax.tree.structure(loaded["opt_state"]) == jax.tree.structure(our_state)
-
-    out = paper_pickle.save(str(tmp_path / "back"), loaded["params"], loaded["opt_state"], 7, 21)
-    with open(out, "rb") as f:
-        again = pickle.load(f)
-    assert set(again["params"]) == set(paper_params)
-    jax.tree.map(np.testing.assert_array_equal, again["params"], paper_params)
-    jax.tree.map(np.testing.assert_array_equal, again["opt_state"], ckpt["opt_state"])
 
 
 def test_unknown_paper_name_is_a_clear_error():

@@ -3,8 +3,6 @@ GPN(+M) model pairs (autodiff reference, fused), random parameters and carries, 
 choices this machine can run, and float32 bounds derived from the reduction lengths compared."""
 
 import dataclasses
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -87,15 +85,6 @@ def fused_grad_hlo(model, params, x, carry) -> str:
     """The lowered (StableHLO) text of the loss gradient: names the FFI targets it calls."""
     f = jax.grad(lambda p: model.loss(p, x, carry)[0])
     return jax.jit(f).lower(params).as_text()
-
-
-def has_compiler() -> bool:
-    return shutil.which(os.environ.get("CXX", "c++")) is not None
-
-
-needs_compiler = pytest.mark.skipif(
-    not has_compiler(), reason="no C++ compiler: the native kernels cannot be built here"
-)
 
 
 def native_available() -> bool:

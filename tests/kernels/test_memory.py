@@ -79,11 +79,6 @@ def test_the_recomputed_memories_equal_the_scan_of_writes(native, S, B, h, k, u)
         assert_rel_close(got, want_v, f32_bound(S * (k + u) + k), "Mi^T k, Mi^T q")
 
 
-def _random(shapes, seed=0):
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes))
-    return [jax.random.normal(key, s) for key, s in zip(keys, shapes, strict=True)]
-
-
 @pytest.mark.parametrize("S,B,H,K,U,t", [(4, 2, 2, 5, 13, 2), (2, 2, 4, 64, 128, 0)])
 def test_the_backward_pass_matches_the_reference(native, S, B, H, K, U, t):
     """`grad` (the two C++ passes composed) at step t of a stack, a reset row included, against

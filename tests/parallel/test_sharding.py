@@ -394,7 +394,8 @@ def test_fsdp_train_step_gathers_weights_once_outside_the_scan(grad_accum):
     with jax.set_mesh(mesh):
         lowered = step.lower(abstract, jax.ShapeDtypeStruct((16, 16), jnp.int32))
         text = lowered.compile(PRODUCTION_HLO).as_text()
-    everywhere = hlo.entry_collectives(text)
+    comps = hlo.computations(text)
+    everywhere = hlo.collectives(comps, comps)[0]  # every computation
     assert everywhere["all-gather"] > 0 and everywhere["reduce-scatter"] > 0  # fsdp is real
     loops = hlo.while_loops(text)
     assert len(_recurrent_loops(text, 16)) == 2  # forward and backward scan (nested with accum)

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from gpn_jax.checkpoints.paper_pickle import from_paper_params, to_paper_params
+from gpn_jax.data import pipeline
 from gpn_jax.data.windows import WindowIterator
 from gpn_jax.models import factory
 from gpn_jax.training import init_from
@@ -206,7 +207,7 @@ def test_the_data_position_counts_the_papers_micro_batches():
     """With grad_accum 2 the paper's micro-batch is half our batch: position 6 is our step 3."""
     config = continued_config("ckpt.pkl", "/data", batch_size=8, grad_accum=2)
     tokens = np.arange(96 * 32, dtype=np.uint32)  # window w holds 32w .. 32w + 31
-    train = WindowIterator(tokens, 8, 32, layout=init_from.train_layout(config))
+    train = WindowIterator(tokens, 8, 32, layout=pipeline.train_layout(config))
     init_from.seek_data(train, 6, config)
     # The paper's micro-batches 6 and 7: windows 24 .. 31, in order.
     np.testing.assert_array_equal(next(train), tokens[24 * 32 : 32 * 32].reshape(8, 32))

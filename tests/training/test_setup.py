@@ -7,9 +7,9 @@ import pytest
 from ml_collections import ConfigDict
 
 from experiments.configs import gpn_m_tiny
-from gpn_jax import data as datalib
 from gpn_jax.checkpoints import restore
 from gpn_jax.checkpoints.manager import Checkpointer
+from gpn_jax.data import pipeline
 from gpn_jax.parallel import mesh as meshlib
 from gpn_jax.training import optimizer as optimizer_lib
 from gpn_jax.training import setup
@@ -87,11 +87,11 @@ def test_data_from_config_is_the_data_build_data_gives():
     config.data.source = RECALL
     config.model.vocab_size = 20
     config.train.seq_len = 19
-    got = datalib.from_config(config)
-    want = datalib.build_data(
+    got = pipeline.from_config(config)
+    want = pipeline.build_data(
         RECALL, vocab_size=20, seq_len=19, batch_size=8, heldout_fraction=config.data.heldout_fraction,
         seed=config.seed, bin_dtype=config.data.bin_dtype,
     )  # fmt: skip
     np.testing.assert_array_equal(next(got.train), next(want.train))
     np.testing.assert_array_equal(np.asarray(got.heldout), np.asarray(want.heldout))
-    assert datalib.DataConfig.of(config).train_layout == "shuffled"
+    assert pipeline.DataConfig.of(config).train_layout == "shuffled"

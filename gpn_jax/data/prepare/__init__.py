@@ -9,10 +9,4 @@
 * `shards`: fixed-size shards written atomically and resumably;
 * `manifest`: the manifest / progress files and `read_prepared` for `bin:` training;
 * `run`: `prepare_corpus`, which ties them together.
-
-Only `manifest` is imported here (the training pipeline reads it); the rest load on use.
 """
-
-from gpn_jax.data.prepare.manifest import PreparedCorpus, read_prepared
-
-__all__ = ["PreparedCorpus", "read_prepared"]

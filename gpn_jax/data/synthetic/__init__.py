@@ -8,7 +8,7 @@ accuracy of guessing uniformly among the task's answer symbols.
 """
 
 from gpn_jax.data.synthetic import compression, copying, mad_recall, memorisation, mqar, state
-from gpn_jax.data.synthetic.examples import Examples, from_next_token, rng
+from gpn_jax.data.synthetic.examples import Examples
 
 # name -> (generator, number of answer symbols as a function of (vocab, params))
 TASKS = {
@@ -52,4 +52,4 @@ def chance(name: str, vocab: int, params: dict) -> float | None:
     return 1.0 / symbols
 
 
-__all__ = ["TASKS", "STATE_TASKS", "Examples", "chance", "from_next_token", "generate", "rng"]
+__all__ = ["TASKS", "STATE_TASKS", "Examples", "chance", "generate"]

@@ -186,10 +186,10 @@ def built(library: Path, build: Callable[[Path], None]) -> Path:
     return library
 
 
-def prune(directory: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:
+def prune(directory: Path, keep: Path | None = None) -> list[Path]:
     """Removes libraries (with their sidecars) unused for PRUNE_AFTER_S, stale temporary files
     and sidecars without a library; returns what it removed. Only this user's files."""
-    now = time.time() if now is None else now
+    now = time.time()
     removed = []
     for entry in directory.iterdir():
         if entry == keep or not _private_file(entry):

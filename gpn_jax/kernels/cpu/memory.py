@@ -27,8 +27,6 @@ import jax.numpy as jnp
 
 from gpn_jax.kernels.cpu import small_matmul
 
-Array = jax.Array
-
 _HERE = Path(__file__).parent
 # FFI target -> (source, the handler's symbol in its library)
 TARGETS = {
