@@ -32,6 +32,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's gpn_jax, installed or not
+from gpn_jax.models import factory  # noqa: E402 - after the checkout is on the path
+
 RESULTS = os.path.join("experiments", "results")
 PAGES = ("README.md", "docs")
 MAX_BYTES = 1 << 20  # a result file is a small table; anything larger is not one of ours
@@ -74,6 +77,8 @@ _SYNTHETIC_BENCH = [
     ("wall time, all cells", "{wall_s:,.0f} s", "r"),
     ("first cell (with the compile)", "{first_cell_s:,.0f} s", "r"),
 ]
+# one column per compared model (`gpn_jax.models.factory`'s variants), under its label
+_FAMILY_COLUMNS = [(v.label, f"{{{key}}}", "r") for key, (_, v) in factory.VARIANTS.items()]
 # The synthetic suite (experiments.synthetic): per task, test accuracy mean ± sd over seeds at
 # the learning rate chosen on validation (in parentheses), one column per family.
 _SYNTHETIC = [
@@ -83,22 +88,11 @@ _SYNTHETIC = [
     ("Train", "{n_train:,}", "r"),
     ("Setting", "{setting}", "l"),
     ("Chance", "{chance}", "r"),
-    ("GPN+M", "{gpn_m}", "r"),
-    ("GPN", "{gpn}", "r"),
-    ("Transformer++", "{transformer}", "r"),
-    ("Gated DeltaNet", "{gdn}", "r"),
-    ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
+    *_FAMILY_COLUMNS,
 ]
 # The decisive suite's verdict tables, each a key of experiments/results/synthetic_decisive.json:
 # every cell against its level without the ability (✓: cleared by the seeds' margin), the
 # step learning started, and the published claims beside ours.
-_FAMILY_COLUMNS = [
-    ("GPN+M", "{gpn_m}", "r"),
-    ("GPN", "{gpn}", "r"),
-    ("Transformer++", "{transformer}", "r"),
-    ("Gated DeltaNet", "{gdn}", "r"),
-    ("GDN, β ∈ [0, 2]", "{gdn_neg}", "r"),
-]
 _SYNTHETIC_LEVELS = [
     ("Task", "{task}", "l"),
     ("Measured on", "{measured}", "l"),
@@ -505,8 +499,7 @@ def _h100_time_split(root: str) -> dict:
     """The H100 run's Pallas bfloat16 GPN+M step at B = 128 (`accel_h100_step`) split into its
     parts' floors (`roofline.time_split`) with the same step compiled for an H100 from this
     host (`aot_130m_h100_gpn_m`) and the roofline's analytic bytes (`roofline_130m`)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from gpn_jax.benchmarks import roofline  # this checkout's, installed or not
+    from gpn_jax.benchmarks import roofline
 
     step = load(root, "accel_h100_step")
     key = ("GPN+M 130M", "pallas", "bfloat16", 128)
