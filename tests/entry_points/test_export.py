@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from gpn_jax.checkpoints.model_dir import tensor_sha256
+from gpn_jax.checkpoints.model_dir import load_either, tensor_sha256
 from gpn_jax.checkpoints.restore import load_run
 from gpn_jax.data.text_sources import embedded_corpus
 from gpn_jax.data.tokenizer import train_tokenizer
 from gpn_jax.eval import run_evals
 from gpn_jax.export import export, load
+from gpn_jax.io.errors import CheckpointError
 from gpn_jax.io.files import sha256_file
 from tests.helpers.training import save_tiny_run, tiny_bound
 
@@ -170,23 +171,9 @@ def test_cli_export_then_generate_and_evaluate_from_the_directory(workdir, tmp_p
 
 
 def test_cli_errors_are_one_line(exported, tmp_path):
-    one_line_error(cli("gpn_jax.generate", "--prompt=x"), "gpn-generate", "exactly one of")
-    one_line_error(
-        cli("gpn_jax.evaluate", f"--workdir={tmp_path}", f"--model_dir={exported}"),
-        "gpn-evaluate",
-        "exactly one of",
-    )
-    (tmp_path / "run").mkdir()
-    one_line_error(
-        cli("gpn_jax.export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'o'}"),
-        "gpn-export",
-        "no checkpoint",
-    )
-    one_line_error(
-        cli("gpn_jax.export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path}"),
-        "gpn-export",
-        "is the run's workdir",
-    )
+    """A model directory's error through a CLI is its one line (the other messages are checked
+    in-process below; each CLI's one-line exit: test_eval_cli.py's test_missing_checkpoint,
+    test_os_errors.py's test_a_file_size_limit_in_export_is_one_line)."""
     half = copy_of(exported, tmp_path)
     weights = os.path.join(half, "model.safetensors")
     open(weights, "r+b").truncate(os.path.getsize(weights) // 2)
@@ -195,11 +182,19 @@ def test_cli_errors_are_one_line(exported, tmp_path):
         "gpn-generate",
         f"{weights}: tensor",
     )
-    one_line_error(
-        cli("gpn_jax.generate", f"--model_dir={tmp_path}", "--prompt=x"),
-        "gpn-generate",
-        "is not a model directory: no config.json",
-    )
+
+
+def test_bad_workdir_model_dir_or_out_is_one_line(exported, tmp_path):
+    """What `gpn-generate`, `gpn-evaluate` and `gpn-export` report (their one line)."""
+    for workdir, model_dir in ((None, None), (str(tmp_path), exported)):
+        with pytest.raises(ValueError, match="^give exactly one of --workdir") as e:
+            load_either(workdir, model_dir, None)
+        assert "\n" not in str(e.value)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        export(str(tmp_path / "run"), str(tmp_path / "o"))
+    with pytest.raises(ValueError, match="is not a model directory: no config.json"):
+        load(str(tmp_path))
 
 
 # ---------------------------------------------------------------- config.json and safetensors
