@@ -79,6 +79,7 @@ def test_all_suites_in_process(all_suites):
     assert (tmp_path / "profile" / "gdn" / "train_step.hlo.txt").read_text().startswith("HloModule")
 
 
+@pytest.mark.process  # the library runs the record in a worker process (`isolate=True`)
 def test_one_record_in_its_own_process(tmp_path):
     config = bench_tiny.get_config()
     config.train.models = "gpn"
