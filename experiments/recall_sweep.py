@@ -204,7 +204,7 @@ def cell_row(sweep, workdir: str, cell, family: str) -> dict | None:
     accs = by_lr[best]
     return {
         "pairs": pairs, "seq_len": seq_len, "width": width, "family": family,
-        "model": factory.VARIANTS[family][1].label,
+        "model": factory.label(family),
         "params": factory.n_params(model_fields(family, width, seq_len, sweep)),
         "best_lr": best, "acc": sum(accs) / len(accs), "acc_by_seed": accs,
         "chance": 1.0 / sweep.n_keys, "acc_by_lr": {f"{lr:g}": v for lr, v in by_lr.items()},

@@ -32,7 +32,7 @@ import platform as pyplatform
 import sys
 import time
 
-from gpn_jax.io import files, untrusted
+from gpn_jax.io import files, provenance, untrusted
 from gpn_jax.io.regular import MAX_TEXT_BYTES, read_text
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any JAX client
@@ -80,18 +80,11 @@ def _kernels():
 
 # ----------------------------------------------------------------------------- versions
 def versions(settings: dict, out: Out, scratch: str) -> None:
-    import importlib.metadata
-
     import jax
 
     pkgs = ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax", "orbax-checkpoint", "numpy")
     pkgs += ("ml_collections", "chex", "absl-py", "sentencepiece", "gpn_jax")
-    found = {}
-    for p in pkgs:
-        try:
-            found[p] = importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError:
-            found[p] = None
+    found = {p: provenance.installed_version(p) for p in pkgs}
     d = jax.devices()[0]
     out.set(
         python=pyplatform.python_version(),

@@ -21,7 +21,7 @@ from gpn_jax.io import files, untrusted
 from gpn_jax.models import factory
 
 MAX_BYTES = 16 * 2**20
-MODELS = {k: f"{factory.VARIANTS[k][1].label} 130M" for k in ("gpn_m", "transformer", "gdn")}
+MODELS = {k: f"{factory.label(k)} 130M" for k in ("gpn_m", "transformer", "gdn")}
 _TIMEOUT = re.compile(r"timed out after (\d+) seconds")
 
 

@@ -20,13 +20,9 @@ def compare_config(models: dict) -> ml_collections.ConfigDict:
     c.compare = ml_collections.ConfigDict(
         dict(
             models=",".join(models),  # which entries of `models` run, in table order
-            labels=ml_collections.ConfigDict({k: _label(k) for k in models}),
+            labels=ml_collections.ConfigDict({k: factory.label(k) for k in models}),
             lambada_path="",  # lambada_openai jsonl (or --lambada_path); empty: no LAMBADA
             lambada_batch_size=16,
         )
     )
     return c
-
-
-def _label(key: str) -> str:
-    return factory.VARIANTS[key][1].label if key in factory.VARIANTS else key

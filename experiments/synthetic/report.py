@@ -84,7 +84,7 @@ def record_header(command: str) -> dict:
 
 def table_md(rows: list[dict]) -> str:
     head = ["Task", "T", "Vocab", "Train", "Setting", "Chance"]
-    head += [factory.VARIANTS[f][1].label for f in COLUMNS]
+    head += [factory.label(f) for f in COLUMNS]
     keys = ["task", "seq_len", "vocab", "n_train", "setting", "chance", *COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]

@@ -216,7 +216,7 @@ def run_cell(c, task: str, family: str, fields: dict, window: int, log) -> dict:
     lvl = level(c, task, fields, test_ex)
     chance = synthetic.chance(kind, t.vocab, dict(t.get("params", {})))
     return {
-        "task": task, "kind": kind, "family": family, "model": _label(family),
+        "task": task, "kind": kind, "family": family, "model": factory.label(family),
         "params": factory.n_params(fields), "best_lr": c.learning_rates[best],
         "valid_acc_by_lr": {f"{lr:g}": v.tolist() for lr, v in zip(c.learning_rates, by_lr, strict=True)},
         "test_acc": test[pick].tolist(), "test_acc_mean": float(test[pick].mean()),
@@ -261,10 +261,6 @@ def model_block(key: str, c, vocab: int, max_len: int) -> dict:
     return factory.matched(key, size)
 
 
-def _label(key: str) -> str:
-    return factory.VARIANTS[key][1].label
-
-
 def run_suite(c, workdir: str, log=print) -> list[dict]:
     """Every cell of the config, finished ones read back; returns the cells in plan order.
     One suite per workdir: a second is refused (the trainers' workdir lock)."""
@@ -284,7 +280,7 @@ def _run_cells(c, workdir: str, log) -> list[dict]:
     jobs = []
     for i, (task, fam) in enumerate(plan, 1):
         want = settings(c, task, fam, fields[fam])
-        tag = f"[{i}/{len(plan)}] {task} x {_label(fam)}"
+        tag = f"[{i}/{len(plan)}] {task} x {factory.label(fam)}"
         jobs.append((c, workdir, task, fam, fields[fam], want, tag))
     workers = core_pool.auto_workers(c.get("workers", 1))
     setup = functools.partial(worker_setup, os.path.join(workdir, "compile_cache"))

@@ -4,19 +4,20 @@ import math
 
 from gpn_jax.models import factory
 
-# the bench's models: the compared variants, GPN+M under both of its scans
-NAMES = {key: v.label for key, (_, v) in factory.VARIANTS.items()} | {
-    "gpn_m": "GPN+M (fused)",
-    "gpn_m_autodiff": "GPN+M (autodiff)",
-}
+# GPN+M under each of its scans (the bench runs both); every other model under its label
+SCANS = {"gpn_m": "GPN+M (fused)", "gpn_m_autodiff": "GPN+M (autodiff)"}
 
 
 def _gib(b) -> str:
     return "-" if b is None else f"{b / 2**30:.2f} GiB"
 
 
+def model_label(model: str) -> str:
+    return SCANS.get(model) or factory.label(model)
+
+
 def _name(r) -> str:
-    return NAMES.get(r["model"], r["model"])
+    return model_label(r["model"])
 
 
 def train_table(records: list[dict]) -> str:
@@ -48,7 +49,7 @@ def alternate_table(records: list[dict]) -> str:
     rows = [r for r in records if r.get("suite") == "alternate"]
     if not rows:
         return ""
-    ref = NAMES.get(rows[0]["reference"], rows[0]["reference"])
+    ref = model_label(rows[0]["reference"])
     out = [
         f"| model | B x T | rounds | step (median) | tokens/s | vs {ref} (median of rounds) | MFU |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -145,7 +146,7 @@ def generate_checks(records: list[dict]) -> list[str]:
         lo, hi = rows[0], rows[-1]
         ratio = hi["latency_s"] / lo["latency_s"]
         lines.append(
-            f"{NAMES.get(model, model)} batch {b}: latency at {hi['context']:,} = "
+            f"{model_label(model)} batch {b}: latency at {hi['context']:,} = "
             f"{ratio:.3f} x latency at {lo['context']:,}"
         )
     return lines
@@ -194,7 +195,7 @@ def plot_scaling(records: list[dict], path: str) -> bool:
             ax.set_ylabel(ylab)
             ax.grid(True, alpha=0.3)
             ax.legend()
-    model = NAMES.get(rows[0]["model"], rows[0]["model"])
+    model = model_label(rows[0]["model"])
     fig.suptitle(f"{model} training step scaling ({rows[0].get('machine', '')})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

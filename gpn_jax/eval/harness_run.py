@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from gpn_jax.io import cli
+from gpn_jax.io import cli, provenance
 from gpn_jax.io.regular import read_regular_file
 
 _MAX_RESULTS_BYTES = 256 << 20  # an lm-eval results file is a few MiB
@@ -221,7 +221,6 @@ def _newest_results(output_path: str, since: float) -> str:
 
 def result_file(results: dict, argv: list[str], label: str | None, model_args: str) -> dict:
     """lm-eval's results JSON as a gpn_jax result file: one row per (task, metric)."""
-    from gpn_jax.io.provenance import package_version
 
     named = {(t, m): c for c, t, m in COLUMNS}
     workdir = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv).get("workdir")
@@ -244,7 +243,7 @@ def result_file(results: dict, argv: list[str], label: str | None, model_args: s
         "command": shlex.join(["python", "-m", "gpn_jax.harness", *argv]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "version": f"gpn_jax {package_version()}, lm-eval {_lm_eval_version()}",
+        "version": f"gpn_jax {provenance.package_version()}, lm-eval {_lm_eval_version()}",
         "label": label,
         "model_args": model_args,
         "rows": rows,
@@ -252,12 +251,7 @@ def result_file(results: dict, argv: list[str], label: str | None, model_args: s
 
 
 def _lm_eval_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("lm_eval")
-    except metadata.PackageNotFoundError:
-        return "?"
+    return provenance.installed_version("lm_eval", "?")
 
 
 def _write_json(path: str, record: dict) -> None:

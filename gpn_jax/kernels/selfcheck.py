@@ -34,7 +34,7 @@ import os
 import time
 from pathlib import Path
 
-from gpn_jax.io import files
+from gpn_jax.io import files, provenance
 from gpn_jax.io.regular import read_regular_file
 
 PASSES = ("step", "stack", "grad")
@@ -189,14 +189,9 @@ def _kernel_sources_digest() -> str:
 def cache_key(device, memory_dtype: str) -> str:
     """What a cached outcome holds for: device kind, storage dtype, jax / jaxlib versions and
     the kernels' sources."""
-    import importlib.metadata
-
     import jax
 
-    try:
-        jaxlib = importlib.metadata.version("jaxlib")
-    except importlib.metadata.PackageNotFoundError:
-        jaxlib = "?"
+    jaxlib = provenance.installed_version("jaxlib", "?")
     kind = getattr(device, "device_kind", device.platform)
     return (
         f"{device.platform}|{kind}|{memory_dtype}|jax {jax.__version__}|jaxlib {jaxlib}|"

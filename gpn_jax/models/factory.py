@@ -118,6 +118,11 @@ def variant(model_cfg) -> Variant:
     return marked[0] if marked else fam.variants[0]
 
 
+def label(key: str) -> str:
+    """Variant `key`'s label in tables; the key itself where it names no variant."""
+    return VARIANTS[key][1].label if key in VARIANTS else key
+
+
 def variant_keys(text: str) -> list[str]:
     """The comma-separated variant keys of `text`, each checked (a one-line ValueError)."""
     keys = [k.strip() for k in text.split(",") if k.strip()]

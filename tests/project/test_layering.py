@@ -483,17 +483,22 @@ def test_atomic_writes_and_file_hashing_go_through_io():
     assert not bad, "\n".join(bad)
 
 
-def test_the_io_rule_sees_a_hand_written_rename_and_a_file_hash(tmp_path, monkeypatch):
-    """The rule above is not vacuous: a planted module doing both is reported twice."""
+def _plant(tmp_path, monkeypatch, source: str) -> None:
+    """A package of one module, gpn_jax/planted.py holding `source`, as the rules' ROOT."""
     pkg = tmp_path / "gpn_jax"
     pkg.mkdir()
-    (pkg / "planted.py").write_text(
+    (pkg / "planted.py").write_text(source)
+    monkeypatch.setitem(globals(), "ROOT", pkg)
+
+
+def test_the_io_rule_sees_a_hand_written_rename_and_a_file_hash(tmp_path, monkeypatch):
+    """The rule above is not vacuous: a planted module doing both is reported twice."""
+    _plant(tmp_path, monkeypatch,
         "import hashlib, os\n"
         "def save(tmp, out):\n    os.replace(tmp, out)\n"
         "def digest(p):\n    h = hashlib.sha256()\n    with open(p, 'rb') as f:\n"
-        "        h.update(f.read())\n    return h.hexdigest()\n"
-    )
-    monkeypatch.setitem(globals(), "ROOT", pkg)
+        "        h.update(f.read())\n    return h.hexdigest()\n",
+    )  # fmt: skip
     with pytest.raises(AssertionError) as e:
         test_atomic_writes_and_file_hashing_go_through_io()
     assert "planted.py: os.replace" in str(e.value) and "planted.py:digest" in str(e.value)
@@ -567,15 +572,12 @@ def test_every_file_is_opened_through_io():
 
 
 def test_the_gate_sees_every_way_of_opening_a_file(tmp_path, monkeypatch):
-    pkg = tmp_path / "gpn_jax"
-    pkg.mkdir()
-    (pkg / "planted.py").write_text(
+    _plant(tmp_path, monkeypatch,
         "import gzip, json, os\nimport numpy as np\nfrom pathlib import Path\n"
         "def f(p):\n    open(p); os.open(p, 0); gzip.open(p); np.load(p); json.load(p)\n"
         "    Path(p).open(); Path(p).read_text(); p.read_bytes(); json.loads(p)\n"
-        "    paths.read_bytes(p); regular.read_regular_file(p, 1)\n"
-    )
-    monkeypatch.setitem(globals(), "ROOT", pkg)
+        "    paths.read_bytes(p); regular.read_regular_file(p, 1)\n",
+    )  # fmt: skip
     assert _ungated_modules() == {"gpn_jax/planted.py": {
         "open", "os.open", "gzip.open", "np.load", "json.load", "Path(...).open", ".read_text()",
         ".read_bytes()"}}  # fmt: skip

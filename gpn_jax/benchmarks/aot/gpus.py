@@ -16,12 +16,12 @@ peak is the one the H100 run measured within 5 % (`aot_130m_h100_gpn_m.json` bes
 """
 
 import dataclasses
-import importlib.metadata
 import importlib.util
 import os
 import re
 
 from gpn_jax.benchmarks import roofline
+from gpn_jax.io import provenance
 
 _NAME = re.compile(r"^(h100|h200)(?::(\d+))?$")
 MEM_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default: the JAX client's share
@@ -113,11 +113,7 @@ def toolchain_missing() -> str | None:
 
 
 def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+    return provenance.installed_version(distribution) is not None
 
 
 def devices(name: str) -> list:

@@ -5,7 +5,6 @@ results file.
 """
 
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -13,24 +12,19 @@ import sys
 
 from gpn_jax.benchmarks.aot import search, targets
 from gpn_jax.io.files import atomic_write
+from gpn_jax.io.provenance import installed_version
 
 
 def provenance(argv: list[str]) -> dict:
     """What every results file records: the command, date, machine, package versions."""
 
-    def version(pkg):
-        try:
-            return importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
     return {
         "command": " ".join(["python -m gpn_jax.aot", *argv[1:]]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
-        "gpn_jax_version": version("gpn_jax"),
-        "jax_version": version("jax"),
-        "libtpu_version": version("libtpu"),
+        "gpn_jax_version": installed_version("gpn_jax"),
+        "jax_version": installed_version("jax"),
+        "libtpu_version": installed_version("libtpu"),
     }
 
 
