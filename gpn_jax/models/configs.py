@@ -118,6 +118,10 @@ class GPNConfig:
     memory_dtype: str = switch("float32")
     # >0: rematerialise the scan in segments of this many tokens
     remat_segment: int = switch(0, minimum=0, cpu=if_set(32))
+    # with remat_segment: keep each step's memory reads (n_layers x H x U float32 per token and
+    # sequence) so that the backward reruns a segment's products at once, not token by token
+    # (scan_impl "fused", tensor size 1)
+    remat_parallel: bool = switch(False)
     loss_chunk: int = switch(128, minimum=1)  # time steps decoded at once after the scan
     scan_impl: ScanImpl = switch(ScanImpl.FUSED)  # "fused" | "autodiff" (`ScanImpl`; same math)
     # the fused window's memory passes and products: "auto" | "xla" | "native" | "pallas"
@@ -130,6 +134,11 @@ class GPNConfig:
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         check_dtype(self.compute_dtype)
+        if self.remat_parallel and not self.remat_segment:
+            raise ValueError(
+                "remat_parallel changes how remat segments rerun: set remat_segment > 0 too "
+                "(e.g. --config.model.remat_segment=64)"
+            )
         if self.memory_dtype not in ("float32", "bfloat16"):
             raise ValueError(
                 f"memory_dtype must be 'float32' or 'bfloat16', got {self.memory_dtype!r}"

@@ -219,7 +219,7 @@ class GPN(SpecModel):
         tp, axis = self.tensor_blocks  # its tensor-parallel layout (`partitioned`)
         carry, out = fused_window.scan_window_fused(
             cp, carry, xg_TxBxD, segment, keep_TxB=keep, tp=tp, tp_axis=axis,
-            kernels=self.kernels(),
+            kernels=self.kernels(), remat_parallel=self.config.remat_parallel,
         )  # fmt: skip
         return out, carry, cp
 

@@ -8,6 +8,7 @@ the final carry, several memory-checkpoint segments, remat segments, loss chunks
 import functools
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,6 +37,11 @@ CASES = {
     "L2-remat4-chunk4": (dict(n_layers=2, remat_segment=4, loss_chunk=4), 16, True),
     "L2-nomem": (dict(n_layers=2, **NO_MEM), 16, True),
     "L1-nomem-remat4-fresh": (dict(n_layers=1, remat_segment=4, **NO_MEM), 8, False),
+    # the rerun from the kept reads, every step of a segment at once
+    "L2-remat4-parallel": (dict(n_layers=2, remat_segment=4, remat_parallel=True), 16, True),
+    "L1-nomem-remat4-parallel": (
+        dict(n_layers=1, remat_segment=4, remat_parallel=True, **NO_MEM), 8, False,
+    ),
     "L2-T1": (dict(n_layers=2), 1, True),
     "L2-T3-fresh": (dict(n_layers=2, decoder_bias=True), 3, False),
 }
@@ -80,13 +86,15 @@ def resets_reference(remat):
 
 
 @pytest.mark.parametrize("kernels", KERNEL_CHOICES)
-@pytest.mark.parametrize("remat", [0, 4])
-def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, monkeypatch):
+@pytest.mark.parametrize("remat, parallel", [(0, False), (4, False), (4, True)])
+def test_memory_passes_with_resets_and_remat_equal_autodiff(kernels, remat, parallel, monkeypatch):
     """One predict layer (where every memory pass can be a kernel's), document resets, 4
-    segments, with and without remat: the loss, final carry and gradients against autodiff."""
+    segments, without remat, with remat rerun token by token and with it rerun from the kept
+    reads at once: the loss, final carry and gradients against autodiff."""
     require_kernels(kernels)
     monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
-    _, fused = pair(kernels=kernels, n_layers=1, d_key=8, d_value=16, remat_segment=remat)
+    kw = dict(n_layers=1, d_key=8, d_value=16, remat_segment=remat, remat_parallel=parallel)
+    _, fused = pair(kernels=kernels, **kw)
     params, carry, x, resets, ((_, (loss_r, carry_r)), grads_r) = resets_reference(remat)
     (_, (loss_f, carry_f)), grads_f = loss_and_grads(fused, params, x, carry, resets)
     bound = window_bound(16)  # T = 16 steps of contractions rounded in another order
@@ -257,3 +265,55 @@ def test_weight_gradients_contract_with_only_the_small_input_transposed():
     # the einsum it replaced copies dz too (so the check above can fail)
     einsum = jax.jit(lambda x, dz: jnp.einsum("sbi,sbo->io", x, dz)).lower(x, dz).compile()
     assert "f32[4,8,24]" in moved(einsum), moved(einsum)
+
+
+def _subjaxprs(eqn):
+    return jax_core.jaxprs_in_params(eqn.params)
+
+
+def _has_weight_product(jaxpr) -> bool:
+    """Whether a jaxpr, outside any scan nested in it, multiplies by a weight matrix: a
+    dot_general without batch axes (the memory's per-head products batch over (b, h))."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]:
+            return True
+        if eqn.primitive.name != "scan" and any(map(_has_weight_product, _subjaxprs(eqn))):
+            return True
+    return False
+
+
+def _product_loops(jaxpr, lengths) -> int:
+    """The scans over `lengths` steps, at any depth, whose steps multiply by weight matrices."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan" and eqn.params["length"] in lengths:
+            n += _has_weight_product(eqn.params["jaxpr"].jaxpr)
+        n += sum(_product_loops(sub, lengths) for sub in _subjaxprs(eqn))
+    return n
+
+
+@pytest.mark.parametrize("n_layers, memory", [(1, True), (2, True), (1, False)])
+def test_parallel_rerun_runs_no_per_token_loop_of_the_forward(n_layers, memory):
+    """With `remat_parallel` the backward reruns a segment's products at once: over a segment's
+    steps (8, or 4 where the token-by-token rerun halves it) the gradient runs two loops of
+    products (the forward's and the backward's reverse scan) where the token-by-token rerun
+    runs three (per half). T = 16: 2 segments, 1 loss chunk."""
+    kw = dict(n_layers=n_layers, remat_segment=8) | ({} if memory else NO_MEM)
+    loops = {}
+    for parallel in (False, True):
+        _, fused = pair(remat_parallel=parallel, **kw)
+        params = random_params(fused)
+        grad = jax.grad(lambda p: fused.loss(p, tokens(16))[0])  # noqa: B023
+        loops[parallel] = _product_loops(jax.make_jaxpr(grad)(params).jaxpr, (8, 4))
+    halves = 2 if (memory and n_layers == 1) else 1  # `backward._stack_parts`
+    assert loops == {False: 1 + 2 * halves, True: 2}
+
+
+def test_parallel_rerun_refusals():
+    """`remat_parallel` without a remat segment, and with a window split over the tensor axis
+    (whose layers read the memory inside their blocks), are one-line errors naming the field."""
+    with pytest.raises(ValueError, match="remat_parallel .* remat_segment > 0"):
+        pair(remat_parallel=True)
+    ref, _ = pair(n_heads=4, remat_segment=4)
+    with pytest.raises(ValueError, match="remat_parallel .* tensor=1"):
+        fused_window.dims_of(random_params(ref), 8, 4, tp=2, remat_parallel=True)

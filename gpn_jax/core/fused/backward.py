@@ -12,7 +12,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from gpn_jax.core.fused.forward import Res, scan_steps
+from gpn_jax.core.fused.forward import Res, layers, scan_steps
 from gpn_jax.core.fused.layout import BLOCK_DIM, Dims, along, transposed, with_halves
 from gpn_jax.core.fused.products import (
     bias_grad,
@@ -284,8 +284,10 @@ def window_bwd(dm: Dims, saved, cts):
 def _stack_parts(dm: Dims) -> int:
     """How many parts a rerun segment's backward takes with the kernels' passes: two where the
     segment halves, so that one half's stack of memories (S/2 of them, the backward's largest
-    buffer) is alive at a time; one otherwise."""
-    return 2 if dm.remat and dm.kernel_backward and dm.segment % 2 == 0 else 1
+    buffer) is alive at a time; one otherwise (`remat_parallel` reruns no memory, so a part's
+    start is not at hand: a smaller `remat_segment` bounds its stack instead)."""
+    halves = dm.remat and not dm.remat_parallel and dm.kernel_backward and dm.segment % 2 == 0
+    return 2 if halves else 1
 
 
 def _segment_in_parts(dm: Dims, fw, fwT, fwh, carry, xs):
@@ -326,12 +328,15 @@ def _segment_in_parts(dm: Dims, fw, fwT, fwh, carry, xs):
 def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
     """A segment's (residuals, what `bstep` reads per step for the memory, `stack`): with remat
     the forward reruns (for residuals and memories, or residuals only when the kernels rebuild
-    the memories); with the kernels' backward passes their `stack` and (t, kM, qM) per step;
-    else the memories recomputed (None without memory)."""
-    if dm.remat and not dm.kernel_backward:
+    the memories; with `remat_parallel` all steps at once, `rerun_at_once`); with the kernels'
+    backward passes their `stack` and (t, kM, qM) per step; else the memories recomputed (None
+    without memory)."""
+    if dm.remat and dm.remat_parallel:
+        res = rerun_at_once(dm, fw, start, res, xg_seg, keep_seg)
+    elif dm.remat and not dm.kernel_backward:
         _, (_, res, Ms) = scan_steps(dm, fwh, start, xg_seg, "resM", keep_seg)
         return res, Ms, None
-    if dm.remat:  # rerun for the residuals only: the kernels' `stack` rebuilds the memories
+    elif dm.remat:  # rerun for the residuals only: the kernels' `stack` rebuilds the memories
         _, (_, res) = scan_steps(dm, fwh, start, xg_seg, "res", keep_seg)
     if dm.kernel_backward:  # the stack is read in place by the kernels' passes (`memory_bwd`)
         stack, kM, qM = memory_stack(dm, fw, start[2], res, keep_seg)
@@ -339,6 +344,32 @@ def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
     if dm.memory:
         return res, recompute_memory(dm, fw, start[2], res, keep_seg), None
     return res, None, None
+
+
+def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> Res:
+    """A segment's residuals (`Res`, each with a leading S axis) from the carry entering it and
+    what the forward kept of it (`remat_parallel`): its predicted states P (S, B, D) and each
+    layer's memory reads (S, B, hu). Given the reads no step waits on the one before: the state
+    entering step t + 1 is ground(p_t) + xg_t, and the key entering it is W0's output at step t,
+    so every product runs once over the segment's S * B rows. The memories are rebuilt by the
+    caller (the kernels' `stack`, or `recompute_memory`)."""
+    P, reads = kept
+    s0, zk0, _ = start
+    zg = cols(rms(P), fw["Wg"]) + fw["bg"]
+    s = jnp.concatenate([s0[None], (jax.nn.sigmoid(zg) * P + xg_SxBxD)[:-1]])
+    if keep_SxB is not None:
+        s = s * rowwise(keep_SxB, s)
+    x = rms(s)
+    Z0 = cols(x, fw["W0"]) + fw["b0"]
+    zk = None
+    if dm.memory:
+        zk = jnp.concatenate([zk0[None], Z0[:-1, ..., : dm.hk]])
+        if keep_SxB is not None:
+            k = rowwise(keep_SxB, zk)
+            zk = zk * k + (1 - k) * fw["b0"][..., : dm.hk]
+    read = (lambda i, Zl: reads[i]) if dm.memory else None
+    _, cs, Zs, zpgs, split_reads, _ = layers(dm, fw, s, x, Z0, read, None)
+    return Res(s, zk, Z0, cs, Zs, P, zg, zpgs, split_reads)
 
 
 def _add_weight_grads(dm: Dims, fw: dict, gw: dict, e: dict) -> dict:

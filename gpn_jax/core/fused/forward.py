@@ -10,8 +10,8 @@ from gpn_jax.core.fused.layout import Dims, with_halves
 from gpn_jax.core.fused.products import cols, loop_weights, rows, segments, unsegment
 from gpn_jax.core.fused.stages import (
     layer_out,
-    layer_pre,
     layer_split,
+    read_out,
     rowwise,
     split_cols,
     write,
@@ -37,19 +37,37 @@ class Res(NamedTuple):
 
 
 def step(dm: Dims, fw: dict, carry, xg: Array):
-    """One token. carry = (s, zk, M); returns (carry', (p, g), Res)."""
+    """One token. carry = (s, zk, M); returns (carry', (p, g, each layer's memory read o), Res)."""
     s, zk, M = carry
     x = rms(s)
     Z0 = cols(x, fw["W0"]) + fw["b0"]
     Mn, g, zk_new, o0 = None, None, None, None
-    Zl = Z0
     if dm.memory:
         zk_new, zw, Zl = split_cols(Z0, [dm.hk, dm.hu + 2 * dm.hb, Z0.shape[-1] - dm.write_cols])
         if dm.kernel_passes:  # the write and layer 0's read in one call
             Mn, g, o0 = write_read(dm, zk, zw, fw["a"], split_cols(Zl, dm.layer_cols())[3], M)
         else:
             Mn, g = write(dm, zk, zw, fw["a"], M)
-    c, cs, Zs, zpgs, reads = s, [], [], [], []
+
+    def read(i, Zl):  # layer i's read of the written memory
+        if i == 0 and o0 is not None:
+            return o0
+        return read_out(dm, split_cols(Zl, dm.layer_cols())[3], Mn)
+
+    c, cs, Zs, zpgs, reads, os = layers(dm, fw, s, x, Z0, read if dm.memory else None, Mn)
+    zg = cols(rms(c), fw["Wg"]) + fw["bg"]
+    s_new = jax.nn.sigmoid(zg) * c + xg
+    return (s_new, zk_new, Mn), (c, g, os), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads)
+
+
+def layers(dm: Dims, fw: dict, s, x, Z0, read, Mn):
+    """The predict layers from the step's state s, x = rms(s) and W0's output Z0:
+    (p, each further layer's input and projection, tp > 1: each layer's predict-gate
+    pre-activation and (r @ Wo, scale), tp == 1: each layer's memory read o). `read(i, Zl)` is
+    layer i's read (None without memory); with tp > 1 the layers read the written memory Mn.
+    Row-wise throughout: any leading axes, one step's (B,) or a segment's (S, B)."""
+    c, Zl = s, Z0[..., dm.write_cols :]
+    cs, Zs, zpgs, reads, os = [], [], [], [], []
     for i in range(dm.n_layers):
         if i:
             x = rms(c)
@@ -58,17 +76,18 @@ def step(dm: Dims, fw: dict, carry, xg: Array):
             Zs.append(Zl)
         if dm.split:
             zpg = mm(x, fw["Wpg"][i]) + fw["bpg"][i]
-            y, read = layer_split(dm, fw, i, Zl, Mn)
+            y, split_read = layer_split(dm, fw, i, Zl, Mn)
             c = jax.nn.sigmoid(zpg) * c + y
             zpgs.append(zpg)
-            if read is not None:
-                reads.append(read)
+            if split_read is not None:
+                reads.append(split_read)
         else:
-            X2, pg = layer_pre(dm, Zl, Mn) if i or o0 is None else layer_out(dm, Zl, o0)
+            o = None if read is None else read(i, Zl)
+            X2, pg = layer_out(dm, Zl, o)
             c = pg * c + rows(X2, fw["W2o"][i])
-    zg = cols(rms(c), fw["Wg"]) + fw["bg"]
-    s_new = jax.nn.sigmoid(zg) * c + xg
-    return (s_new, zk_new, Mn), (c, g), Res(s, zk, Z0, cs, Zs, c, zg, zpgs, reads)
+            if o is not None:
+                os.append(o)
+    return c, cs, Zs, zpgs, reads, os
 
 
 def reset(dm: Dims, fw: dict, carry, keep_B):
@@ -85,17 +104,20 @@ def reset(dm: Dims, fw: dict, carry, keep_B):
 
 
 def scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
-    """Steps over a run of tokens. keep: 'out' -> (p, g); 'res' -> (p, g, Res); 'resM' -> + M
-    before each step (before its reset). `keep_SxB`: per-step resets (`reset`) or None."""
+    """Steps over a run of tokens. keep: 'out' -> (p, g); 'reads' -> (p, g, each layer's
+    memory read); 'res' -> ((p, g), Res); 'resM' -> + M before each step (before its reset).
+    `keep_SxB`: per-step resets (`reset`) or None."""
 
     def body(c, x):
         xg, kp = x if keep_SxB is not None else (x, None)
-        new, out, res = step(dm, fw, reset(dm, fw, c, kp), xg)
+        new, (p, g, os), res = step(dm, fw, reset(dm, fw, c, kp), xg)
         if keep == "out":
-            return new, out
+            return new, (p, g)
+        if keep == "reads":
+            return new, (p, g, os)
         if keep == "res":
-            return new, (out, res)
-        return new, (out, res, c[2])
+            return new, ((p, g), res)
+        return new, ((p, g), res, c[2])
 
     xs = xg_SxBxD if keep_SxB is None else (xg_SxBxD, keep_SxB)
     return jax.lax.scan(body, carry, xs, unroll=dm.unroll)
@@ -108,11 +130,17 @@ def window_primal(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
 
 
 def window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
+    """The window and what its backward needs: per segment the carry entering it and, without
+    remat, every step's residuals; with `remat_parallel`, every step's memory reads (the
+    predicted states it keeps as well are the window's output)."""
     S = dm.segment
     fwh = loop_weights(dm, with_halves(dm, fw))
 
     def seg(carry, xs):
         xg_seg, keep_seg = xs
+        if dm.remat and dm.remat_parallel:
+            new, (p, g, reads) = scan_steps(dm, fwh, carry, xg_seg, "reads", keep_seg)
+            return new, (carry, (p, g), reads)
         if dm.remat:
             new, (out) = scan_steps(dm, fwh, carry, xg_seg, "out", keep_seg)
             return new, (carry, out, None)
@@ -121,5 +149,7 @@ def window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
 
     xs = (segments(xg, S), segments(keep, S))
     (sT, zkT, MT), (starts, (P, G), res) = jax.lax.scan(seg, (s0, zk0, M0), xs)
+    if dm.remat and dm.remat_parallel:
+        res = (P, res)  # per segment: (p (S, B, D), reads)
     P, G = unsegment(P), None if G is None else unsegment(G)
     return (sT, MT, P, G), (fw, xg, starts, res, MT, keep)

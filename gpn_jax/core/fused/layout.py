@@ -60,6 +60,9 @@ class Dims:
     memory: bool
     segment: int  # steps per segment (memory checkpoint / remat / weight-gradient interval)
     remat: bool  # True: rerun each segment's forward in the backward (store only boundaries)
+    # with remat: the forward keeps each step's memory reads, and the backward reruns a
+    # segment's products for all its steps at once, not token by token (`fused.backward`)
+    remat_parallel: bool = False
     unroll: int = UNROLL
     tp: int = 1  # column blocks of the fused matrices (the tensor axis size; module doc)
     tp_axis: str | None = None  # the mesh axis the blocks are split over; None: unconstrained

@@ -31,8 +31,9 @@ def _cumsum(xs):
 
 
 def rowwise(v_B: Array, x: Array) -> Array:
-    """A per-row (B,) factor shaped to broadcast against `x` (B, ...), in x's dtype."""
-    return v_B.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
+    """A per-row (B,) (or per-step-and-row (S, B)) factor shaped to broadcast against `x`
+    (B, ...) (or (S, B, ...)), in x's dtype."""
+    return v_B.reshape(*v_B.shape, *([1] * (x.ndim - v_B.ndim))).astype(x.dtype)
 
 
 def write_inputs(dm: Dims, zk_prev, zw, a):

@@ -18,7 +18,11 @@ recurrent. The window is in parts, each a module of its own:
 * Memory. The (B, H, K, U) memory is never stored per step: the forward keeps it every S
   steps, the backward recomputes it within a segment from the stored write inputs. With
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is rerun
-  in the backward (one extra forward of the loop, memory O(T/S + S) per step-state).
+  in the backward (one extra forward of the loop, memory O(T/S + S) per step-state). With
+  `remat_parallel` the forward also keeps each step's memory reads (L H U floats per token and
+  sequence): given them no step of the rerun waits on the one before, so the backward reruns a
+  segment's products once over its S * B rows (`fused.backward.rerun_at_once`) instead of
+  token by token, and the memory is rebuilt by the recomputation alone.
 * Kernels. The window is handed the resolved `model.kernels` (`core.kernel_ops.MemoryKernels`,
   never imported from a backend): where they cover the window (`dims_of`) the memory's passes
   call their `step`, `stack` and `grad`, and the loops multiply by weights
@@ -102,6 +106,7 @@ def dims_of(
     tp_axis: str | None = None,
     kernels: MemoryKernels | None = None,
     memory_dtype=jnp.float32,
+    remat_parallel: bool = False,
 ) -> Dims:
     """The window's static sizes. `kernels` are kept where they cover the window (per device;
     the memory stored in one of their `memory_dtypes`; the products in float32)."""
@@ -115,6 +120,12 @@ def dims_of(
             f"sequence length {T} is not divisible by the remat segment {remat_segment}"
         )
     check_blocks(h, f, tp)
+    if remat_parallel and tp > 1 and mem:
+        raise ValueError(
+            "remat_parallel reruns the layers from their kept memory reads, which a window "
+            "split over the tensor axis reads inside its blocks; use a mesh with tensor=1 or "
+            "--config.model.remat_parallel=False"
+        )
     seg = min(remat_segment, T) if remat_segment else default_segment(T)
     return Dims(
         d=lp["wpg"].shape[0],
@@ -126,6 +137,7 @@ def dims_of(
         memory=mem is not None,
         segment=seg,
         remat=bool(remat_segment),
+        remat_parallel=bool(remat_segment) and remat_parallel,
         unroll=UNROLL if unroll is None else unroll,
         tp=tp,
         tp_axis=tp_axis if tp > 1 else None,
@@ -166,14 +178,16 @@ def scan_window_fused(
     tp: int = 1,
     tp_axis: str | None = None,
     kernels: MemoryKernels | None = None,
+    remat_parallel: bool = False,
 ) -> tuple[GPNCarry, StepOutput]:
     """Drop-in for `autodiff_window.scan_window` (no intervention): (final carry, StepOutput (T, B, ...)).
     `keep_TxB` (0 at a document start) resets the incoming carry of those steps. `tp` column
     blocks split over mesh axis `tp_axis` (the module doc; tp == 1: one device's layout).
-    `kernels`: the memory's passes and products by these (`kernel_ops`); None: XLA's."""
+    `kernels`: the memory's passes and products by these (`kernel_ops`); None: XLA's.
+    `remat_parallel`: with remat, rerun each segment's products at once (`Dims`)."""
     T = xg_TxBxD.shape[0]
     M_dtype = jnp.float32 if carry.M is None else carry.M.dtype
-    dm = dims_of(cp, T, remat_segment, unroll, tp, tp_axis, kernels, M_dtype)
+    dm = dims_of(cp, T, remat_segment, unroll, tp, tp_axis, kernels, M_dtype, remat_parallel)
     fw = shard_fused(dm, fuse_params(cp, dm.tp))
     zk0 = M0 = None
     if dm.memory:
