@@ -40,7 +40,9 @@ CASES = {
     # the rerun from the kept reads, every step of a segment at once
     "L2-remat4-parallel": (dict(n_layers=2, remat_segment=4, remat_parallel=True), 16, True),
     "L1-nomem-remat4-parallel": (
-        dict(n_layers=1, remat_segment=4, remat_parallel=True, **NO_MEM), 8, False,
+        dict(n_layers=1, remat_segment=4, remat_parallel=True, **NO_MEM),
+        8,
+        False,
     ),
     "L2-T1": (dict(n_layers=2), 1, True),
     "L2-T3-fresh": (dict(n_layers=2, decoder_bias=True), 3, False),
