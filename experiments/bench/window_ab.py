@@ -2,6 +2,8 @@
 
     python experiments/bench/window_ab.py --revs=HEAD~1,HEAD [--rounds=40] [--model=gpn_m]
     python experiments/bench/window_ab.py --revs=HEAD,HEAD --xla_options='[{}, {"xla_cpu_use_onednn": true}]'
+    python experiments/bench/window_ab.py --revs=worktree,worktree \
+        --model_overrides='[{"remat_segment": 32}, {"remat_segment": 32, "remat_parallel": true}]'
 
 Each of `--revs` (git revisions; `worktree` for the checked-out files) gives its own fused
 window: `gpn_jax/core/fused/window.py` with every part of `gpn_jax/core/fused/` (older
@@ -19,7 +21,9 @@ that a shared machine's drift slows all of them alike (separate runs minutes apa
 by more than the change being measured). `--xla_options` pairs each revision with XLA
 compile options of its own (a JSON list, one object per revision; the option names are XLA's
 `DebugOptions` fields, e.g. `xla_cpu_experimental_ynn_fusion_type`), so one revision can be
-compared against itself compiled differently. Printed: each version's median and best step
+compared against itself compiled differently, and `--model_overrides` pairs each with model
+fields of its own (a JSON list, one object per revision, over `--model`'s block), so one revision
+can be compared against itself with a switch flipped. Printed: each version's median and best step
 time, then each version's median over rounds of its step time over the first version's, and in
 how many rounds it was faster. Nothing is asserted.
 """
@@ -44,6 +48,9 @@ _ROUNDS = flags.DEFINE_integer("rounds", 40, "Steps of each version, taken in tu
 _MODEL = flags.DEFINE_string("model", "gpn_m", "A model of experiments/bench/bench_small.py.")
 _XLA_OPTIONS = flags.DEFINE_string(
     "xla_options", "", "JSON list of XLA compile options, one object per revision; '': none."
+)
+_MODEL_OVERRIDES = flags.DEFINE_string(
+    "model_overrides", "", "JSON list of model fields, one object per revision; '': none."
 )
 
 CORE = "gpn_jax/core"
@@ -118,18 +125,19 @@ def load_window(rev: str, tmp: str):
     return importlib.import_module(f"{package}.{entry}")
 
 
-def xla_options(text: str, n: int) -> list[dict]:
-    """`--xla_options` as one dict per revision (all empty for ''), or a one-line exit."""
+def per_revision(flag: str, text: str, n: int) -> list[dict]:
+    """A JSON-list flag (`--xla_options`, `--model_overrides`) as one dict per revision (all
+    empty for ''), or a one-line exit."""
     if not text:
         return [{}] * n
     try:
         options = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"window_ab: --xla_options is not JSON: {e}") from None
+        raise SystemExit(f"window_ab: --{flag} is not JSON: {e}") from None
     if not isinstance(options, list) or not all(isinstance(o, dict) for o in options):
-        raise SystemExit("window_ab: --xla_options must be a JSON list of objects")
+        raise SystemExit(f"window_ab: --{flag} must be a JSON list of objects")
     if len(options) != n:
-        raise SystemExit(f"window_ab: --xla_options has {len(options)} objects for {n} revisions")
+        raise SystemExit(f"window_ab: --{flag} has {len(options)} objects for {n} revisions")
     return options
 
 
@@ -149,9 +157,9 @@ def load_kernel(rev: str, tmp: str) -> tuple[str, int] | None:
     return target, small_matmul.register(out, target)
 
 
-def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
-    """One step function per revision, each compiled with that revision's window and its XLA
-    options (`xla_options`)."""
+def compiled_steps(revs: list[str], model: str, options: list[dict], overrides: list[dict]) -> list:
+    """One step function per revision, each compiled with that revision's window, its XLA
+    options and its model fields (`per_revision`)."""
     import jax
 
     from gpn_jax.benchmarks import bench_config, train
@@ -164,14 +172,15 @@ def compiled_steps(revs: list[str], model: str, options: list[dict]) -> list:
 
     steps, original = [], (gpn_model.fused_window, small_matmul.TARGET, small_matmul.load)
     with tempfile.TemporaryDirectory() as tmp:
-        for rev, opts in zip(revs, options, strict=True):
+        for rev, opts, fields in zip(revs, options, overrides, strict=True):
             gpn_model.fused_window = load_window(rev, tmp)  # read when the step is traced
             kernel = load_kernel(rev, tmp)
             if kernel is not None:  # read when the step is traced, as the window
                 small_matmul.TARGET, tile = kernel
                 small_matmul.load = lambda tile=tile: tile
             try:
-                steps.append(train.compiled_step(spec | dict(compiler_options=opts), cfg)[0])
+                step = train.compiled_step(spec | dict(compiler_options=opts), cfg | fields)
+                steps.append(step[0])
             except jax.errors.JaxRuntimeError as e:  # e.g. an option XLA does not know
                 first = str(e).strip().splitlines()[0]
                 raise SystemExit(f"window_ab: XLA refused {json.dumps(opts)}: {first}") from None
@@ -190,9 +199,13 @@ def main(argv):
     revs = _REVS.value
     if len(revs) < 2:
         raise SystemExit("window_ab: --revs needs two revisions or more")
-    options = xla_options(_XLA_OPTIONS.value, len(revs))
-    steps = compiled_steps(revs, _MODEL.value, options)
-    revs = [r + (f" {json.dumps(o)}" if o else "") for r, o in zip(revs, options, strict=True)]
+    options = per_revision("xla_options", _XLA_OPTIONS.value, len(revs))
+    overrides = per_revision("model_overrides", _MODEL_OVERRIDES.value, len(revs))
+    steps = compiled_steps(revs, _MODEL.value, options, overrides)
+    revs = [
+        r + "".join(f" {json.dumps(o)}" for o in (opts, fields) if o)
+        for r, opts, fields in zip(revs, options, overrides, strict=True)
+    ]
     for one in steps:
         for _ in range(2):
             jax.block_until_ready(one())

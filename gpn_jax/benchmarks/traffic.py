@@ -32,13 +32,18 @@ step holds the memory between tokens (`placement`: read off its per-token loops'
     backward per-token pass  read M_t; read + write the float32 cotangent     m + 8
                                                                        total  5m + 8
 
+    the same where the backward has every step's write inputs before it rebuilds the memory
+    (no remat, or `remat_parallel`): the recomputation carries M on chip through the segment
+    backward recomputation   write M_t into the segment's stack               m
+                                                                       total  4m + 8
+
     memory (and its cotangent) on chip between tokens (XLA:TPU's VMEM, `S(1)`)
     forward                  nothing: M_t stays on chip                       0
     backward recomputation   write M_t into the segment's stack               m
     backward per-token pass  read M_t from the stack                          m
                                                                        total  2m
 
-i.e. 28 bytes per cell in float32 storage, 18 in bfloat16 (2m: 8 and 4), and 0 where the
+i.e. 28 bytes per cell in float32 storage, 18 in bfloat16 (4m + 8: 24 and 16; 2m: 8 and 4), and 0 where the
 segment's stack of memories stays on chip too (tiny sizes); times H x K x U cells per token.
 The HBM-resident minimum is no floor for a step that keeps M in VMEM: XLA:TPU does so at the
 per-chip batches whose memory fits, and its count then falls below 5m + 8.
@@ -318,23 +323,35 @@ def placement(text: str, elements: int) -> tuple[bool, bool]:
     return memory, memory and bool(stacks) and all(stacks)
 
 
-def min_bytes_per_cell(memory_dtype: str, on_chip: tuple[bool, bool] = (False, False)) -> int:
+def min_bytes_per_cell(
+    memory_dtype: str, on_chip: tuple[bool, bool] = (False, False), reruns_memory: bool = True
+) -> int:
     """The module docstring's minimum per memory cell per token: 5m + 8 with the memory in
-    HBM between tokens; 2m with it on chip (`placement`); 0 with its stack on chip too."""
+    HBM between tokens and rerun token by token (4m + 8 where it is not, `reruns_memory`);
+    2m with it on chip (`placement`); 0 with its stack on chip too."""
     m = {"float32": 4, "bfloat16": 2}[str(memory_dtype)]
     memory, stack = on_chip
     if not memory:
-        return 5 * m + 8
+        return (5 if reruns_memory else 4) * m + 8
     return 0 if stack else 2 * m
+
+
+def reruns_memory(model_cfg) -> bool:
+    """Whether the backward reruns the memory token by token: remat segments rerun one step at
+    a time (`remat_segment` without `remat_parallel`)."""
+    remat = bool(_field(model_cfg, "remat_segment", 0))
+    return remat and not _field(model_cfg, "remat_parallel", False)
 
 
 def min_bytes_per_token(model_cfg, on_chip: tuple[bool, bool] = (False, False)) -> int | None:
     """The analytic minimum of the memory's HBM traffic per token (None without a memory),
-    for the memory's `placement` in the compiled step (default: in HBM)."""
+    for the memory's `placement` in the compiled step (default: in HBM) and the backward's
+    schedule (`reruns_memory`)."""
     cells = memory_cells(model_cfg)
     if not cells:
         return None
-    return cells * min_bytes_per_cell(_field(model_cfg, "memory_dtype", "float32"), on_chip)
+    dtype = _field(model_cfg, "memory_dtype", "float32")
+    return cells * min_bytes_per_cell(dtype, on_chip, reruns_memory(model_cfg))
 
 
 def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dict:

@@ -298,13 +298,15 @@ class GPN(SpecModel):
         whose caches hold a small model. Terms (w = compute dtype bytes, m = `memory_dtype` bytes,
         activations and cotangents float32):
           weights      the recurrent matrices are read every time step by the forward and by the
-                       backward loop (3 x with remat: the forward reruns), shared by the B
+                       backward loop (3 x with remat: the forward reruns; with remat_parallel
+                       the rerun reads them once per segment of S steps), shared by the B
                        sequences: passes * n_rec * w / B; decode + embedding read twice per
                        loss chunk of C positions and their float32 gradient read + written;
           weight_grads float32 accumulators of n_rec read + written once per fused segment of
                        S steps (`fused.window`), once per step under autodiff;
           activations  the per-step residuals (fused widths) written once and read once, plus
-                       the predicted state, its cotangent, xg and its cotangent;
+                       the predicted state, its cotangent, xg and its cotangent (and with
+                       remat_parallel each layer's memory read, written and read);
           memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
                        reads M'; the backward recomputes M' (read + write), reads M and each
                        layer's M' (5 + 2L passes in memory_dtype), its float32 cotangent read +
@@ -323,9 +325,11 @@ class GPN(SpecModel):
         n_rec = d * (write_cols + L * layer_cols) + L * (f + hu) * d + d * d
         S = c.remat_segment or fused_window.default_segment(T)
         C = loss_lib.chunk_size(T, c.loss_chunk)
-        passes = 3 if c.remat_segment else 2
+        parallel = c.remat_parallel and c.scan_impl is ScanImpl.FUSED
+        passes = 2 + (1 / S if parallel else 1) if c.remat_segment else 2
         per_step_grads = c.scan_impl is ScanImpl.AUTODIFF
         res_width = d + hk + write_cols + layer_cols + (L - 1) * (d + layer_cols) + 2 * d
+        res_width += L * hu if parallel else 0
         out = {
             "weights": passes * n_rec * w / B + (2 * w + 8) * (v * e + d * e) / (C * B),
             "weight_grads": 8 * n_rec / (B if per_step_grads else S * B),

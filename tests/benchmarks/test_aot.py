@@ -119,7 +119,8 @@ def check_record(record: dict) -> None:
     assert record["kernels"] in ("xla", "native", "pallas")
     assert record["unknown_trip_counts"] == []
     cells = 2 * 16 * 32  # gpn_m_tiny: H x K x U
-    floor = {(False, False): 28, (True, False): 8, (True, True): 0}  # float32 storage
+    # float32 storage, no remat: 4 x 4 + 8 with the memory in HBM (`traffic` module doc)
+    floor = {(False, False): 24, (True, False): 8, (True, True): 0}
     on_chip = (record["memory_on_chip"], record["stack_on_chip"])
     assert record["memory_bytes_per_token_min"] == cells * floor[on_chip]
     assert isinstance(record["memory_bytes_per_token_hlo"], float)

@@ -169,7 +169,14 @@ def test_minimum_per_token():
              d_value=256, memory_dtype="float32")
     )  # fmt: skip
     cells = 15 * 128 * 256
+    # no remat: the backward rebuilds the memory from stored write inputs, writing each step's
+    # memory once into the stack (m) where a token-by-token rerun reads and writes it (2m)
+    assert traffic.min_bytes_per_token(cfg) == cells * 24  # 4 x 4 + 8
+    cfg.remat_segment = 64
     assert traffic.min_bytes_per_token(cfg) == cells * 28  # 5 x 4 + 8
+    cfg.remat_parallel = True  # the rerun keeps the memory's reads: rebuilt as without remat
+    assert traffic.min_bytes_per_token(cfg) == cells * 24
+    cfg.remat_parallel = False
     # the memory on chip between tokens: its stack's write and read (2m)
     assert traffic.min_bytes_per_token(cfg, (True, False)) == cells * 8
     assert traffic.min_bytes_per_token(cfg, (True, True)) == 0  # the stack on chip too
