@@ -117,6 +117,7 @@ _ACCEL_STEP = [
     ("model", "{model}", "l"),
     ("kernels", "{kernels}", "l"),
     ("memory", "{memory_dtype}", "l"),
+    ("remat rerun", "{rerun}", "l"),
     ("B × T", "{batch_size} × {seq_len}", "r"),
     ("tokens/s", "{tokens_per_s:,.0f}", "r"),
     ("step (s)", "{step_time_s:.2f}", "r"),
@@ -274,7 +275,7 @@ COLUMNS["aot_cpu"] = [
 COLLECTIONS["aot_130m_gpu"] = tuple(
     f"aot_130m_{gpu}_{family}"
     for gpu in ("h100", "h200")
-    for family in ("gpn_m", "transformer", "gdn")
+    for family in ("gpn_m", "gpn_m_at_once", "transformer", "gdn")
 )
 COLUMNS["aot_130m_gpu"] = [
     ("GPU", "{topology}", "l"),
@@ -501,24 +502,79 @@ def _h100_time_split(root: str) -> dict:
     host (`aot_130m_h100_gpn_m`) and the roofline's analytic bytes (`roofline_130m`)."""
     from gpn_jax.benchmarks import roofline
 
-    step = load(root, "accel_h100_step")
-    key = ("GPN+M 130M", "pallas", "bfloat16", 128)
-    run = next(r for r in step["rows"] if (r["model"], r["kernels"], r["memory_dtype"],
-                                           r["batch_size"]) == key)  # fmt: skip
-    trials = load(root, "aot_130m_h100_gpn_m", required=REQUIRED[:3])["trials"]
-    compiled = next(t for t in trials if t["batch_per_device"] == 128)
-    analytic = next(
-        r for r in load(root, "roofline_130m")["rows"]
-        if (r["batch_per_chip"], r["memory_dtype"]) == (128, "bfloat16")
+    step, run = _h100_run(root)
+    rows = roofline.time_split(
+        run, _at_128(root, "aot_130m_h100_gpn_m"), _analytic(root, "roofline_130m"),
+        step["copy_bandwidth_gb_per_s"] * 1e9,
     )  # fmt: skip
-    bandwidth = step["copy_bandwidth_gb_per_s"] * 1e9
-    rows = roofline.time_split(run, compiled, analytic, bandwidth)
     members = [f"{RESULTS}/{n}.json" for n in ("accel_h100_step", "aot_130m_h100_gpn_m",
                                                  "roofline_130m")]  # fmt: skip
     return {"rows": rows, "members": members}
 
 
-DERIVED = {"accel_h100_time": _h100_time_split}
+def _h100_run(root: str) -> tuple[dict, dict]:
+    """(the H100 run's step file, its Pallas bfloat16 GPN+M record at B = 128, rerun token
+    by token)."""
+    step = load(root, "accel_h100_step")
+    key = ("GPN+M 130M", "pallas", "bfloat16", "token by token", 128)
+    fields = ("model", "kernels", "memory_dtype", "rerun", "batch_size")
+    return step, next(r for r in step["rows"] if tuple(r.get(f) for f in fields) == key)
+
+
+def _at_128(root: str, stem: str) -> dict:
+    """A GPU compile file's trial at 128 sequences per device."""
+    return next(t for t in load(root, stem, required=REQUIRED[:3])["trials"]
+                if t["batch_per_device"] == 128)  # fmt: skip
+
+
+def _analytic(root: str, stem: str) -> dict:
+    """A roofline file's row for 128 sequences per chip with the memory in bfloat16."""
+    return next(r for r in load(root, stem)["rows"]
+                if (r["batch_per_chip"], r["memory_dtype"]) == (128, "bfloat16"))  # fmt: skip
+
+
+def _h100_rerun(root: str) -> dict:
+    """The same step with its remat segments rerun token by token (the H100 run's split) and
+    at once (`model.remat_parallel`, compiled for an H100 here): the floors of the parts that
+    bytes and launches set (`roofline.floors`, at the run's copy bandwidth), the matrix FLOPs
+    (the same in both), their sum, 70 % of the data-sheet bound for each one's bytes, the
+    per-token operations and the compiled peak."""
+    from gpn_jax.benchmarks import roofline
+
+    step, run = _h100_run(root)
+    bandwidth = step["copy_bandwidth_gb_per_s"] * 1e9
+    stems = {"token_by_token": ("aot_130m_h100_gpn_m", "roofline_130m"),
+             "at_once": ("aot_130m_h100_gpn_m_at_once", "roofline_130m_at_once")}  # fmt: skip
+    flops_us = run["mfu_pct"] / 100 * 1e6 / run["tokens_per_s"]
+    cols = {}
+    for col, (aot, analytic) in stems.items():
+        compiled, bytes_ = _at_128(root, aot), _analytic(root, analytic)
+        parts = [us for _, us in roofline.floors(compiled, bytes_, bandwidth, 128)] + [flops_us]
+        cols[col] = parts + [sum(parts), 1e6 / (0.7 * bytes_["h100"]),
+                             compiled["ops_per_token"], compiled["peak_bytes_per_device"] / 2**30]  # fmt: skip
+    names = [
+        "the memory matrix's HBM traffic, as compiled (µs per token)",
+        "weights, activations and logits, analytic bytes (µs)",
+        f"per-token loop operations × {roofline.OP_LATENCY_S['gpu'] * 1e6:.0f} µs / B (µs)",
+        "matrix FLOPs at the data-sheet peak, the same in both (µs)",
+        "sum of these floors (µs)",
+        "70 % of the data-sheet bound for its bytes (µs)",
+        "per-token loop operations per token",
+        "peak memory as compiled (GiB)",
+    ]
+    rows = [{"part": n} | {c: v[i] for c, v in cols.items()} for i, n in enumerate(names)]
+    rows.append({"part": "measured step (µs per token)",
+                 "token_by_token": 1e6 / run["tokens_per_s"], "at_once": None})  # fmt: skip
+    members = [f"{RESULTS}/{n}.json" for pair in stems.values() for n in pair]
+    return {"rows": rows, "members": [f"{RESULTS}/accel_h100_step.json", *members]}
+
+
+COLUMNS["accel_h100_rerun"] = [
+    ("", "{part}", "l"),
+    ("rerun token by token", "{token_by_token:.2f}", "r"),
+    ("rerun at once", "{at_once:.2f}", "r"),
+]
+DERIVED = {"accel_h100_time": _h100_time_split, "accel_h100_rerun": _h100_rerun}
 
 
 def load_view(root: str, name: str) -> dict:
@@ -538,6 +594,7 @@ def _aot_row(record: dict, topology: str) -> dict:
     hbm = record.get("hbm_bytes_per_device")
     minimum, hlo = record["memory_bytes_per_token_min"], record["memory_bytes_per_token_hlo"]
     variant = [record.get("kernels"), record.get("memory_dtype")] if hlo else []
+    variant += ["remat rerun at once"] if record.get("remat_parallel") else []
     variant += [f"{record['attention']} attention"] if record.get("attention") else []
     return record | {
         "topology": topology or record.get("device_kind", "?"),
@@ -574,8 +631,8 @@ def load_collection(root: str, name: str) -> dict:
     # one row per compile: a batch search's trial repeats a compile listed before it
     unique = {}
     for r in rows:
-        unique.setdefault((r["topology"], r["config_name"], r["batch_per_device"]), r)
-    order = lambda r: (r["topology"], r["config_name"], r["batch_per_device"])  # noqa: E731
+        unique.setdefault((r["topology"], r["config_name"], r["variant"], r["batch_per_device"]), r)
+    order = lambda r: (r["topology"], r["config_name"], r["variant"], r["batch_per_device"])  # noqa: E731
     rows = sorted(unique.values(), key=order)
     if name.endswith("_limits"):
         rows = _limits(rows)
@@ -593,11 +650,14 @@ _RUN_MODELS = {
 
 
 def measured_peaks(root: str) -> dict:
-    """{(config name, kernels, memory dtype, batch): peak GiB} of the H100 run's records."""
+    """{(config name, kernels, memory dtype, rerun at once, batch): peak GiB} of the H100
+    run's records."""
     out = {}
     for r in load(root, "accel_h100_step")["rows"]:
         if r.get("peak_mem_gib") is not None and r["model"] in _RUN_MODELS:
-            key = (_RUN_MODELS[r["model"]], r["kernels"], r["memory_dtype"], r["batch_size"])
+            at_once = r.get("rerun") == "rerun at once"  # `accel_plan.AT_ONCE`
+            key = (_RUN_MODELS[r["model"]], r["kernels"], r["memory_dtype"], at_once,
+                   r["batch_size"])  # fmt: skip
             out[key] = r["peak_mem_gib"]
     return out
 
@@ -606,7 +666,9 @@ def _with_measured(root: str, rows: list[dict]) -> list[dict]:
     """Each H100 row with the peak the H100 run measured for the same step, where it did."""
     peaks = measured_peaks(root)
     for r in rows:
-        key = (r["config_name"], r.get("kernels"), r.get("memory_dtype"), r["batch_per_device"])
+        at_once = bool(r.get("remat_parallel"))
+        key = (r["config_name"], r.get("kernels"), r.get("memory_dtype"), at_once,
+               r["batch_per_device"])  # fmt: skip
         r["measured_gib"] = peaks.get(key) if r["topology"] == "h100" else None
     return rows
 

@@ -32,6 +32,7 @@ import platform as pyplatform
 import sys
 import time
 
+from experiments.bench.accel_plan import SWITCHES
 from gpn_jax.io import files, provenance, untrusted
 from gpn_jax.io.regular import MAX_TEXT_BYTES, read_text
 
@@ -217,13 +218,14 @@ def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
 
 
 def _jobs(settings: dict, records: list[dict], cudnn: str | None = None) -> list:
-    """The records' jobs: each family's model block with the record's kernels, memory dtype
-    and attention; a record of cuDNN's attention is skipped with `cudnn` when that failed."""
+    """The records' jobs: each family's model block with the record's model fields (kernels,
+    memory dtype, attention, remat_parallel); a record of cuDNN's attention is skipped with
+    `cudnn` when that failed."""
     jobs = []
     for r in records:
         labels = {"family": r["family"]}
-        labels |= {k: r[k] for k in ("kernels", "memory_dtype", "attention") if r[k] != "-"}
-        model = settings["models"][r["family"]] | {k: v for k, v in labels.items() if k != "family"}
+        labels |= {k: r[k] for k in SWITCHES if r.get(k, "-") != "-"}
+        model = settings["models"][r["family"]] | r["model_fields"]
         if r["attention"] == "cudnn" and cudnn not in (None, "ok"):
             labels["skipped"] = f"cuDNN attention failed at the start: {cudnn}"
         jobs.append((r["family"], model, r["batch"], labels, r.get("seconds")))

@@ -3,8 +3,9 @@ which training-step records it attempts and in what order, whether each fits the
 device's memory, and how long the run takes, the first time and again with the compile cache.
 
 Order: GPN+M (Pallas, bfloat16 memory), Transformer++ (cuDNN attention) and Gated DeltaNet at
-the same tokens per step, the largest batch of `BATCHES` at which all three fit; then the
-GPN+M batch sweep and float32 memory. A record measured before on the same kind of device
+the same tokens per step, the largest batch of `BATCHES` at which all three fit; then GPN+M at
+B = 128 with its remat segments rerun at once (`model.remat_parallel`), the GPN+M batch sweep
+and float32 memory. A record measured before on the same kind of device
 (`experiments/results/accel_<kind>_step.json`) is not measured again.
 
 Memory per record, in this order of preference:
@@ -25,10 +26,11 @@ stated assumptions below.
 """
 
 import dataclasses
+import glob
 import math
 import os
 
-from experiments.bench.accel_summary import MODELS  # the run's records by bench model
+from experiments.bench.accel_summary import MODELS, TOKEN_BY_TOKEN
 from gpn_jax.benchmarks.aot import gpus
 from gpn_jax.io import untrusted
 from gpn_jax.models import factory
@@ -49,6 +51,10 @@ FIXED_PARTS = {"versions": 15.0, "check": 40.0, "passes": 45.0, "hlo": 30.0}
 RUN_S = 430.0  # the run inside the 8 minutes (the install and the machine's start first)
 
 
+# a record's switches beside its family and batch ("-": the family's default or none)
+SWITCHES = ("kernels", "memory_dtype", "attention", "rerun")
+
+
 @dataclasses.dataclass(frozen=True)
 class Record:
     family: str  # gpn_m | transformer | gdn
@@ -56,13 +62,26 @@ class Record:
     kernels: str = "-"  # GPN+M: pallas | xla
     memory_dtype: str = "-"  # GPN+M: bfloat16 | float32
     attention: str = "-"  # Transformer++: cudnn | xla
+    rerun: str = "-"  # GPN+M: "at once" (`model.remat_parallel`); "-": token by token
 
     def key(self) -> tuple:
-        return (self.family, self.kernels, self.memory_dtype, self.attention)
+        return (self.family, *(getattr(self, k) for k in SWITCHES))
 
     def label(self) -> str:
-        extra = [v for v in (self.kernels, self.memory_dtype, self.attention) if v != "-"]
+        extra = [getattr(self, k) for k in SWITCHES if getattr(self, k) != "-"]
         return f"{self.family} B={self.batch}" + (f" ({', '.join(extra)})" if extra else "")
+
+    def model_fields(self) -> dict:
+        """The model block's fields this record sets."""
+        fields = {k: getattr(self, k) for k in SWITCHES[:3] if getattr(self, k) != "-"}
+        return fields | ({"remat_parallel": True} if self.rerun == AT_ONCE else {})
+
+    def settings(self, seconds: float | None = None) -> dict:
+        """The record as the run's settings hold it (plain data)."""
+        return dataclasses.asdict(self) | {"model_fields": self.model_fields(), "seconds": seconds}
+
+
+AT_ONCE = "rerun at once"
 
 
 def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
@@ -70,15 +89,15 @@ def load_points(results: str, kind: str) -> tuple[dict, dict, set]:
     records measured) from the compiles for the GPU (the kind's own first) and its run, if any."""
     peaks, rates, measured = {}, {}, set()
     for other in sorted(gpus.GPUS, key=lambda k: k != kind):
-        for family in MODELS:
-            path = os.path.join(results, f"aot_130m_{other}_{family}.json")
-            if not os.path.isfile(path):
-                continue
-            data = untrusted.read_json(path, fix="restore it from git or recompile it")
-            for t in data.get("trials") or [data]:
-                rec = _record(_compiled(t, family))
-                peak = (t["peak_bytes_per_device"], f"{other} compile")
-                peaks.setdefault(rec.key(), {}).setdefault(rec.batch, peak)
+        for family in MODELS:  # the family's compiles, e.g. aot_130m_h100_gpn_m_at_once.json
+            for path in sorted(
+                glob.glob(os.path.join(results, f"aot_130m_{other}_{family}*.json"))
+            ):
+                data = untrusted.read_json(path, fix="restore it from git or recompile it")
+                for t in data.get("trials") or [data]:
+                    rec = _record(_compiled(t, family))
+                    peak = (t["peak_bytes_per_device"], f"{other} compile")
+                    peaks.setdefault(rec.key(), {}).setdefault(rec.batch, peak)
     for other in sorted(gpus.GPUS, key=lambda k: k != kind):  # the kind's own run first
         path = os.path.join(results, f"accel_{other}_step.json")
         if not os.path.isfile(path):
@@ -106,13 +125,14 @@ def _compiled(trial: dict, family: str) -> dict:
     """A `gpn_jax.aot` trial as a plan row, with the switches its model's config takes (GPN+M's
     kernels and memory dtype, Transformer++'s attention)."""
     takes = factory.config_fields({"family": factory.VARIANTS[family][0].name})
-    switches = {k: trial.get(k) for k in ("kernels", "memory_dtype", "attention") if k in takes}
+    switches = {k: trial.get(k) for k in SWITCHES[:3] if k in takes}
+    switches["rerun"] = AT_ONCE if trial.get("remat_parallel") else "-"
     return {"family": family, "batch_size": trial["batch_per_device"]} | switches
 
 
 def _record(row: dict) -> Record:
-    keys = ("kernels", "memory_dtype", "attention")
-    fields = {k: row[k] for k in keys if row.get(k) not in (None, "", "-", "—")}
+    unset = (None, "", "-", "—", TOKEN_BY_TOKEN)  # the summary's words for a default
+    fields = {k: row[k] for k in SWITCHES if row.get(k) not in unset}
     return Record(row["family"], int(row["batch_size"]), **fields)
 
 
@@ -145,6 +165,9 @@ def seconds(rec: Record, rates: dict, cached: bool = False) -> tuple[float, str]
         bf16 = rates.get(dataclasses.replace(rec, memory_dtype="bfloat16").key())
         if bf16:
             rate, source = (bf16[0] * FLOAT32_RATE, bf16[1]), "assumed: 0.3 x bfloat16's"
+    if rate is None and rec.rerun == AT_ONCE:  # expected faster: the rerun's rate bounds it
+        rate = rates.get(dataclasses.replace(rec, rerun="-").key())
+        source = "assumed: the token-by-token rerun's"
     if rate is None:
         rate, source = (ASSUMED_TOKENS_PER_S, COMPILE_S), "assumed rate"
     tokens_per_s, compile_s = rate
@@ -184,9 +207,11 @@ def compare_records(batch: int) -> list[Record]:
 
 
 def sweep_records(skip_batch: int | None) -> list[Record]:
-    """The GPN+M batch sweep (Pallas, bfloat16 memory), then float32 memory at 128."""
+    """GPN+M at 128 rerun at once, the batch sweep (Pallas, bfloat16 memory), then float32
+    memory at 128."""
+    at_once = Record("gpn_m", 128, "pallas", "bfloat16", rerun=AT_ONCE)
     sweep = [Record("gpn_m", b, "pallas", "bfloat16") for b in SWEEP if b != skip_batch]
-    return sweep + [Record("gpn_m", 128, k, "float32") for k in ("pallas", "xla")]
+    return [at_once, *sweep] + [Record("gpn_m", 128, k, "float32") for k in ("pallas", "xla")]
 
 
 def make(kind: str, results: str) -> dict:
@@ -258,7 +283,7 @@ def describe(plan: dict) -> str:
 def settings_records(plan: dict, part: str) -> list[dict]:
     """The records of `part` as the run's settings hold them (plain data)."""
     rows = [r for r in plan["rows"] if r["part"] == part and not r.get("skip")]
-    return [dataclasses.asdict(r["record"]) | {"seconds": round(r["seconds"])} for r in rows]
+    return [r["record"].settings(round(r["seconds"])) for r in rows]
 
 
 def wheels(folder: str) -> list[str]:

@@ -23,6 +23,7 @@ from gpn_jax.models import factory
 MAX_BYTES = 16 * 2**20
 MODELS = {k: f"{factory.label(k)} 130M" for k in ("gpn_m", "transformer", "gdn")}
 _TIMEOUT = re.compile(r"timed out after (\d+) seconds")
+TOKEN_BY_TOKEN = "token by token"  # a GPN+M record without `rerun` (`accel_plan.Record`)
 
 
 def _read(folder: str, name: str) -> dict:
@@ -57,6 +58,8 @@ def _step_row(record: dict, family: str) -> dict:
         "model": MODELS.get(family, family),
         "kernels": record.get("kernels", "—"),
         "memory_dtype": record.get("memory_dtype", "—"),
+        # GPN+M's remat segments: rerun token by token unless the record says otherwise
+        "rerun": record.get("rerun", TOKEN_BY_TOKEN) if family == "gpn_m" else "—",
         "batch_size": record.get("batch_size"),
         "seq_len": record.get("seq_len"),
         "tokens_per_s": record.get("tokens_per_s") if ok else None,

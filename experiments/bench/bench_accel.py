@@ -9,7 +9,6 @@ XLA:CPU's memory analysis of the 130M step (`python -m gpn_jax.aot --devices=1 -
 gives about 39 GiB per device at B = 128, which an 80 GB+ GPU holds.
 """
 
-import dataclasses
 import math
 import os
 
@@ -69,10 +68,10 @@ def settings(mode: str, budgets=(), records=(), kind: str = "h100") -> dict:
     return s
 
 
-def gpn_record(kernels: str, memory_dtype: str, batch: int, seconds=None) -> dict:
-    """A GPN+M step record as the settings hold it (`accel_plan.Record`'s fields)."""
-    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype)
-    return dataclasses.asdict(rec) | {"seconds": seconds}
+def gpn_record(kernels: str, memory_dtype: str, batch: int, seconds=None, rerun="-") -> dict:
+    """A GPN+M step record as the settings hold it (`accel_plan.Record.settings`)."""
+    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype, rerun=rerun)
+    return rec.settings(seconds)
 
 
 def plan(kind: str) -> dict:
@@ -111,13 +110,15 @@ def _settings(mode: str, kind: str) -> dict:
     if mode == "rehearse":
         tiny = bench_tiny.get_config().models
         models = {k: tiny[k].to_dict() for k in ("gpn_m", "transformer", "gdn")}
+        models["gpn_m"]["remat_segment"] = 8  # remat segments, as the 130M model's
         batch, seq_len, peak_size, copy_mib = 2, 16, 256, 16
         check_dims, pass_dims, reps = (2, 2, 8, 16, 3), (2, 2, 8, 16, 4), 2
         # the three families at the same batch (their GPN+M record's HLO is the HLO part's),
         # then the kind of record the sweep ends with
         compare = [gpn_record("pallas", "bfloat16", batch)]
-        compare += [dataclasses.asdict(accel_plan.Record(f, batch)) for f in ("transformer", "gdn")]
-        records = [gpn_record("xla", "float32", batch)]
+        compare += [accel_plan.Record(f, batch).settings() for f in ("transformer", "gdn")]
+        records = [gpn_record("pallas", "bfloat16", batch, rerun=accel_plan.AT_ONCE)]
+        records += [gpn_record("xla", "float32", batch)]
         budgets = {k: 300 for k in DEVICE_BUDGETS} | {"smoke": 0}
         train_check = {"model": _small_gpn_m(), "batch_size": 2, "seq_len": 16, "steps": 5}
         env = {"JAX_PLATFORMS": "cpu"}  # no accelerator plugin probes the machine

@@ -226,24 +226,34 @@ def byte_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def time_split(run: dict, compiled: dict, analytic: dict, bandwidth: float) -> list[dict]:
-    """Where a measured step's time per token goes: the floors of its parts, added (the fused
-    window runs each token's kernels one after another, so they do not overlap), and what they
-    leave unexplained. `run`: the measured record (tokens_per_s, mfu_pct, batch_size);
-    `compiled`: `gpn_jax.aot`'s record of the same step (memory_bytes_per_token_hlo,
-    ops_per_token); `analytic`: the roofline's bytes (bytes_per_token, memory_bytes);
-    `bandwidth`: bytes/s (the run's measured copy bandwidth). Rows: part, µs per token, share."""
-    measured = 1e6 / run["tokens_per_s"]
-    parts = [
+def floors(compiled: dict, analytic: dict, bandwidth: float, batch: int) -> list[tuple]:
+    """The floors per token, in µs, of a compiled step's parts that bytes and launches set:
+    (part, µs) for the memory matrix's traffic as compiled and the rest of the analytic bytes,
+    both at `bandwidth` (bytes/s), and the per-token loops' operations at the GPU's latency.
+    `compiled`: `gpn_jax.aot`'s record (memory_bytes_per_token_hlo, ops_per_token);
+    `analytic`: the roofline's bytes (bytes_per_token, memory_bytes); `batch`: sequences."""
+    return [
         ("the memory matrix's HBM traffic, as compiled", compiled["memory_bytes_per_token_hlo"]
          / bandwidth * 1e6),
         ("weights, activations and logits (analytic bytes)",
          (analytic["bytes_per_token"] - analytic["memory_bytes"]) / bandwidth * 1e6),
         (f"per-token loop operations ({compiled['ops_per_token']:.1f} × "
          f"{OP_LATENCY_S['gpu'] * 1e6:.0f} µs / B)",
-         compiled["ops_per_token"] * OP_LATENCY_S["gpu"] / run["batch_size"] * 1e6),
-        ("matrix FLOPs at the data-sheet peak (MFU × step)", run["mfu_pct"] / 100 * measured),
+         compiled["ops_per_token"] * OP_LATENCY_S["gpu"] / batch * 1e6),
     ]  # fmt: skip
+
+
+def time_split(run: dict, compiled: dict, analytic: dict, bandwidth: float) -> list[dict]:
+    """Where a measured step's time per token goes: the floors of its parts, added (the fused
+    window runs each token's kernels one after another, so they do not overlap), and what they
+    leave unexplained. `run`: the measured record (tokens_per_s, mfu_pct, batch_size);
+    `compiled`, `analytic`, `bandwidth`: as `floors` (the run's measured copy bandwidth).
+    Rows: part, µs per token, share."""
+    measured = 1e6 / run["tokens_per_s"]
+    parts = floors(compiled, analytic, bandwidth, run["batch_size"])
+    parts.append(
+        ("matrix FLOPs at the data-sheet peak (MFU × step)", run["mfu_pct"] / 100 * measured)
+    )
     parts.append(("not accounted for", measured - sum(us for _, us in parts)))
     rows = [{"part": p, "us_per_token": us, "share": us / measured} for p, us in parts]
     return rows + [{"part": "measured step", "us_per_token": measured, "share": 1.0}]

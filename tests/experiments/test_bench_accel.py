@@ -99,8 +99,8 @@ def test_the_passes_part_times_each_pass_against_the_copy_bandwidth(rehearsal):
 def test_the_step_and_baseline_parts_record_speed_memory_and_loop_ops(rehearsal):
     out = rehearsal[0]
     step, base = _load(out, "step.json"), _load(out, "baselines.json")
-    kinds = [(r["kernels"], r["memory_dtype"]) for r in step["records"]]
-    assert kinds == [("xla", "float32")]
+    kinds = [(r["kernels"], r["memory_dtype"], r.get("rerun")) for r in step["records"]]
+    assert kinds == [("pallas", "bfloat16", "rerun at once"), ("xla", "float32", None)]
     assert [r["family"] for r in base["records"]] == ["gpn_m", "transformer", "gdn"]
     gpn = [r for r in step["records"] + base["records"] if r["family"] == "gpn_m"]
     for r in step["records"] + base["records"]:
