@@ -86,6 +86,7 @@ def scoring_model(run):
 
     block = ml_collections.ConfigDict(run.config.model.to_dict())
     block.remat_segment = 0
+    block.remat_parallel = False  # how segments rerun: no segments, nothing to rerun
     return factory.build_model(block)
 
 

@@ -139,6 +139,11 @@ class GPNConfig:
                 "remat_parallel changes how remat segments rerun: set remat_segment > 0 too "
                 "(e.g. --config.model.remat_segment=64)"
             )
+        if self.remat_parallel and self.scan_impl != ScanImpl.FUSED:
+            raise ValueError(
+                "remat_parallel reruns the fused window's segments: use scan_impl='fused' "
+                "or --config.model.remat_parallel=False"
+            )
         if self.memory_dtype not in ("float32", "bfloat16"):
             raise ValueError(
                 f"memory_dtype must be 'float32' or 'bfloat16', got {self.memory_dtype!r}"

@@ -312,10 +312,13 @@ def test_parallel_rerun_runs_no_per_token_loop_of_the_forward(n_layers, memory):
 
 
 def test_parallel_rerun_refusals():
-    """`remat_parallel` without a remat segment, and with a window split over the tensor axis
-    (whose layers read the memory inside their blocks), are one-line errors naming the field."""
+    """`remat_parallel` without a remat segment, with the autodiff scan, and with a window split
+    over the tensor axis (whose layers read the memory inside their blocks) are one-line errors
+    naming the field."""
     with pytest.raises(ValueError, match="remat_parallel .* remat_segment > 0"):
         pair(remat_parallel=True)
+    with pytest.raises(ValueError, match="remat_parallel .* scan_impl='fused'"):
+        pair(remat_parallel=True, remat_segment=4, scan_impl="autodiff")
     ref, _ = pair(n_heads=4, remat_segment=4)
     with pytest.raises(ValueError, match="remat_parallel .* tensor=1"):
         fused_window.dims_of(random_params(ref), 8, 4, tp=2, remat_parallel=True)

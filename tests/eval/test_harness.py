@@ -439,8 +439,9 @@ def test_cli_out_is_a_result_file_of_the_scores_that_the_zero_shot_table_renders
 def test_a_run_trained_with_remat_segments_scores_pieces_of_any_length(
     runs, tasks, tokenizer, tmp_path
 ):
-    """Segments (a training-memory knob) are off for scoring: same scores, any piece length."""
-    seg = save_run(tmp_path, "gpn_m", tokenizer, remat_segment=16)
+    """Segments (a training-memory knob), and how they rerun, are off for scoring: same
+    scores, any piece length."""
+    seg = save_run(tmp_path, "gpn_m", tokenizer, remat_segment=16, remat_parallel=True)
     _, res, _ = evaluate_mc(seg, tasks)
     _, plain, _ = evaluate_mc(runs["gpn_m"], tasks)
     assert res["acc,none"] == plain["acc,none"]
