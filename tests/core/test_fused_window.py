@@ -5,6 +5,7 @@ L = 1 and 2, memory on / off, decoder bias, a nonzero or fresh initial carry, a 
 the final carry, several memory-checkpoint segments, remat segments, loss chunks and T = 1.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gpn_jax.core.fused import layout as fused_layout
 from gpn_jax.core.fused import products as fused_products
 from gpn_jax.core.fused import window as fused_window
 from gpn_jax.core.gpn import Intervention
@@ -322,3 +324,32 @@ def test_parallel_rerun_refusals():
     ref, _ = pair(n_heads=4, remat_segment=4)
     with pytest.raises(ValueError, match="remat_parallel .* tensor=1"):
         fused_window.dims_of(random_params(ref), 8, 4, tp=2, remat_parallel=True)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_padded_contractions_equal_autodiff(tp, monkeypatch):
+    """The backward's transposed projections padded with zero rows (`layout.transposed`, for
+    XLA:GPU's split-K) give the same loss, carry and gradients: here every contraction is
+    padded to a multiple of 64 (W0's and the second layer's, per tensor block where tp > 1)."""
+    monkeypatch.setattr(fused_layout, "LONG_CONTRACTION", 0)
+    monkeypatch.setattr(fused_layout, "CONTRACTION_ALIGN", 64)
+    monkeypatch.setattr(fused_window, "MIN_SEGMENT", 4)
+    ref, fused = pair(n_layers=2, n_heads=4, remat_segment=4)
+    params, carry, x = random_params(ref), random_carry(ref), tokens(8)
+    (_, (loss_r, carry_r)), grads_r = loss_and_grads(ref, params, x, carry)
+    model = gpn_model.GPN(fused.config, (tp, None))  # the block layout of a tensor axis of tp
+    (_, (loss_f, carry_f)), grads_f = loss_and_grads(model, params, x, carry)
+    bound = window_bound(8)
+    assert_rel_close(loss_f, loss_r, bound, "loss")
+    assert_rel_close(carry_f, carry_r, bound, "carry")
+    assert_rel_close(grads_f, grads_r, bound, "gradients")
+
+
+def test_only_long_contractions_of_xla_products_are_padded():
+    dm = fused_window.dims_of(random_params(pair()[0]), 8)
+    align, long = fused_layout.CONTRACTION_ALIGN, fused_layout.LONG_CONTRACTION
+    assert fused_layout.contraction_rows(dm, long - 1) == long - 1  # short: as it is
+    assert fused_layout.contraction_rows(dm, 27358) == 27 * align  # the 130M W0's outputs
+    assert fused_layout.contraction_rows(dm, 27 * align) == 27 * align
+    packed = dataclasses.replace(dm, products=object())  # a CPU product kernel packs W as it is
+    assert fused_layout.contraction_rows(packed, 27358) == 27358

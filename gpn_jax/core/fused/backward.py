@@ -18,6 +18,7 @@ from gpn_jax.core.fused.products import (
     bias_grad,
     cols,
     loop_weights,
+    padded_to,
     rows,
     segments,
     unsegment,
@@ -122,7 +123,7 @@ def bstep(dm: Dims, fw: dict, fwT: dict, stack, bc, xs):
         dZ0 = jnp.concatenate([dzk, dzw, dZ_layer0], axis=-1)
         da = da + da_t
     xs_, rms_s = jax.vjp(rms, res.s)
-    dx = rows(dZ0, fwT["W0"])
+    dx = rows(padded_to(dZ0, fwT["W0"]), fwT["W0"])
     if dm.split:
         dx = dx + mm(emit["dZpg"][0], fwT["Wpg"][0])
     ds_prev = dc + rms_s(dx)[0]
@@ -173,7 +174,7 @@ def _layers_bwd(dm: Dims, fw, fwT, stack, res: Res, memories, dM, keep, dc, dg_o
             dZ_layer0 = dZl
             continue
         xc, rms_c = jax.vjp(rms, c_in)
-        dx = rows(dZl, fwT["Wl"][i - 1])
+        dx = rows(padded_to(dZl, fwT["Wl"][i - 1]), fwT["Wl"][i - 1])
         if dm.split:
             dx = dx + mm(out["dZpg"][0], fwT["Wpg"][i])
         dc = dc + rms_c(dx)[0]
@@ -248,7 +249,7 @@ def window_bwd(dm: Dims, saved, cts):
     names = ("W0", "b0", "Wl", "bl", "W2o", "Wg", "bg", "Wpg", "bpg")
     gW = {k: _zeros_like_tree(dm, k, fw[k]) for k in names}
     zk_shape = (B, *fw["b0"][..., : dm.hk].shape)
-    fwT = loop_weights(dm, transposed(fw))
+    fwT = loop_weights(dm, transposed(dm, fw))
     fwh = loop_weights(dm, with_halves(dm, fw))
 
     def seg(carry, xs):

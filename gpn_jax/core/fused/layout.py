@@ -239,13 +239,38 @@ def key_projection(cp: gpn.Params, s: Array) -> Array:
     return mm(rms(s) * wp["norm"], wp["wk"]) + wp["bk"]
 
 
-def transposed(fw: dict) -> dict:
+# XLA:GPU splits a long contraction over several thread blocks (split-K) and pads it to a
+# multiple of the split where it is not one, inside the per-token loop: the whole weight copied
+# at every step (the 130M backward's W0^T, 137 MB per token step on an H100). The backward's
+# long contractions over a projection's outputs are padded once, outside the loop, instead.
+CONTRACTION_ALIGN = 1024
+LONG_CONTRACTION = 16 * CONTRACTION_ALIGN  # shorter ones add too many zero rows in proportion
+
+
+def contraction_rows(dm: Dims, n: int) -> int:
+    """The rows a transposed projection of `n` outputs is padded to (`transposed`): n rounded
+    up to a multiple of CONTRACTION_ALIGN where n is long and XLA runs the loop's products (not
+    a CPU product kernel, which packs its operand); n otherwise."""
+    if dm.products is not None or n < LONG_CONTRACTION:
+        return n
+    return -(-n // CONTRACTION_ALIGN) * CONTRACTION_ALIGN
+
+
+def _pad_rows(dm: Dims, w: Array) -> Array:
+    """w (..., n, D) with zero rows up to `contraction_rows` (the cotangent is padded to match,
+    `products.padded_to`)."""
+    extra = contraction_rows(dm, w.shape[-2]) - w.shape[-2]
+    return w if not extra else jnp.pad(w, [(0, 0)] * (w.ndim - 2) + [(0, extra), (0, 0)])
+
+
+def transposed(dm: Dims, fw: dict) -> dict:
     """The matrices the backward loop multiplies cotangents by, transposed once outside the loop
     (XLA:CPU runs a (B, N) @ (N, D) product much faster than (B, N) contracted with (D, N)).
-    Column blocks (D, [tp,] N) -> ([tp,] N, D); row blocks ([tp,] R, D) -> (D, [tp,] R)."""
+    Column blocks (D, [tp,] N) -> ([tp,] N', D), N' = `contraction_rows`; row blocks
+    ([tp,] R, D) -> (D, [tp,] R)."""
     return {
-        "W0": jnp.moveaxis(fw["W0"], 0, -1),
-        "Wl": [jnp.moveaxis(w, 0, -1) for w in fw["Wl"]],
+        "W0": _pad_rows(dm, jnp.moveaxis(fw["W0"], 0, -1)),
+        "Wl": [_pad_rows(dm, jnp.moveaxis(w, 0, -1)) for w in fw["Wl"]],
         "W2o": [jnp.moveaxis(w, -1, 0) for w in fw["W2o"]],
         "Wg": fw["Wg"].T,
         "Wpg": [w.T for w in fw["Wpg"]],

@@ -47,6 +47,14 @@ def rows(x: Array, w: Array | Packed) -> Array:
     )
 
 
+def padded_to(dz: Array, w: Array | Packed) -> Array:
+    """The cotangent dz (..., n) zero-padded along its last axis to the contraction rows of a
+    transposed projection w (..., n', D) (`layout.transposed`); as it is for a packed one."""
+    if isinstance(w, Packed) or w.shape[-2] == dz.shape[-1]:
+        return dz
+    return jnp.pad(dz, [(0, 0)] * (dz.ndim - 1) + [(0, w.shape[-2] - dz.shape[-1])])
+
+
 def mm_t(dz: Array, w: Array) -> Array:
     """dz @ w.T in w's dtype, float32 out (the input cotangent of `mm(x, w)`)."""
     return jax.lax.dot_general(
