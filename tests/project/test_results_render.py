@@ -230,3 +230,26 @@ def test_no_committed_compile_moves_less_than_its_minimum_traffic():
         for r in render.load_collection(ROOT, name)["rows"]:
             ratio = r["traffic_ratio"]
             assert ratio is None or ratio >= 1, (name, r["topology"], r["batch_per_device"])
+
+
+def test_the_h100_runs_backward_padded_w0_inside_its_loop():
+    """What the page says of the H100 run's own optimised HLO: a per-token loop body pads W0^T
+    (27,358 rows, to a multiple of its split-K product's split) at every step, a 137 MB copy,
+    which the backward now does once outside the loop (`core.fused.layout.transposed`)."""
+    from gpn_jax.benchmarks import roofline, traffic
+    from gpn_jax.io import regular
+    from gpn_jax.parallel import hlo
+
+    path = os.path.join(ROOT, render.RESULTS, "accel_h100", "train_step.hlo.txt.gz")
+    text = regular.read_gzip(path, 64 * 2**20).decode()
+    comps, _ = hlo.parse(text)
+    bodies = {loop["body"] for loop in roofline.loop_ops(text, 2048)["loops"]}
+    size = lambda i: sum(b for _, b in traffic.arrays(i.result, 1))  # noqa: E731
+    pads = [
+        i for b in bodies for i in comps[b]
+        if i.opcode == "fusion" and "pad" in i.name and size(i) > 2**27
+    ]  # fmt: skip
+    assert pads and all(i.result.startswith("bf16[27392,2496]") for i in pads)
+    assert round(size(pads[0]) / 1e6) == 137
+    page = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
+    assert "137 MB copy per token step" in page
