@@ -168,7 +168,11 @@ COLUMNS = {
     "remat_rerun_ab": [
         ("model", "{model}", "l"),
         ("remat segment", "{remat_segment}", "r"),
-        ("step: token by token → at once", "{median_token_by_token_s:.3f} → {median_at_once_s:.3f} s", "r"),
+        (
+            "step: token by token → at once",
+            "{median_token_by_token_s:.3f} → {median_at_once_s:.3f} s",
+            "r",
+        ),
         ("at once / token by token", "×{ratio:.3f}", "r"),
         ("rounds faster", "{faster}", "r"),
     ],
