@@ -336,22 +336,25 @@ def test_window_ab_builds_each_revisions_kernel(monkeypatch):
 def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
     """`--xla_options` gives each revision's step its own XLA options: here YNNPACK for dots
     only leaves fewer YNNPACK fusions in the compiled step than the default (which also gives
-    it reductions); malformed lists and options XLA refuses end in one line."""
+    it reductions); malformed lists (of `--model_overrides` too) and options XLA refuses end in
+    one line."""
     import re
 
     from experiments.bench import window_ab
     from gpn_jax.benchmarks import train
 
-    assert window_ab.xla_options("", 2) == [{}, {}]
+    assert window_ab.per_revision("xla_options", "", 2) == [{}, {}]
     dots_only = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
-    assert window_ab.xla_options(json.dumps([{}, dots_only]), 2) == [{}, dots_only]
+    assert window_ab.per_revision("xla_options", json.dumps([{}, dots_only]), 2) == [{}, dots_only]
     for text, message in [
         ("[{}", "is not JSON"),
         ('[{}, "x"]', "a JSON list of objects"),
         ("[{}]", "1 objects for 2 revisions"),
     ]:
         with pytest.raises(SystemExit, match=message):
-            window_ab.xla_options(text, 2)
+            window_ab.per_revision("xla_options", text, 2)
+    with pytest.raises(SystemExit, match="--model_overrides has 1 objects for 2 revisions"):
+        window_ab.per_revision("model_overrides", "[{}]", 2)
 
     cfg = bench_tiny.get_config().models.gpn_m.to_dict()
     spec = dict(compute_dtype="float32", batch_size=2, seq_len=8)
@@ -361,7 +364,7 @@ def test_window_ab_xla_options_reach_the_compiler_and_bad_ones_are_one_line():
         fusions.append(len(re.findall(r'"kind":"__ynn_fusion"', compiled.as_text())))
     assert fusions[0] > fusions[1] > 0, fusions
     with pytest.raises(SystemExit, match=r"^window_ab: XLA refused .*no_such_option"):
-        window_ab.compiled_steps(["worktree"], "gpn_m", [{"xla_cpu_no_such_option": True}])
+        window_ab.compiled_steps(["worktree"], "gpn_m", [{"xla_cpu_no_such_option": True}], [{}])
 
 
 def test_accel_bench_config_is_the_papers_130m_model_at_2048():
