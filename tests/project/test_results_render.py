@@ -253,3 +253,10 @@ def test_the_h100_runs_backward_padded_w0_inside_its_loop():
     assert round(size(pads[0]) / 1e6) == 137
     page = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
     assert "137 MB copy per token step" in page
+    # read and written once per step of B = 128 sequences, at the run's copy bandwidth
+    step = render.load(ROOT, "accel_h100_step")
+    us = 2 * size(pads[0]) / 128 / (step["copy_bandwidth_gb_per_s"] * 1e9) * 1e6
+    unaccounted = render.DERIVED["accel_h100_time"](ROOT)["rows"][-2]["us_per_token"]
+    assert f"that copy alone is {us:.2f} µs per token of the {unaccounted:.2f} µs" in page.replace(
+        "\n", " "
+    )
