@@ -60,6 +60,11 @@ MODELS = {
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
         d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused", kernels="xla",
     ),
+    "gpn_m_fused_at_once": dict(
+        family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
+        d_value=8, n_layers=1, loss_chunk=4, scan_impl="fused", kernels="pallas",
+        remat_segment=4, remat_parallel=True,
+    ),
     "gpn_m_2l_fused": dict(
         family="gpn", vocab_size=64, d_model=16, d_emb=8, d_ffn=32, n_heads=2, d_key=4,
         d_value=8, n_layers=2, loss_chunk=4, scan_impl="fused", remat_segment=4,
@@ -254,6 +259,12 @@ def test_memory_kernels_run_per_shard_under_data_and_fsdp(shape, kernels, monkey
     finally:
         kernels_lib._resolve.cache_clear()
     assert bool(traced) == (kernels == "pallas")
+
+
+def test_rerun_at_once_runs_per_shard_under_data_and_fsdp():
+    """`remat_parallel` with the Pallas passes (interpreted) on data 2 x fsdp 2: the rerun from
+    each shard's kept reads gives one device's loss and gradients."""
+    _assert_matches("gpn_m_fused_at_once", MESHES[1])
 
 
 # The fused window under tensor parallelism (`core.fused.window`: tp-major column blocks): GPN+M
