@@ -115,6 +115,12 @@ TP_CASES = {
     "tp2-L2": (dict(n_layers=2, n_heads=4), 2, 16),
     "tp4-L1-remat4-bias": (dict(n_layers=1, n_heads=4, remat_segment=4, decoder_bias=True), 4, 8),
     "tp2-L2-nomem": (dict(n_layers=2, **NO_MEM), 2, 8),
+    # without memory the split layers read nothing: the rerun at once works per block too
+    "tp2-L2-nomem-parallel": (
+        dict(n_layers=2, remat_segment=4, remat_parallel=True, **NO_MEM),
+        2,
+        8,
+    ),
 }
 
 

@@ -356,6 +356,7 @@ def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> R
     caller (the kernels' `stack`, or `recompute_memory`)."""
     P, reads = kept
     s0, zk0, _ = start
+    fw = with_halves(dm, fw)  # tp > 1: the layers' [W2; Wo] halves, as the forward's step
     zg = cols(rms(P), fw["Wg"]) + fw["bg"]
     s = jnp.concatenate([s0[None], (jax.nn.sigmoid(zg) * P + xg_SxBxD)[:-1]])
     if keep_SxB is not None:
