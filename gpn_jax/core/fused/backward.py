@@ -250,7 +250,8 @@ def window_bwd(dm: Dims, saved, cts):
     gW = {k: _zeros_like_tree(dm, k, fw[k]) for k in names}
     zk_shape = (B, *fw["b0"][..., : dm.hk].shape)
     fwT = loop_weights(dm, transposed(dm, fw))
-    fwh = loop_weights(dm, with_halves(dm, fw))
+    fw = with_halves(dm, fw)  # tp > 1: the layers' [W2; Wo] halves, sliced once per window
+    fwh = loop_weights(dm, fw)
 
     def seg(carry, xs):
         if _stack_parts(dm) > 1:
@@ -348,7 +349,8 @@ def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
 
 
 def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> Res:
-    """A segment's residuals (`Res`, each with a leading S axis) from the carry entering it and
+    """A segment's residuals (`Res`, each with a leading S axis) from the fused weights (with
+    `with_halves`' [W2; Wo] halves where tp > 1, as the forward's step), the carry entering it and
     what the forward kept of it (`remat_parallel`): its predicted states P (S, B, D) and each
     layer's memory reads (S, B, hu). Given the reads no step waits on the one before: the state
     entering step t + 1 is ground(p_t) + xg_t, and the key entering it is W0's output at step t,
@@ -356,7 +358,6 @@ def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> R
     caller (the kernels' `stack`, or `recompute_memory`)."""
     P, reads = kept
     s0, zk0, _ = start
-    fw = with_halves(dm, fw)  # tp > 1: the layers' [W2; Wo] halves, as the forward's step
     zg = cols(rms(P), fw["Wg"]) + fw["bg"]
     s = jnp.concatenate([s0[None], (jax.nn.sigmoid(zg) * P + xg_SxBxD)[:-1]])
     if keep_SxB is not None:
