@@ -102,6 +102,9 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
     return dZ + dZ_q, X2, pg, (dzk_prev, dzw, da, dM_prev)
 
 
+AT_ONCE = ("X0", "Xg", "dZg", "Xl")  # emitted pairs a rerun at once forms outside the loop
+
+
 def bstep(dm: Dims, fw: dict, fwT: dict, stack, bc, xs):
     """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'.
     `stack`: the segment's recomputed memories when the memory's passes are the kernels'
@@ -132,6 +135,8 @@ def bstep(dm: Dims, fw: dict, fwT: dict, stack, bc, xs):
         ds_prev, dzk_prev, dMprev = _reset_bwd(
             dm, keep, ds_prev, dzk_prev, dMprev, mem_grads is None, emit
         )
+    if dm.remat and dm.remat_parallel:  # formed over the segment at once (`inputs_at_once`)
+        emit = {k: v for k, v in emit.items() if k not in AT_ONCE}
     return (ds_prev, dzk_prev, dMprev, Mprev if stack is None else Mn, da), emit
 
 
@@ -266,6 +271,8 @@ def window_bwd(dm: Dims, saved, cts):
             reverse=True,
             unroll=dm.unroll,
         )
+        if dm.remat and dm.remat_parallel:
+            e |= inputs_at_once(res, e["dxg"])
         return (ds, dzk, dM, Mn, da, _add_weight_grads(dm, fw, gw, e)), e["dxg"]
 
     init = (
@@ -373,6 +380,19 @@ def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> R
     read = (lambda i, Zl: reads[i]) if dm.memory else None
     _, cs, Zs, zpgs, split_reads, _ = layers(dm, fw, s, x, Z0, read, None)
     return Res(s, zk, Z0, cs, Zs, P, zg, zpgs, split_reads)
+
+
+def inputs_at_once(res: Res, dxg: Array) -> dict:
+    """`AT_ONCE` of a segment rerun at once, from `rerun_at_once`'s residuals and the state's
+    cotangents dxg (leading S axis), as `bstep` would emit them step by step: its per-token
+    loop then stores only what the step's own pass yields (cotangents, each layer's X2)."""
+    sg = jax.nn.sigmoid(res.zg)
+    return {
+        "X0": rms(res.s),
+        "Xg": rms(res.p),
+        "dZg": dxg * res.p * sg * (1 - sg),  # as `_ground_bwd`
+        "Xl": [rms(c) for c in res.c],
+    }
 
 
 def _add_weight_grads(dm: Dims, fw: dict, gw: dict, e: dict) -> dict:
