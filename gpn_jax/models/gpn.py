@@ -306,7 +306,8 @@ class GPN(SpecModel):
                        S steps (`fused.window`), once per step under autodiff;
           activations  the per-step residuals (fused widths) written once and read once, plus
                        the predicted state, its cotangent, xg and its cotangent (and with
-                       remat_parallel each layer's memory read, written and read);
+                       remat_parallel the memory read of each layer but the last,
+                       written and read);
           memory       the (H, K, U) matrix per sequence: forward reads M, writes M', each layer
                        reads M'; the backward recomputes M' (read + write), reads M and each
                        layer's M' (5 + 2L passes in memory_dtype), its float32 cotangent read +
@@ -329,7 +330,7 @@ class GPN(SpecModel):
         passes = 2 + (1 / S if parallel else 1) if c.remat_segment else 2
         per_step_grads = c.scan_impl is ScanImpl.AUTODIFF
         res_width = d + hk + write_cols + layer_cols + (L - 1) * (d + layer_cols) + 2 * d
-        res_width += L * hu if parallel else 0
+        res_width += (L - 1) * hu if parallel else 0
         out = {
             "weights": passes * n_rec * w / B + (2 * w + 8) * (v * e + d * e) / (C * B),
             "weight_grads": 8 * n_rec / (B if per_step_grads else S * B),

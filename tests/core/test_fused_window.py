@@ -319,34 +319,42 @@ def test_parallel_rerun_runs_no_per_token_loop_of_the_forward(n_layers, memory):
     assert loops == {False: 1 + 2 * halves, True: 2}
 
 
-def _stacked_per_step(jaxpr, lengths) -> set[int]:
-    """How many arrays each reverse scan over `lengths` steps with weight products stacks."""
+def _stacked_per_step(jaxpr, lengths, reverse: bool) -> set[int]:
+    """How many arrays each scan over `lengths` steps with weight products, the backward's
+    (`reverse`) or the forward's, stacks per step."""
     out = set()
     for eqn in jaxpr.eqns:
         p = eqn.params
-        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"]:
+        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"] == reverse:
             if _has_weight_product(p["jaxpr"].jaxpr):
                 out.add(len(eqn.outvars) - p["num_carry"])
         for sub in _subjaxprs(eqn):
-            out |= _stacked_per_step(sub, lengths)
+            out |= _stacked_per_step(sub, lengths, reverse)
     return out
 
 
-@pytest.mark.parametrize("n_layers, memory", [(1, True), (2, True), (1, False)])
-def test_parallel_rerun_leaves_the_products_inputs_out_of_the_backward_loop(n_layers, memory):
-    """Rerun at once, the weight products' normalised inputs (rms of s, of p and of each further
-    layer's input) and the ground gate's cotangent are formed over the segment at once
-    (`backward.inputs_at_once`): the backward's per-token loop stacks 3 + (L - 1) arrays fewer
-    than the token-by-token rerun's, and the gradients still equal autodiff's (above)."""
+@pytest.mark.parametrize("n_layers, memory", [(1, True), (2, True), (3, True), (1, False)])
+def test_what_the_parallel_rerun_stores_per_step(n_layers, memory):
+    """Rerun at once, the forward's loop stores each step's memory read of every layer but the
+    last (whose output is p, stored anyway): L - 1 arrays more than the token-by-token rerun's;
+    and the backward's loop stores 3 + (L - 1) fewer, the weight products' normalised inputs
+    (rms of s, of p and of each further layer's input) and the ground gate's cotangent being
+    formed over the segment at once (`backward.inputs_at_once`). The gradients equal
+    autodiff's (above)."""
     kw = dict(n_layers=n_layers, remat_segment=8) | ({} if memory else NO_MEM)
-    stacked = {}
+    forward, backward = {}, {}
     for parallel in (False, True):
         _, fused = pair(remat_parallel=parallel, **kw)
         params = random_params(fused)
         grad = jax.grad(lambda p: fused.loss(p, tokens(16))[0])  # noqa: B023
-        stacked[parallel] = _stacked_per_step(jax.make_jaxpr(grad)(params).jaxpr, (8, 4))
-    assert len(stacked[False]) == len(stacked[True]) == 1, stacked
-    assert stacked[False].pop() - stacked[True].pop() == 3 + (n_layers - 1)
+        jaxpr = jax.make_jaxpr(grad)(params).jaxpr
+        forward[parallel] = _stacked_per_step(jaxpr, (8, 4), reverse=False)
+        backward[parallel] = _stacked_per_step(jaxpr, (8, 4), reverse=True)
+    # token by token the forward's loop stores (p, g), its rerun every residual
+    assert len(forward[True]) == len(backward[True]) == len(backward[False]) == 1, forward
+    reads = n_layers - 1 if memory else 0
+    assert forward[True].pop() - min(forward[False]) == reads
+    assert backward[False].pop() - backward[True].pop() == 3 + (n_layers - 1)
 
 
 def test_parallel_rerun_refusals():

@@ -358,10 +358,11 @@ def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
 def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> Res:
     """A segment's residuals (`Res`, each with a leading S axis) from the fused weights (with
     `with_halves`' [W2; Wo] halves where tp > 1, as the forward's step), the carry entering it and
-    what the forward kept of it (`remat_parallel`): its predicted states P (S, B, D) and each
-    layer's memory reads (S, B, hu). Given the reads no step waits on the one before: the state
-    entering step t + 1 is ground(p_t) + xg_t, and the key entering it is W0's output at step t,
-    so every product runs once over the segment's S * B rows. The memories are rebuilt by the
+    what the forward kept of it (`remat_parallel`): its predicted states P (S, B, D) and the
+    memory reads (S, B, hu) of each layer but the last (whose output is P). Given the reads no
+    step waits on the one before: the state entering step t + 1 is ground(p_t) + xg_t, and the
+    key entering it is W0's output at step t, so every product runs once over the segment's
+    S * B rows. The memories are rebuilt by the
     caller (the kernels' `stack`, or `recompute_memory`)."""
     P, reads = kept
     s0, zk0, _ = start
@@ -377,8 +378,11 @@ def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> R
         if keep_SxB is not None:
             k = rowwise(keep_SxB, zk)
             zk = zk * k + (1 - k) * fw["b0"][..., : dm.hk]
-    read = (lambda i, Zl: reads[i]) if dm.memory else None
-    _, cs, Zs, zpgs, split_reads, _ = layers(dm, fw, s, x, Z0, read, None)
+
+    def read(i, Zl):  # the last layer's output (P) is not rerun: its read is a stand-in
+        return reads[i] if i < len(reads) else jnp.zeros((*Zl.shape[:-1], dm.hu), Zl.dtype)
+
+    _, cs, Zs, zpgs, split_reads, _ = layers(dm, fw, s, x, Z0, read if dm.memory else None, None)
     return Res(s, zk, Z0, cs, Zs, P, zg, zpgs, split_reads)
 
 

@@ -104,8 +104,8 @@ def reset(dm: Dims, fw: dict, carry, keep_B):
 
 
 def scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
-    """Steps over a run of tokens. keep: 'out' -> (p, g); 'reads' -> (p, g, each layer's
-    memory read); 'res' -> ((p, g), Res); 'resM' -> + M before each step (before its reset).
+    """Steps over a run of tokens. keep: 'out' -> (p, g); 'reads' -> (p, g, the memory read of
+    each layer but the last, whose output is p); 'res' -> ((p, g), Res); 'resM' -> + M before each step (before its reset).
     `keep_SxB`: per-step resets (`reset`) or None."""
 
     def body(c, x):
@@ -114,7 +114,7 @@ def scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
         if keep == "out":
             return new, (p, g)
         if keep == "reads":
-            return new, (p, g, os)
+            return new, (p, g, os[:-1])
         if keep == "res":
             return new, ((p, g), res)
         return new, ((p, g), res, c[2])
@@ -131,8 +131,8 @@ def window_primal(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
 
 def window_fwd(dm: Dims, fw, s0, zk0, M0, xg, keep=None):
     """The window and what its backward needs: per segment the carry entering it and, without
-    remat, every step's residuals; with `remat_parallel`, every step's memory reads (the
-    predicted states it keeps as well are the window's output)."""
+    remat, every step's residuals; with `remat_parallel`, every step's memory reads but the last
+    layer's (the predicted states it keeps as well are the window's output)."""
     S = dm.segment
     fwh = loop_weights(dm, with_halves(dm, fw))
 

@@ -19,8 +19,8 @@ recurrent. The window is in parts, each a module of its own:
   steps, the backward recomputes it within a segment from the stored write inputs. With
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is rerun
   in the backward (one extra forward of the loop, memory O(T/S + S) per step-state). With
-  `remat_parallel` the forward also keeps each step's memory reads (L H U floats per token and
-  sequence): given them no step of the rerun waits on the one before, so the backward reruns a
+  `remat_parallel` the forward also keeps each step's memory reads but the last layer's
+  ((L - 1) H U floats per token and sequence): given them no step of the rerun waits on the one before, so the backward reruns a
   segment's products once over its S * B rows (`fused.backward.rerun_at_once`) instead of
   token by token, and the memory is rebuilt by the recomputation alone.
 * Kernels. The window is handed the resolved `model.kernels` (`core.kernel_ops.MemoryKernels`,
