@@ -17,7 +17,9 @@ JAX client allocates, 0.75 of it unless XLA_PYTHON_CLIENT_MEM_FRACTION says, or 
 the memory's HBM bytes per token read off the compiled HLO against their analytic minimum
 (`gpn_jax/benchmarks/traffic.py`), and whether a recurrent loop body holds a collective.
 `--json` prints one object (fits, peak_bytes_per_device, kernels,
-memory_bytes_per_token_hlo, memory_bytes_per_token_min, ...). `--find_max_batch` compiles
+memory_bytes_per_token_hlo, memory_bytes_per_token_min, the whole step's bytes over every
+array `bytes_per_token_hlo`, the per-token loops' operations and bytes by kind
+`per_token_loop_kinds`, ...). `--find_max_batch` compiles
 per-device batches until the largest that fits is found within 8; `--batches=32,64,128`
 compiles those per-device batches, one trial each. `--mesh` takes
 `data,fsdp,tensor` sizes (`2,4,1`) or `axis=size` pairs; without it the config's `mesh` block

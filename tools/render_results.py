@@ -601,7 +601,63 @@ COLUMNS["accel_h100_rerun"] = [
     ("rerun token by token (the H100 run)", "{token_by_token:.2f}", "r"),
     ("rerun at once (compiled here)", "{at_once:.2f}", "r"),
 ]
-DERIVED = {"accel_h100_time": _h100_time_split, "accel_h100_rerun": _h100_rerun}
+
+
+def _h100_loops(root: str) -> dict:
+    """The step the H100 run measured (its own HLO, `accel_h100_step`'s `compiled`) and the
+    step rerun at once (compiled here, `aot_130m_h100_gpn_m_at_once` at B = 128), as compiled:
+    the per-token loops' operations per token step and HBM bytes per token by kind of
+    operation (`roofline.loop_kinds`), the whole step's bytes over every array against the
+    roofline's analytic count, and their times: the bytes at the run's copy bandwidth, the
+    launches at the roofline's per-operation latency, 70 % of the data-sheet bound."""
+    from gpn_jax.benchmarks import roofline
+
+    step, run = _h100_run(root)
+    bandwidth, latency = step["copy_bandwidth_gb_per_s"] * 1e9, roofline.OP_LATENCY_S["gpu"]
+    progs = {"token_by_token": (step["compiled"], _analytic(root, "roofline_130m")),
+             "at_once": (_at_128(root, "aot_130m_h100_gpn_m_at_once"),
+                         _analytic(root, "roofline_130m_at_once"))}  # fmt: skip
+    rows = [{"part": k} for k in roofline.KINDS]
+    rows += [{"part": "the per-token loops"}, {"part": "the whole step, every array"},
+             {"part": "the roofline's analytic count"}]  # fmt: skip
+    times = [{"part": p} for p in (
+        "the whole step's bytes at the run's copy bandwidth (µs per token)",
+        f"the loops' launches, operations × {latency * 1e6:.0f} µs / B (µs per token)",
+        "measured step (µs per token)",
+        "70 % of the data-sheet bound for the analytic bytes (µs per token)")]  # fmt: skip
+    for col, (compiled, analytic) in progs.items():
+        kinds = compiled["per_token_loop_kinds"]
+        for row, kind in zip(rows[:4], roofline.KINDS, strict=True):
+            row |= {
+                f"{col}_ops": kinds[kind]["ops"],
+                f"{col}_mb": kinds[kind]["bytes_per_token"] / 1e6,
+            }
+        rows[4] |= {f"{col}_ops": compiled["ops_per_token"],
+                    f"{col}_mb": sum(k["bytes_per_token"] for k in kinds.values()) / 1e6}  # fmt: skip
+        rows[5] |= {f"{col}_ops": None, f"{col}_mb": compiled["bytes_per_token_hlo"] / 1e6}
+        rows[6] |= {f"{col}_ops": None, f"{col}_mb": analytic["bytes_per_token"] / 1e6}
+        measured = 1e6 / run["tokens_per_s"] if col == "token_by_token" else None
+        for row, us in zip(times, (compiled["bytes_per_token_hlo"] / bandwidth * 1e6,
+                                   compiled["ops_per_token"] * latency / 128 * 1e6, measured,
+                                   1e6 / (0.7 * analytic["h100"])), strict=True):  # fmt: skip
+            row |= {f"{col}_ops": None, f"{col}_mb": us}
+    members = [f"{RESULTS}/{n}.json" for n in ("accel_h100_step", "roofline_130m",
+               "aot_130m_h100_gpn_m_at_once", "roofline_130m_at_once")]  # fmt: skip
+    return {"rows": rows + times, "members": members}
+
+
+COLUMNS["accel_h100_loops"] = [
+    ("", "{part}", "l"),
+    ("token by token (the H100 run): operations per token step", "{token_by_token_ops:.2f}", "r"),
+    ("MB per token, or µs", "{token_by_token_mb:.2f}", "r"),
+    ("at once (compiled here): operations per token step", "{at_once_ops:.2f}", "r"),
+    ("MB per token, or µs", "{at_once_mb:.2f}", "r"),
+]
+DERIVED = {
+    "accel_h100_time": _h100_time_split,
+    "accel_h100_rerun": _h100_rerun,
+    "accel_h100_loops": _h100_loops,
+}
 
 
 def load_view(root: str, name: str) -> dict:

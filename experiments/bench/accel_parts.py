@@ -305,8 +305,10 @@ def hlo(settings: dict, out: Out, scratch: str) -> None:
 
 
 def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
+    from gpn_jax.benchmarks import traffic
     from gpn_jax.benchmarks.aot import readout
 
+    batch, cells = settings["batch_size"], traffic.memory_cells(settings["models"]["gpn_m"])
     dest = os.path.join(os.path.dirname(out.path), "train_step.hlo.txt")
     files.atomic_write(dest, text[:MAX_HLO_BYTES].encode())
     out.set(
@@ -315,8 +317,8 @@ def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
         hlo_chars=len(text),
         truncated=len(text) > MAX_HLO_BYTES,
         memory_dtype="bfloat16",
-        batch_size=settings["batch_size"],
-        **readout.loop_op_fields(text, settings["seq_len"]),
+        batch_size=batch,
+        **readout.loop_op_fields(text, settings["seq_len"], batch, batch * cells),
     )
 
 

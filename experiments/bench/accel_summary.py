@@ -17,7 +17,7 @@ import json
 import os
 import re
 
-from gpn_jax.io import files, untrusted
+from gpn_jax.io import files, regular, untrusted
 from gpn_jax.models import factory
 
 MAX_BYTES = 16 * 2**20
@@ -103,10 +103,46 @@ def summarise(folder: str, out_stem: str = "OUT") -> tuple[dict, dict]:
         "copy_bandwidth_gb_per_s": passes.get("copy_bandwidth_gb_per_s"),
         "rows": rows,
     }
+    if os.path.exists(f"{folder}/hlo.json"):
+        step_result["compiled"] = _compiled(folder, _read(folder, "hlo.json"), step.get("seq_len"))
     checks = _check_rows(check)
     if not checks:
         raise ValueError(f"{os.path.join(folder, 'check.json')}: no checks; rerun that part")
     return step_result, common | {"dims": check.get("dims"), "rows": checks}
+
+
+def _compiled(folder: str, hlo: dict, seq_len) -> dict | None:
+    """What the run's Pallas bfloat16 GPN+M step moves and launches as compiled
+    (`aot.readout.loop_op_fields`), from the `hlo` part's file, or read off the HLO it saved
+    (`hlo_file`, or that name gzipped) where a run before these fields did not record them.
+    None where neither is there."""
+    from experiments.configs import gpn_m_1l_130m
+    from gpn_jax.benchmarks import traffic
+    from gpn_jax.benchmarks.aot import readout
+
+    keep = ("batch_size", "memory_dtype", "ops_per_token", "bytes_per_token_hlo")
+    if "per_token_loop_kinds" in hlo:
+        return {k: hlo.get(k) for k in keep} | {"per_token_loop_kinds": hlo["per_token_loop_kinds"]}
+    name, batch = hlo.get("hlo_file"), hlo.get("batch_size")
+    if not isinstance(name, str) or not isinstance(batch, int) or not isinstance(seq_len, int):
+        return None
+    path = untrusted.inside(folder, name, source=f"{folder}/hlo.json", field="hlo_file")
+    if os.path.isfile(path):
+        text = regular.read_text(path, MAX_BYTES)
+    elif os.path.isfile(path + ".gz"):
+        try:
+            text = regular.read_gzip(path + ".gz", MAX_BYTES).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path}.gz: not UTF-8 HLO text ({e.reason}); rerun the hlo part"
+            ) from e
+    else:
+        return None
+    cells = traffic.memory_cells(gpn_m_1l_130m.get_config().model)
+    fields = readout.loop_op_fields(text, seq_len, batch, batch * cells)
+    return {k: hlo.get(k) for k in keep[:2]} | {
+        k: fields[k] for k in (*keep[2:], "per_token_loop_kinds")
+    }
 
 
 def _common(folder: str, out_stem: str, versions: dict) -> dict:

@@ -15,6 +15,7 @@ ops x latency / B per token: a third floor next to FLOPs / peak and bytes / band
 one that binds at small per-device batches.
 """
 
+import re
 from typing import NamedTuple
 
 
@@ -127,6 +128,55 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
 
 
 _CONTROL = {"while", "call", "conditional"}
+
+# What each operation of a per-token loop body is (`loop_kinds`), in the order tables list them.
+KINDS = ("weight products", "memory passes", "per-step stores", "elementwise and reductions")
+
+
+def loop_kinds(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
+    """The per-token loops' operations (`loop_ops`' count) by kind (`KINDS`): per kind its
+    operations per token step and the HBM bytes they move per token (`traffic.op_bytes`; a
+    step runs `batch` sequences; `elements`: the memory's per-device size, whose stacks the
+    memory's kernels index one step of). Weight products are XLA's matmul fusions and cuBLAS
+    calls, memory passes the other custom calls (the Pallas kernels), per-step stores the
+    in-place writes of a step's values into the loop's stacked outputs."""
+    from gpn_jax.benchmarks import traffic
+    from gpn_jax.parallel import hlo
+
+    comps, entry = hlo.parse(hlo_text)
+    out = {k: {"ops": 0.0, "bytes_per_token": 0.0} for k in KINDS}
+    for (body, _), times in _body_runs(comps, entry).items():
+        instrs = comps.get(body, [])
+        if any(i.opcode == "while" for i in instrs):
+            continue
+        shapes = {i.name: i.result for i in instrs}
+        for ins in instrs:
+            if ins.opcode in traffic.FREE or ins.opcode in _CONTROL or _scalar(ins.result):
+                continue
+            kind = out[_kind(ins, comps)]
+            kind["ops"] += times / seq_len
+            moved = traffic.op_bytes(ins, comps, elements, shapes)
+            kind["bytes_per_token"] += moved * times / (seq_len * batch)
+    return out
+
+
+def _kind(ins, comps: dict) -> str:
+    """`KINDS` of one loop-body operation."""
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs)
+    name = callee.group(1) if callee else ""
+    if ins.opcode == "custom-call":
+        return KINDS[0] if "cublas" in ins.attrs else KINDS[1]
+    if ins.opcode == "fusion" and "gemm" in name:
+        return KINDS[0]
+    if ins.opcode.startswith("async-") or ins.opcode.endswith(("-start", "-done")):
+        return KINDS[2] if "dynamic_update_slice" in ins.attrs else KINDS[3]
+    roots = [i for i in comps.get(name, []) if i.root]
+    body = {i.name: i for i in comps.get(name, [])}
+    outs = roots[0].operands.split(",") if roots and roots[0].opcode == "tuple" else []
+    stored = [body.get(o.strip().split()[-1].lstrip("%")) for o in outs] + roots
+    if any(i is not None and i.opcode == "dynamic-update-slice" for i in stored):
+        return KINDS[2]
+    return KINDS[3]
 
 
 def _scalar(shape_text: str) -> bool:

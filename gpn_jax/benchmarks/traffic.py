@@ -238,8 +238,9 @@ def trip_count(ins: Instr, comps: dict, cond: str) -> int | None:
     return consts.pop() if len(consts) == 1 else None
 
 
-def hlo_bytes(text: str, elements: int) -> Traffic:
-    """HBM bytes that the module in `text` moves over arrays of `elements` elements."""
+def hlo_bytes(text: str, elements: int, every_array: bool = False) -> Traffic:
+    """HBM bytes that the module in `text` moves over arrays of `elements` elements, or with
+    `every_array` over all its arrays (`op_bytes`)."""
     comps, entry = hlo.parse(text)
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
@@ -252,7 +253,8 @@ def hlo_bytes(text: str, elements: int) -> Traffic:
             return 0
         total, shapes = 0, {i.name: i.result for i in comps[name]}
         for ins in comps[name]:
-            total += instruction_bytes(ins, comps, elements, shapes)
+            count = op_bytes if every_array else instruction_bytes
+            total += count(ins, comps, elements, shapes)
             total += _nested(ins, name, stack + (name,))
         memo[name] = total
         return total
@@ -367,3 +369,72 @@ def step_fields(model_cfg, hlo_text: str, batch_local: int, seq_len: int) -> dic
         "memory_bytes_per_token_min": min_bytes_per_token(model_cfg, on_chip),
         "unknown_trip_counts": t.unknown_trip_counts,
     }
+
+
+def op_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
+    """HBM bytes one execution of `ins` moves over all its arrays, not only the memory's: the
+    rules of `instruction_bytes` (a fusion's parameter that it only slices counts the slices,
+    a buffer updated in place counts what is written into it) with every array counted, a
+    stack of `elements`-sized memories handed to a kernel counting the one step it indexes,
+    and a cuBLAS workspace nothing. An asynchronous op counts at its start."""
+    if ins.opcode in FREE or ins.opcode in ("while", "call", "conditional"):
+        return 0
+    if ins.opcode.endswith("-done"):
+        return _bytes(ins.result) if ins.opcode == "copy-done" else 0
+    if ins.opcode.endswith("-start"):
+        called = _CALLS.search(ins.attrs)
+        inner = comps.get(called.group(1), []) if called else []
+        root = next((i for i in inner if i.root), None)
+        if root is None:  # copy-start and its kind: what it reads
+            return sum(_bytes(_shape_of(o, shapes)) for o in _operand_list(ins.operands))
+        return op_bytes(root, comps, elements, {i.name: i.result for i in inner})
+    operands = [_shape_of(o, shapes) for o in _operand_list(ins.operands)]
+    if ins.opcode == "dynamic-slice":
+        return 2 * _bytes(ins.result)
+    if ins.opcode == "dynamic-update-slice":
+        return 2 * _bytes(operands[1]) if len(operands) > 1 else 0
+    if ins.opcode == "custom-call":
+        reads = sum(_bytes(o, one_of=elements) for o in operands)
+        workspace = "cublas" in ins.attrs  # its result: (product, s8 workspace)
+        return reads + _bytes(ins.result, skip="s8" if workspace else None)
+    body = _fused_body(ins, comps)
+    if not body:
+        return sum(_bytes(o) for o in operands) + _bytes(ins.result)
+    inner = {i.name: i for i in body}
+    reads = sum(_fused_read(body, j, o) for j, o in enumerate(operands))
+    root = next(i for i in body if i.root)
+    outs = _operand_list(root.operands) if root.opcode == "tuple" else [root.name]
+    written = 0
+    for name in outs:
+        out = inner.get(name.split()[-1].lstrip("%"))
+        if out is not None and out.opcode == "dynamic-update-slice":
+            update = _operand_list(out.operands)[1]
+            written += _bytes(_shape_of(update, {i.name: i.result for i in body}))
+        elif out is not None:
+            written += _bytes(out.result)
+    return reads + written
+
+
+def _bytes(shape_text: str, one_of: int = 0, skip: str | None = None) -> int:
+    """HBM bytes of every array in `shape_text` (0 in a memory space other than 0) but those
+    of dtype `skip`; with `one_of`, a stack of k > 1 arrays of `one_of` elements counts one."""
+    if skip:
+        shape_text = " ".join(m.group(0) for m in SHAPE.finditer(shape_text) if m.group(1) != skip)
+    total = 0
+    for n, b in arrays(shape_text, 1):
+        stack = one_of and n > one_of and n % one_of == 0
+        total += b // (n // one_of) if stack else b
+    return total
+
+
+def _fused_read(body: list[Instr], index: int, outer: str) -> int:
+    """Bytes a fusion reads of its operand `index`: the slices where it only slices it, none
+    where it only updates it in place, else all of it."""
+    param = next((i for i in body if i.opcode == "parameter" and i.operands == str(index)), None)
+    users = _users(body, param.name) if param else []
+    if users and all(_first_operand_is(u, param.name) for u in users):
+        if all(u.opcode == "dynamic-slice" for u in users):
+            return sum(_bytes(u.result) for u in users)
+        if all(u.opcode == "dynamic-update-slice" for u in users):
+            return 0
+    return _bytes(outer)

@@ -163,6 +163,80 @@ def test_loop_ops_counts_the_operations_of_the_per_token_bodies():
     assert inner["runs"] == 32 and nested["ops_per_token"] == inner["ops"]
 
 
+KINDS_HLO = """HloModule m
+
+%gemm_fusion_w (x: bf16[4,8], w: bf16[8,8]) -> f32[4,8] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %w = bf16[8,8]{1,0} parameter(1)
+  ROOT %d = f32[4,8]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%cast (y: f32[4,8]) -> bf16[4,8] {
+  %y = f32[4,8]{1,0} parameter(0)
+  ROOT %c = bf16[4,8]{1,0} convert(%y)
+}
+
+%store (s: f32[16,4,8], y: f32[4,8], i: s32[]) -> f32[16,4,8] {
+  %s = f32[16,4,8]{2,1,0} parameter(0)
+  %y = f32[4,8]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %u = f32[1,4,8]{2,1,0} bitcast(%y)
+  ROOT %w = f32[16,4,8]{2,1,0} dynamic-update-slice(%s, %u, %i, %z, %z)
+}
+
+%body (t: (s32[], bf16[4,8], bf16[8,8], f32[16,4,8])) -> (s32[], bf16[4,8], bf16[8,8], f32[16,4,8]) {
+  %t = (s32[], bf16[4,8]{1,0}, bf16[8,8]{1,0}, f32[16,4,8]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[4,8]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[8,8]{1,0} get-tuple-element(%t), index=2
+  %st = f32[16,4,8]{2,1,0} get-tuple-element(%t), index=3
+  %y = f32[4,8]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion_w
+  %k = f32[4,8]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton"
+  %c = bf16[4,8]{1,0} fusion(%k), kind=kLoop, calls=%cast
+  %s2 = f32[16,4,8]{2,1,0} fusion(%st, %k, %i), kind=kLoop, calls=%store
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], bf16[4,8]{1,0}, bf16[8,8]{1,0}, f32[16,4,8]{2,1,0}) tuple(%j, %c, %w, %s2)
+}
+
+%cond (t: (s32[], bf16[4,8], bf16[8,8], f32[16,4,8])) -> pred[] {
+  %t = (s32[], bf16[4,8]{1,0}, bf16[8,8]{1,0}, f32[16,4,8]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[4,8], w: bf16[8,8], st: f32[16,4,8]) -> f32[16,4,8] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %w = bf16[8,8]{1,0} parameter(1)
+  %st = f32[16,4,8]{2,1,0} parameter(2)
+  %z = s32[] constant(0)
+  %t = (s32[], bf16[4,8]{1,0}, bf16[8,8]{1,0}, f32[16,4,8]{2,1,0}) tuple(%z, %x, %w, %st)
+  %o = (s32[], bf16[4,8]{1,0}, bf16[8,8]{1,0}, f32[16,4,8]{2,1,0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"16"}}
+  ROOT %s = f32[16,4,8]{2,1,0} get-tuple-element(%o), index=3
+}
+"""
+
+
+def test_loop_kinds_sorts_a_step_s_operations_and_what_they_move():
+    """One token step of 4 sequences: a matmul fusion (reads x and W, writes y), a kernel,
+    an elementwise cast and an in-place store of a step's value: one operation of each kind
+    per token step, and per token each one's bytes over the 4 sequences."""
+    from gpn_jax.benchmarks import roofline
+
+    kinds = roofline.loop_kinds(KINDS_HLO, 16, 4, 0)
+    assert {k: v["ops"] for k, v in kinds.items()} == dict.fromkeys(roofline.KINDS, 1.0)
+    moved = {k: v["bytes_per_token"] * 4 for k, v in kinds.items()}  # per token step
+    x, w, y = 4 * 8 * 2, 8 * 8 * 2, 4 * 8 * 4
+    assert moved == {
+        "weight products": x + w + y,
+        "memory passes": 2 * y,
+        "per-step stores": y + 4 + y,  # reads the step's value and index, writes one slice
+        "elementwise and reductions": y + x,
+    }
+
+
 def test_the_latency_floor_binds_when_ops_outlast_the_bytes():
     from gpn_jax.benchmarks import roofline
 

@@ -96,7 +96,8 @@ def test_while_loops_multiply_by_their_trip_count():
     assert result.bytes == per_iteration and result.unknown_trip_counts == ["body"]
 
 
-def test_stack_slices_and_in_place_updates_count_one_m():
+def _stack_module() -> str:
+    """A fusion writing M into a stack of 6 in place, another reading one M of it."""
     extra = """
 %slice (s: f32[6,2,3,4,5], i: s32[]) -> f32[2,3,4,5] {
   %s = f32[6,2,3,4,5]{4,3,2,1,0} parameter(0)
@@ -115,7 +116,7 @@ def test_stack_slices_and_in_place_updates_count_one_m():
   ROOT %w = f32[6,2,3,4,5]{4,3,2,1,0} dynamic-update-slice(%s, %u, %i, %z, %z, %z, %z)
 }
 """
-    text = module(
+    return module(
         "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
         "  %st = f32[6,2,3,4,5]{4,3,2,1,0} parameter(2)\n"
         "  %i = s32[] parameter(3)\n"
@@ -123,6 +124,10 @@ def test_stack_slices_and_in_place_updates_count_one_m():
         "  ROOT %g = f32[2,3,4,5]{3,2,1,0} fusion(%p, %i), kind=kLoop, calls=%slice",
         extra,
     )
+
+
+def test_stack_slices_and_in_place_updates_count_one_m():
+    text = _stack_module()
     # put: reads M, writes one M-sized slice of the stack in place; slice: reads one slice,
     # writes M
     assert traffic.hlo_bytes(text, N).bytes == 4 * MB
@@ -250,3 +255,31 @@ def test_a_kernel_reads_one_memory_of_a_stack_and_writes_its_results_in_full():
         'custom_call_target="tpu_custom_call"'
     )
     assert traffic.hlo_bytes(stack, N).bytes == MB + 6 * MB  # read M0, write the stack
+
+
+def test_every_array_counts_what_each_operation_moves():
+    """`every_array`: the same rules over all arrays, scalars and indices included (a
+    fusion's sliced operand by its slices, a buffer updated in place by its write, one memory
+    of a stack handed to a kernel); a cuBLAS call's workspace counts nothing."""
+    fused = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  %s = f32[] parameter(1)\n"
+        "  ROOT %f = f32[2,3,4,5]{3,2,1,0} fusion(%a, %s), kind=kLoop, calls=%fused"
+    )
+    assert traffic.hlo_bytes(fused, N, every_array=True).bytes == 2 * MB + 4
+    # as M-sized arrays (4 M), plus the step index each of the two fusions reads
+    assert traffic.hlo_bytes(_stack_module(), N, every_array=True).bytes == 4 * MB + 2 * 4
+    grad = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  %st = bf16[6,2,3,4,5]{4,3,2,1,0} parameter(2)\n"
+        "  %i = s32[1]{0} parameter(3)\n"
+        "  ROOT %k = f32[2,3,4,5]{3,2,1,0} "
+        'custom-call(%i, %st, %a), custom_call_target="__gpu$xla.gpu.triton"'
+    )
+    assert traffic.hlo_bytes(grad, N, every_array=True).bytes == 4 + MB // 2 + MB + MB
+    gemm = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  ROOT %k = (f32[2,3,4,5]{3,2,1,0}, s8[1000000]{0}) "
+        'custom-call(%a, %a), custom_call_target="__cublas$lt$matmul"'
+    )
+    assert traffic.hlo_bytes(gemm, N, every_array=True).bytes == 2 * MB

@@ -90,6 +90,18 @@ def test_a_missing_or_malformed_part_file_is_one_line_naming_it(tmp_path):
         accel_summary.summarise(folder)
 
 
+def test_the_hlo_file_the_hlo_part_names_stays_in_its_folder(tmp_path):
+    """The summary reads what the step moves off the HLO the `hlo` part saved; a name that
+    leaves the folder is one line naming the field, and no HLO there is no figure."""
+    folder = _folder(tmp_path)
+    hlo = {"hlo_file": "../elsewhere.hlo.txt", "batch_size": 8, "finished": 1}
+    (tmp_path / "hlo.json").write_text(json.dumps(hlo))
+    with pytest.raises(ValueError, match=r"hlo\.json: hlo_file '\.\./elsewhere\.hlo\.txt' leaves"):
+        accel_summary.summarise(folder)
+    (tmp_path / "hlo.json").write_text(json.dumps(hlo | {"hlo_file": "train_step.hlo.txt"}))
+    assert accel_summary.summarise(folder)[0]["compiled"] is None
+
+
 def test_the_committed_h100_summary_is_what_its_folder_gives(monkeypatch):
     """experiments/results/accel_h100_{step,check}.json, rewritten from the committed folder."""
     monkeypatch.chdir(ROOT)  # the files name the folder as the command was given it

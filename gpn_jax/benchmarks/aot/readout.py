@@ -63,7 +63,8 @@ def m_in_vmem(text: str, elements: int, innermost: bool = False) -> bool | None:
 
 
 def step_record(config, result, report, memory_bytes: int | None) -> dict:
-    """The JSON object of one compile: fits, peak bytes, kernels, the memory's traffic."""
+    """The JSON object of one compile: fits, peak bytes, kernels, the memory's traffic, the
+    step's bytes and the per-token loops' operations (`loop_op_fields`)."""
     from gpn_jax.benchmarks import traffic
 
     mesh = result["mesh"]
@@ -108,21 +109,27 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         if device.platform == "tpu":  # memory space 1 is a TPU's VMEM
             rec["m_in_vmem"] = m_in_vmem(text, micro * cells)
             rec["m_in_vmem_per_token_loops"] = m_in_vmem(text, micro * cells, innermost=True)
-    rec.update(loop_op_fields(text, int(config.train.seq_len)))
+    rec.update(loop_op_fields(text, int(config.train.seq_len), per_step, micro * cells))
     for key in ("arguments", "temporaries", "outputs", "aliased"):
         rec[key + "_bytes"] = report[key]
     return rec
 
 
-def loop_op_fields(hlo_text: str, seq_len: int) -> dict:
+def loop_op_fields(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
     """Operations per token in the compiled step's per-token loop bodies, forward and
-    backward (`roofline.loop_ops`; the latency term of the roofline)."""
-    from gpn_jax.benchmarks import roofline
+    backward (`roofline.loop_ops`; the latency term of the roofline), and what the step moves
+    as compiled: HBM bytes per token over every array (`traffic.op_bytes`) and, by kind of
+    operation, the per-token loops' operations and bytes (`roofline.loop_kinds`). `batch`:
+    the sequences a step runs per device; `elements`: its memory's size (0 without one)."""
+    from gpn_jax.benchmarks import roofline, traffic
 
     ops = roofline.loop_ops(hlo_text, seq_len)
+    moved = traffic.hlo_bytes(hlo_text, elements, every_array=True).bytes
     return {
         "ops_per_token": ops["ops_per_token"],
         "forward_ops_per_token": ops["forward_ops_per_token"],
         "backward_ops_per_token": ops["backward_ops_per_token"],
         "per_token_loops": ops["loops"],
+        "bytes_per_token_hlo": moved / (batch * seq_len),
+        "per_token_loop_kinds": roofline.loop_kinds(hlo_text, seq_len, batch, elements),
     }
