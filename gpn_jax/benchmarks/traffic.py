@@ -428,13 +428,39 @@ def _bytes(shape_text: str, one_of: int = 0, skip: str | None = None) -> int:
 
 
 def _fused_read(body: list[Instr], index: int, outer: str) -> int:
-    """Bytes a fusion reads of its operand `index`: the slices where it only slices it, none
-    where it only updates it in place, else all of it."""
+    """Bytes a fusion reads of its operand `index`: the slices where it only slices it
+    (statically or at a dynamic offset, through bitcasts), none where it only updates it in
+    place, else all of it."""
     param = next((i for i in body if i.opcode == "parameter" and i.operands == str(index)), None)
-    users = _users(body, param.name) if param else []
-    if users and all(_first_operand_is(u, param.name) for u in users):
-        if all(u.opcode == "dynamic-slice" for u in users):
-            return sum(_bytes(u.result) for u in users)
-        if all(u.opcode == "dynamic-update-slice" for u in users):
-            return 0
-    return _bytes(outer)
+    if param is None:
+        return _bytes(outer)
+    users = _slicing_users(body, param.name)
+    if users and all(u.opcode == "dynamic-update-slice" for u in users):
+        return 0
+    return _sliced(body, param.name, _bytes(outer))
+
+
+def _sliced(body: list[Instr], name: str, whole: int) -> int:
+    """Bytes read of value `name` (`whole` bytes) in a fused body: what its slices read, a
+    slice of a slice counting the inner one, where it is only sliced; else all of it."""
+    users = _slicing_users(body, name)
+    if not users or any(u.opcode not in ("slice", "dynamic-slice") for u in users):
+        return whole
+    return min(whole, sum(_sliced(body, u.name, _bytes(u.result)) for u in users))
+
+
+def _slicing_users(body: list[Instr], name: str) -> list[Instr]:
+    """The users of `name` in a fused body, through bitcasts, each taking it first (else
+    []: the value is read whole)."""
+    out = []
+    for u in _users(body, name):
+        if not _first_operand_is(u, name):
+            return []
+        if u.opcode == "bitcast":
+            inner = _slicing_users(body, u.name)
+            if not inner:
+                return []
+            out += inner
+        else:
+            out.append(u)
+    return out

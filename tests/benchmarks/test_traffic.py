@@ -269,6 +269,22 @@ def test_every_array_counts_what_each_operation_moves():
     assert traffic.hlo_bytes(fused, N, every_array=True).bytes == 2 * MB + 4
     # as M-sized arrays (4 M), plus the step index each of the two fusions reads
     assert traffic.hlo_bytes(_stack_module(), N, every_array=True).bytes == 4 * MB + 2 * 4
+    half = """
+%half (p: f32[2,3,4,5]) -> f32[1,3,4,5] {
+  %p = f32[2,3,4,5]{3,2,1,0} parameter(0)
+  %b = f32[2,3,4,5]{3,2,1,0} bitcast(%p)
+  %s = f32[1,3,4,3]{3,2,1,0} slice(%b), slice={[0:1], [0:3], [0:4], [0:3]}
+  ROOT %t = f32[1,3,4,5]{3,2,1,0} slice(%p), slice={[1:2], [0:3], [0:4], [0:5]}
+}
+"""
+    sliced = module(
+        "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
+        "  ROOT %f = f32[1,3,4,5]{3,2,1,0} fusion(%a), kind=kLoop, calls=%half",
+        half,
+    )
+    # a fusion that only slices its operand (through a bitcast too) reads the slices, 3/10
+    # and 1/2 of it (the whole at most), and writes its half
+    assert traffic.hlo_bytes(sliced, N, every_array=True).bytes == 3 * MB // 10 + MB // 2 + MB // 2
     grad = module(
         "  %a = f32[2,3,4,5]{3,2,1,0} parameter(0)\n"
         "  %st = bf16[6,2,3,4,5]{4,3,2,1,0} parameter(2)\n"
