@@ -118,6 +118,7 @@ _ACCEL_STEP = [
     ("kernels", "{kernels}", "l"),
     ("memory", "{memory_dtype}", "l"),
     ("remat rerun", "{rerun}", "l"),
+    ("loops", "{graphs}", "l"),
     ("B × T", "{batch_size} × {seq_len}", "r"),
     ("tokens/s", "{tokens_per_s:,.0f}", "r"),
     ("step (s)", "{step_time_s:.2f}", "r"),

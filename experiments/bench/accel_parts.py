@@ -192,12 +192,13 @@ def _record(spec: dict, isolate: bool) -> dict:
 
 
 def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
-    """jobs: (name, model block, batch, labels, estimated seconds or None); each record within
+    """jobs: (name, model block, batch, labels, estimated seconds or None, XLA flags or None:
+    the worker's `XLA_FLAGS` beside the run's); each record within
     the part's time left (the parent's deadline, passed as GPN_JAX_ACCEL_DEADLINE seconds
     since the epoch); a job with a "skip" label is recorded as skipped."""
     deadline = float(os.environ.get("GPN_JAX_ACCEL_DEADLINE", time.time() + 3600))
     isolate = settings["mode"] != "rehearse"
-    for i, (name, model, batch, labels, estimate) in enumerate(jobs):
+    for i, (name, model, batch, labels, estimate, xla_flags) in enumerate(jobs):
         left = deadline - time.time() - 2
         if labels.get("skipped") or left < 10:
             out.add("records", {"skipped": "out of time"} | labels | {"batch_size": batch})
@@ -207,7 +208,7 @@ def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
         share = 2 * estimate if estimate else left / (len(jobs) - i)
         timeout = min(left, max(share, RECORD_FLOOR_S))
         hlo = os.path.join(scratch, f"{prefix}_{name}_{i}.hlo.txt")
-        spec = _spec(settings, name, model, batch, timeout, hlo)
+        spec = _spec(settings, name, model, batch, timeout, hlo) | {"xla_flags": xla_flags}
         # the record's own labels last: its `family` is the plan's (gpn_m), not the model
         # block's (GPN+M's block says gpn)
         row = {"batch_size": batch} | _record(spec, isolate) | labels
@@ -219,7 +220,7 @@ def _records(settings, out: Out, scratch: str, jobs, prefix: str) -> None:
 
 def _jobs(settings: dict, records: list[dict], cudnn: str | None = None) -> list:
     """The records' jobs: each family's model block with the record's model fields (kernels,
-    memory dtype, attention, remat_parallel); a record of cuDNN's attention is skipped with
+    memory dtype, attention, remat_parallel) and XLA flags (CUDA graphs); a record of cuDNN's attention is skipped with
     `cudnn` when that failed."""
     jobs = []
     for r in records:
@@ -228,7 +229,7 @@ def _jobs(settings: dict, records: list[dict], cudnn: str | None = None) -> list
         model = settings["models"][r["family"]] | r["model_fields"]
         if r["attention"] == "cudnn" and cudnn not in (None, "ok"):
             labels["skipped"] = f"cuDNN attention failed at the start: {cudnn}"
-        jobs.append((r["family"], model, r["batch"], labels, r.get("seconds")))
+        jobs.append((r["family"], model, r["batch"], labels, r.get("seconds"), r.get("xla_flags")))
     return jobs
 
 

@@ -4,8 +4,10 @@ device's memory, and how long the run takes, the first time and again with the c
 
 Order: GPN+M (Pallas, bfloat16 memory), Transformer++ (cuDNN attention) and Gated DeltaNet at
 the same tokens per step, the largest batch of `BATCHES` at which all three fit; then GPN+M at
-B = 128 with its remat segments rerun at once (`model.remat_parallel`), the GPN+M batch sweep
-and float32 memory. A record measured before on the same kind of device
+B = 128 with its remat segments rerun at once (`model.remat_parallel`), the same with XLA
+replaying each per-token loop as one CUDA graph (`GRAPHS_XLA_FLAGS`: whether the loops'
+launches, not their bytes, hold the step below 70 % of its bound), the GPN+M batch sweep and
+float32 memory at `FLOAT32_BATCH` against bfloat16's at the same batch. A record measured before on the same kind of device
 (`experiments/results/accel_<kind>_step.json`) is not measured again.
 
 Memory per record, in this order of preference:
@@ -37,7 +39,8 @@ from gpn_jax.models import factory
 
 GiB = 2**30
 BATCHES = (128, 64, 32, 16, 8)  # the comparison's candidates, largest first
-SWEEP = (128, 64, 32, 8)  # the GPN+M batch sweep
+SWEEP = (128, 64, 32)  # the GPN+M batch sweep
+FLOAT32_BATCH = 64  # float32 memory beside the sweep's bfloat16 record at this batch
 SEQ_LEN = 2048
 STEPS = 4  # the warm-up and three timed steps of a record
 START_S = 10.0  # a worker process's start and imports on the lent machine
@@ -52,7 +55,14 @@ RUN_S = 430.0  # the run inside the 8 minutes (the install and the machine's sta
 
 
 # a record's switches beside its family and batch ("-": the family's default or none)
-SWITCHES = ("kernels", "memory_dtype", "attention", "rerun")
+SWITCHES = ("kernels", "memory_dtype", "attention", "rerun", "graphs")
+GRAPHS = "CUDA graphs"
+# XLA's default command buffers (fusions, cuBLAS, custom calls such as the Pallas kernels,
+# cuDNN) plus while loops and conditionals: a per-token loop replayed as one CUDA graph
+# instead of its operations launched one by one from the host
+GRAPHS_XLA_FLAGS = (
+    "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Record:
     memory_dtype: str = "-"  # GPN+M: bfloat16 | float32
     attention: str = "-"  # Transformer++: cudnn | xla
     rerun: str = "-"  # GPN+M: "at once" (`model.remat_parallel`); "-": token by token
+    graphs: str = "-"  # GPN+M: `GRAPHS` (its worker's XLA_FLAGS: `GRAPHS_XLA_FLAGS`)
 
     def key(self) -> tuple:
         return (self.family, *(getattr(self, k) for k in SWITCHES))
@@ -77,8 +88,14 @@ class Record:
         return fields | ({"remat_parallel": True} if self.rerun == AT_ONCE else {})
 
     def settings(self, seconds: float | None = None) -> dict:
-        """The record as the run's settings hold it (plain data)."""
-        return dataclasses.asdict(self) | {"model_fields": self.model_fields(), "seconds": seconds}
+        """The record as the run's settings hold it (plain data), with the XLA flags its
+        worker process takes (None: the defaults)."""
+        flags = GRAPHS_XLA_FLAGS if self.graphs == GRAPHS else None
+        return dataclasses.asdict(self) | {
+            "model_fields": self.model_fields(),
+            "xla_flags": flags,
+            "seconds": seconds,
+        }
 
 
 AT_ONCE = "rerun at once"
@@ -137,7 +154,10 @@ def _record(row: dict) -> Record:
 
 
 def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
-    """(peak bytes, where the figure comes from) of `rec` (module docstring); (None, why)."""
+    """(peak bytes, where the figure comes from) of `rec` (module docstring); (None, why).
+    A record whose loops are CUDA graphs takes the same step's figure without them."""
+    if rec.graphs != "-" and not peaks.get(rec.key()):
+        return estimate(dataclasses.replace(rec, graphs="-"), peaks)
     points = peaks.get(rec.key(), {})
     if rec.batch in points:
         return points[rec.batch]
@@ -158,7 +178,10 @@ def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
 
 
 def seconds(rec: Record, rates: dict, cached: bool = False) -> tuple[float, str]:
-    """(estimated seconds of the record's worker, where its rate comes from)."""
+    """(estimated seconds of the record's worker, where its rate comes from); a record whose
+    loops are CUDA graphs, unmeasured, the same step's without them."""
+    if rec.graphs != "-" and rec.key() not in rates:
+        return seconds(dataclasses.replace(rec, graphs="-"), rates, cached)
     rate = rates.get(rec.key())
     source = "measured rate"
     if rate is None and rec.memory_dtype == "float32":
@@ -207,11 +230,12 @@ def compare_records(batch: int) -> list[Record]:
 
 
 def sweep_records(skip_batch: int | None) -> list[Record]:
-    """GPN+M at 128 rerun at once, the batch sweep (Pallas, bfloat16 memory), then float32
-    memory at 128."""
+    """GPN+M at 128 rerun at once, without and with its loops as CUDA graphs, the batch sweep
+    (Pallas, bfloat16 memory), then float32 memory at `FLOAT32_BATCH`."""
     at_once = Record("gpn_m", 128, "pallas", "bfloat16", rerun=AT_ONCE)
     sweep = [Record("gpn_m", b, "pallas", "bfloat16") for b in SWEEP if b != skip_batch]
-    return [at_once, *sweep] + [Record("gpn_m", 128, k, "float32") for k in ("pallas", "xla")]
+    float32 = [Record("gpn_m", FLOAT32_BATCH, k, "float32") for k in ("pallas", "xla")]
+    return [at_once, dataclasses.replace(at_once, graphs=GRAPHS), *sweep, *float32]
 
 
 def make(kind: str, results: str) -> dict:

@@ -60,6 +60,8 @@ def _step_row(record: dict, family: str) -> dict:
         "memory_dtype": record.get("memory_dtype", "—"),
         # GPN+M's remat segments: rerun token by token unless the record says otherwise
         "rerun": record.get("rerun", TOKEN_BY_TOKEN) if family == "gpn_m" else "—",
+        # its per-token loops as CUDA graphs (`accel_plan.GRAPHS`), else XLA's defaults
+        "graphs": record.get("graphs", "—"),
         "batch_size": record.get("batch_size"),
         "seq_len": record.get("seq_len"),
         "tokens_per_s": record.get("tokens_per_s") if ok else None,

@@ -138,14 +138,21 @@ def names(csv: str) -> list[str]:
 
 
 def run_spec(spec: dict, isolate: bool) -> dict:
-    """{'records': [...], 'peak_flops': [...]} of one spec, in a fresh process when `isolate`."""
+    """{'records': [...], 'peak_flops': [...]} of one spec, in a fresh process when `isolate`
+    (with the spec's `xla_flags`, if any, added to the process's XLA_FLAGS: XLA reads them
+    once, when a process starts its backend, so a spec with flags needs its own process)."""
+    flags = spec.get("xla_flags")
     if not isolate:
+        if flags:
+            raise ValueError(f"spec {spec.get('name')!r} sets xla_flags: run it in its own process")
         from gpn_jax.benchmarks import worker
 
         return worker.run_spec(spec)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if flags:
+        env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flags) if f)
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         files.atomic_write(spec_path, json.dumps(spec).encode())

@@ -53,7 +53,7 @@ def test_a_record_measured_on_the_same_kind_is_not_measured_again():
 
 
 def test_memory_estimates_prefer_points_then_the_step_memory_model():
-    key = ("gdn", "-", "-", "-", "-")
+    key = ("gdn", "-", "-", "-", "-", "-")
     two = {key: {32: (10 * GiB, "compile"), 64: (18 * GiB, "compile")}}
     assert ap.estimate(ap.Record("gdn", 32), two) == (10 * GiB, "compile")
     peak, source = ap.estimate(ap.Record("gdn", 128), two)  # the line 2 + B / 4 GiB
@@ -61,10 +61,13 @@ def test_memory_estimates_prefer_points_then_the_step_memory_model():
     one = {key: {64: (18 * GiB, "compile")}}
     assert ap.estimate(ap.Record("gdn", 32), one)[0] == 18 * GiB  # never more below B0
     assert ap.estimate(ap.Record("gdn", 128), one)[0] == 36 * GiB  # at most in proportion
-    bf16 = {("gpn_m", "pallas", "bfloat16", "-", "-"): {128: (21 * GiB, "run")}}
+    bf16 = {("gpn_m", "pallas", "bfloat16", "-", "-", "-"): {128: (21 * GiB, "run")}}
     f32 = ap.estimate(ap.Record("gpn_m", 128, "pallas", "float32"), bf16)
     assert f32[0] == 42 * GiB and f32[1].startswith("twice bfloat16's")
     assert ap.estimate(ap.Record("transformer", 8, attention="cudnn"), {})[0] is None
+    # the loops as CUDA graphs: the same step's figure, until compiled or measured so
+    graphs = ap.Record("gpn_m", 128, "pallas", "bfloat16", graphs=ap.GRAPHS)
+    assert ap.estimate(graphs, bf16) == (21 * GiB, "run")
 
 
 def test_records_past_the_run_or_the_memory_are_skipped_with_the_reason(tmp_path):
@@ -99,14 +102,26 @@ def test_the_device_settings_follow_the_plan_with_a_compile_cache():
     assert [(r["family"], r["batch"]) for r in s["baseline_records"]] == [
         ("gpn_m", 32), ("transformer", 32), ("gdn", 32),
     ]  # fmt: skip
-    # first the step rerun at once at 128; token by token it was measured on an H100 before
-    first = s["step_records"][0]
+    # first the step rerun at once at 128, then the same with its loops as CUDA graphs (XLA
+    # flags for its worker only); token by token it was measured on an H100 before
+    first, graphs = s["step_records"][:2]
     assert (first["batch"], first["rerun"], first["model_fields"]["remat_parallel"]) == (
         128, "rerun at once", True,
     )  # fmt: skip
+    assert first["xla_flags"] is None and graphs["graphs"] == ap.GRAPHS
+    assert graphs["xla_flags"] == ap.GRAPHS_XLA_FLAGS and "WHILE" in graphs["xla_flags"]
+    assert {k: v for k, v in graphs.items() if k not in ("graphs", "xla_flags")} == {
+        k: v for k, v in first.items() if k not in ("graphs", "xla_flags")
+    }
     assert not [
-        r for r in s["step_records"][1:] if r["batch"] == 128 and r["memory_dtype"] == "bfloat16"
+        r for r in s["step_records"][2:] if r["batch"] == 128 and r["memory_dtype"] == "bfloat16"
     ]
+    # float32 memory beside bfloat16's at the same batch, both in this run
+    f32 = [r for r in s["step_records"] if r["memory_dtype"] == "float32"]
+    assert f32 and all(r["batch"] == ap.FLOAT32_BATCH for r in f32)
+    assert any(
+        r["batch"] == ap.FLOAT32_BATCH for r in s["step_records"] if r["memory_dtype"] == "bfloat16"
+    )
     assert s["env"]["JAX_COMPILATION_CACHE_DIR"].endswith(os.path.join("runs", "jax_cache"))
 
 
@@ -161,3 +176,25 @@ def test_a_stopped_run_kills_the_part_and_its_children(tmp_path):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_record_s_xla_flags_reach_its_worker_process_only(monkeypatch):
+    """The CUDA-graphs record's flags go into its own worker's XLA_FLAGS, after the run's; a
+    spec with flags is refused in-process, where XLA has read its flags already."""
+    from gpn_jax.benchmarks import orchestrate
+
+    seen = {}
+
+    def fake_run(cmd, env, **kw):
+        seen["env"] = env
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(orchestrate.subprocess, "run", fake_run)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    spec = {"name": "gpn_m", "xla_flags": ap.GRAPHS_XLA_FLAGS}
+    with pytest.raises(RuntimeError, match="stop here"):
+        orchestrate.run_spec(spec, isolate=True)
+    assert seen["env"]["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {ap.GRAPHS_XLA_FLAGS}"
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+    with pytest.raises(ValueError, match="sets xla_flags: run it in its own process"):
+        orchestrate.run_spec(spec, isolate=False)
