@@ -161,22 +161,35 @@ def loop_kinds(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
 
 
 def _kind(ins, comps: dict) -> str:
-    """`KINDS` of one loop-body operation."""
+    """`KINDS` of one loop-body operation: a fusion computing a matrix product by a weight
+    (a `dot` without batch dimensions or a `convolution` without groups, as XLA:TPU writes
+    it; XLA:GPU's matmul fusions, which may split the contraction into a batch) or a cuBLAS
+    call is a weight product; another custom call (a Pallas kernel) or a fusion of batched
+    products (the memory's per-head products on the XLA formulas) a memory pass."""
     callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs)
     name = callee.group(1) if callee else ""
     if ins.opcode == "custom-call":
         return KINDS[0] if "cublas" in ins.attrs else KINDS[1]
-    if ins.opcode == "fusion" and "gemm" in name:
-        return KINDS[0]
     if ins.opcode.startswith("async-") or ins.opcode.endswith(("-start", "-done")):
         return KINDS[2] if "dynamic_update_slice" in ins.attrs else KINDS[3]
-    roots = [i for i in comps.get(name, []) if i.root]
-    body = {i.name: i for i in comps.get(name, [])}
+    body = comps.get(name, [])
+    products = [i for i in body if i.opcode in ("dot", "convolution")]
+    if ins.opcode == "fusion" and ("gemm" in name or any(map(_plain_product, products))):
+        return KINDS[0]
+    if products:
+        return KINDS[1]
+    inner = {i.name: i for i in body}
+    roots = [i for i in body if i.root]
     outs = roots[0].operands.split(",") if roots and roots[0].opcode == "tuple" else []
-    stored = [body.get(o.strip().split()[-1].lstrip("%")) for o in outs] + roots
+    stored = [inner.get(o.strip().split()[-1].lstrip("%")) for o in outs] + roots
     if any(i is not None and i.opcode == "dynamic-update-slice" for i in stored):
         return KINDS[2]
     return KINDS[3]
+
+
+def _plain_product(ins) -> bool:
+    """A matrix product without batch dimensions or groups."""
+    return "lhs_batch_dims" not in ins.attrs and "group_count" not in ins.attrs
 
 
 def _scalar(shape_text: str) -> bool:

@@ -171,6 +171,12 @@ KINDS_HLO = """HloModule m
   ROOT %d = f32[4,8]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
+%conv_w (x: bf16[4,8], w: bf16[8,8]) -> f32[4,8] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %w = bf16[8,8]{1,0} parameter(1)
+  ROOT %c = f32[4,8]{1,0} convolution(%x, %w), dim_labels=bf_io->bf
+}
+
 %cast (y: f32[4,8]) -> bf16[4,8] {
   %y = f32[4,8]{1,0} parameter(0)
   ROOT %c = bf16[4,8]{1,0} convert(%y)
@@ -192,6 +198,7 @@ KINDS_HLO = """HloModule m
   %w = bf16[8,8]{1,0} get-tuple-element(%t), index=2
   %st = f32[16,4,8]{2,1,0} get-tuple-element(%t), index=3
   %y = f32[4,8]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion_w
+  %y2 = f32[4,8]{1,0} fusion(%x, %w), kind=kOutput, calls=%conv_w
   %k = f32[4,8]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton"
   %c = bf16[4,8]{1,0} fusion(%k), kind=kLoop, calls=%cast
   %s2 = f32[16,4,8]{2,1,0} fusion(%st, %k, %i), kind=kLoop, calls=%store
@@ -220,17 +227,19 @@ ENTRY %main (x: bf16[4,8], w: bf16[8,8], st: f32[16,4,8]) -> f32[16,4,8] {
 
 
 def test_loop_kinds_sorts_a_step_s_operations_and_what_they_move():
-    """One token step of 4 sequences: a matmul fusion (reads x and W, writes y), a kernel,
-    an elementwise cast and an in-place store of a step's value: one operation of each kind
-    per token step, and per token each one's bytes over the 4 sequences."""
+    """One token step of 4 sequences: two products by a weight (XLA:GPU's matmul fusion and
+    XLA:TPU's convolution fusion: each reads x and W, writes y), a kernel, an elementwise cast
+    and an in-place store of a step's value: per token step that many operations of each
+    kind, and per token each one's bytes over the 4 sequences."""
     from gpn_jax.benchmarks import roofline
 
     kinds = roofline.loop_kinds(KINDS_HLO, 16, 4, 0)
-    assert {k: v["ops"] for k, v in kinds.items()} == dict.fromkeys(roofline.KINDS, 1.0)
+    ops = {k: v["ops"] for k, v in kinds.items()}
+    assert ops == dict(zip(roofline.KINDS, (2.0, 1.0, 1.0, 1.0), strict=True))
     moved = {k: v["bytes_per_token"] * 4 for k, v in kinds.items()}  # per token step
     x, w, y = 4 * 8 * 2, 8 * 8 * 2, 4 * 8 * 4
     assert moved == {
-        "weight products": x + w + y,
+        "weight products": 2 * (x + w + y),
         "memory passes": 2 * y,
         "per-step stores": y + 4 + y,  # reads the step's value and index, writes one slice
         "elementwise and reductions": y + x,
