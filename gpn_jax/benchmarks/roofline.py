@@ -96,7 +96,6 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
     kernel launch; scalar bookkeeping left out; fusions and custom calls counted apart) times the times the body runs (its trip count times those
     of the loops around it), over `seq_len`. Backward loops are those whose JAX op_name holds
     `transpose` (the vjp); forward the others. Unknown trip counts count once."""
-    from gpn_jax.benchmarks import traffic
     from gpn_jax.parallel import hlo
 
     comps, entry = hlo.parse(hlo_text)
@@ -106,8 +105,7 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
         instrs = comps.get(body, [])
         if any(i.opcode == "while" for i in instrs):
             continue  # an outer loop (per segment): its own operations are not per token
-        ops = [i for i in instrs if i.opcode not in traffic.FREE and i.opcode not in _CONTROL]
-        ops = [i for i in ops if not _scalar(i.result)]  # the loop's counter and bookkeeping
+        ops = [i for i in instrs if _launched(i)]
         loops.append(
             {
                 "body": body,
@@ -137,9 +135,9 @@ def loop_kinds(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
     """The per-token loops' operations (`loop_ops`' count) by kind (`KINDS`): per kind its
     operations per token step and the HBM bytes they move per token (`traffic.op_bytes`; a
     step runs `batch` sequences; `elements`: the memory's per-device size, whose stacks the
-    memory's kernels index one step of). Weight products are XLA's matmul fusions and cuBLAS
-    calls, memory passes the other custom calls (the Pallas kernels), per-step stores the
-    in-place writes of a step's values into the loop's stacked outputs."""
+    memory's kernels index one step of). Weight products are matrix products by a weight,
+    memory passes the kernels' custom calls (`_kind`), per-step stores the in-place writes of
+    a step's values into the loop's stacked outputs."""
     from gpn_jax.benchmarks import traffic
     from gpn_jax.parallel import hlo
 
@@ -151,7 +149,7 @@ def loop_kinds(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
             continue
         shapes = {i.name: i.result for i in instrs}
         for ins in instrs:
-            if ins.opcode in traffic.FREE or ins.opcode in _CONTROL or _scalar(ins.result):
+            if not _launched(ins):
                 continue
             kind = out[_kind(ins, comps)]
             kind["ops"] += times / seq_len
@@ -185,6 +183,15 @@ def _kind(ins, comps: dict) -> str:
     if any(i is not None and i.opcode == "dynamic-update-slice" for i in stored):
         return KINDS[2]
     return KINDS[3]
+
+
+def _launched(ins) -> bool:
+    """Whether a loop-body instruction is an operation `loop_ops` counts: an array result, no
+    shape plumbing or control flow, not the loop's scalar bookkeeping."""
+    from gpn_jax.benchmarks import traffic
+
+    plumbing = ins.opcode in traffic.FREE or ins.opcode in _CONTROL
+    return not plumbing and not _scalar(ins.result)
 
 
 def _plain_product(ins) -> bool:
