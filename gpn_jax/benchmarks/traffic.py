@@ -402,7 +402,9 @@ def op_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
         return sum(_bytes(o) for o in operands) + _bytes(ins.result)
     inner = {i.name: i for i in body}
     reads = sum(_fused_read(body, j, o) for j, o in enumerate(operands))
-    root = next(i for i in body if i.root)
+    root = next((i for i in body if i.root), None)
+    if root is None:  # no ROOT marked: the fusion's result as written
+        return reads + _bytes(ins.result)
     outs = _operand_list(root.operands) if root.opcode == "tuple" else [root.name]
     written = 0
     for name in outs:
