@@ -57,20 +57,23 @@ def _small_gpn_m() -> dict:
 def settings(mode: str, budgets=(), records=(), kind: str = "h100") -> dict:
     """Everything the parts need, as plain data (the part processes read it as JSON).
     `budgets`: "part=seconds" overrides of the budget shares; `records`: the step part's
-    "kernels:memory_dtype:batch" records instead of the mode's (`accel_bench.py`'s flags);
+    "kernels:memory_dtype:batch[:at_once][:graphs]" records instead of the mode's
+    (`accel_bench.py`'s flags);
     `kind`: the device the run's plan is for (`accel_plan.make`)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     s = _settings(mode, kind)
     s["budgets"] |= dict(_budget(b) for b in budgets)
     if records:
-        s["step_records"] = [gpn_record(*_step_record(r)) for r in records]
+        s["step_records"] = [gpn_record(**_step_record(r)) for r in records]
     return s
 
 
-def gpn_record(kernels: str, memory_dtype: str, batch: int, seconds=None, rerun="-") -> dict:
+def gpn_record(
+    kernels: str, memory_dtype: str, batch: int, seconds=None, rerun="-", graphs="-"
+) -> dict:
     """A GPN+M step record as the settings hold it (`accel_plan.Record.settings`)."""
-    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype, rerun=rerun)
+    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype, rerun=rerun, graphs=graphs)
     return rec.settings(seconds)
 
 
@@ -92,18 +95,27 @@ def _budget(text: str) -> tuple[str, float]:
     return part, seconds
 
 
-def _step_record(text: str) -> tuple[str, str, int]:
-    kernels, dtype, batch = (text.split(":") + ["", "", ""])[:3]
+# a step record's optional words after its batch: the record's switch and value
+_STEP_WORDS = {"at_once": ("rerun", accel_plan.AT_ONCE), "graphs": ("graphs", accel_plan.GRAPHS)}
+
+
+def _step_record(text: str) -> dict:
+    parts = text.split(":")
+    (kernels, dtype, batch), words = (parts + ["", "", ""])[:3], parts[3:]
     if (
         kernels not in ("xla", "pallas")
         or dtype not in ("float32", "bfloat16")
         or not (batch.isdigit() and int(batch) > 0)
+        or any(w not in _STEP_WORDS for w in words)
+        or len(set(words)) < len(words)
     ):
         raise ValueError(
-            f"--step_records entry {text!r}: write KERNELS:MEMORY_DTYPE:BATCH, e.g. "
-            "pallas:float32:128 (kernels xla or pallas, dtype float32 or bfloat16)"
+            f"--step_records entry {text!r}: write KERNELS:MEMORY_DTYPE:BATCH[:at_once][:graphs], "
+            "e.g. pallas:float32:128 or pallas:bfloat16:128:at_once:graphs (kernels xla or "
+            "pallas, dtype float32 or bfloat16)"
         )
-    return kernels, dtype, int(batch)
+    switches = dict(_STEP_WORDS[w] for w in words)
+    return {"kernels": kernels, "memory_dtype": dtype, "batch": int(batch)} | switches
 
 
 def _settings(mode: str, kind: str) -> dict:

@@ -118,6 +118,15 @@ def test_a_targeted_rerun_overrides_budgets_and_step_records():
     assert [(r["kernels"], r["memory_dtype"], r["batch"]) for r in s["step_records"]] == [
         ("pallas", "float32", 128)
     ]
+    graphs = bench_accel.settings("device", [], ["pallas:bfloat16:128:at_once:graphs"])
+    (rec,) = graphs["step_records"]
+    assert (rec["rerun"], rec["graphs"], rec["model_fields"]["remat_parallel"]) == (
+        "rerun at once", "CUDA graphs", True,
+    )  # fmt: skip
+    assert "WHILE" in rec["xla_flags"]
+    for bad in ("pallas:bfloat16:128:fast", "pallas:bfloat16:128:graphs:graphs"):
+        with pytest.raises(ValueError, match=r"write KERNELS:MEMORY_DTYPE:BATCH\[:at_once\]"):
+            bench_accel.settings("device", [], [bad])
     with pytest.raises(ValueError, match="--budgets entry 'bogus=1': write PART=SECONDS"):
         bench_accel.settings("device", ["bogus=1"])
     with pytest.raises(ValueError, match="--budgets entry 'step=-5'"):
