@@ -358,6 +358,33 @@ def test_what_the_parallel_rerun_stores_per_step(n_layers, memory):
     assert backward[False].pop() - backward[True].pop() == 3 + (n_layers - 1)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_backward_loop_reads_no_per_step_index(parallel):
+    """With the kernels' passes the backward's reverse scan reads each step's memory from the
+    segment's stack at an index its carry counts down, not from a per-step integer array (which
+    XLA:GPU slices in a kernel of its own at every step); its inputs per step are floats."""
+    _, fused = pair(kernels="xla", remat_segment=8, remat_parallel=parallel)
+    params = random_params(fused)
+    grad = jax.grad(lambda p: fused.loss(p, tokens(16))[0])
+    scans = _backward_scans(jax.make_jaxpr(grad)(params).jaxpr, (8, 4))
+    assert scans
+    for p, xs in scans:
+        assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in xs), p["length"]
+
+
+def _backward_scans(jaxpr, lengths) -> list:
+    """(params, per-step inputs) of each reverse scan over `lengths` steps with weight products."""
+    out = []
+    for eqn in jaxpr.eqns:
+        p = eqn.params
+        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"]:
+            if _has_weight_product(p["jaxpr"].jaxpr):
+                out.append((p, eqn.invars[p["num_consts"] + p["num_carry"] :]))
+        for sub in _subjaxprs(eqn):
+            out += _backward_scans(sub, lengths)
+    return out
+
+
 def test_parallel_rerun_refusals():
     """`remat_parallel` without a remat segment, with the autodiff scan, and with a window split
     over the tensor axis (whose layers read the memory inside their blocks) are one-line errors

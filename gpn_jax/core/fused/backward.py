@@ -88,7 +88,7 @@ def memory_bwd(dm: Dims, fw: dict, stack, step, res: Res, Z, dM, keep, dX2, dpg,
         return v, beta, jnp.exp(g), g
 
     (k, q), keys_vjp = jax.vjp(keys, res.zk, Z)
-    (v, beta, eg, _), gates_vjp = jax.vjp(gates, zw, fw["a"])
+    (v, beta, eg, _), gates_vjp = jax.vjp(gates, zw, _per_row(fw["a"], zw))
     (w, o), fac_vjp = jax.vjp(delta_factored, k, q, v, beta, eg, kM, qM)
     (X2, pg), out_vjp = jax.vjp(partial(layer_out, dm), Z, o.reshape(*o.shape[:-2], dm.hu))
     dZ, do = out_vjp((dX2, dpg))
@@ -106,7 +106,8 @@ AT_ONCE = ("X0", "Xg", "dZg", "Xl")  # emitted pairs a rerun at once forms outsi
 
 
 def bstep(dm: Dims, fw: dict, fwT: dict, stack, bc, xs):
-    """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M') and M'.
+    """Reverse of one step. bc = (ds, dzk, dM, Mn, da): cotangents of (s', key of s, M'), M'
+    and the decay rate's cotangent so far, per row (`_per_row`).
     `stack`: the segment's recomputed memories when the memory's passes are the kernels'
     (`memory_bwd`; xs then holds (t, kM, qM) where it otherwise holds M before the step, and
     the carry's Mn is None)."""
@@ -197,8 +198,15 @@ def _write_bwd(dm: Dims, fw, res: Res, Mprev, keep, dM, dg_out, mem_grads):
         return None
     zw = res.Z0[..., dm.hk : dm.write_cols]
     M_in = as_f32(Mprev) if keep is None else as_f32(Mprev) * rowwise(keep, Mprev)
-    _, wr = jax.vjp(partial(write, dm), res.zk, zw, fw["a"], M_in)
+    _, wr = jax.vjp(partial(write, dm), res.zk, zw, _per_row(fw["a"], zw), M_in)
     return wr((dM, dg_out))
+
+
+def _per_row(a, zw):
+    """The decay rate `a` ([tp,] hb) broadcast to each row of the step's write columns `zw`
+    (B, [tp,] cols): its cotangent then stays per row in the backward's carry, summed over the
+    rows once after the scan instead of at every step."""
+    return jnp.broadcast_to(a, (zw.shape[0], *a.shape))
 
 
 def _reset_bwd(dm: Dims, keep, ds_prev, dzk_prev, dMprev, through_memory: bool, emit: dict):
@@ -264,12 +272,8 @@ def window_bwd(dm: Dims, saved, cts):
         ds, dzk, dM, Mn, da, gw = carry
         start, res, dp_seg, dg_seg, xg_seg, keep_seg = xs
         res, Ms, stack = _segment_memories(dm, fw, fwh, start, res, xg_seg, keep_seg)
-        (ds, dzk, dM, Mn, da), e = jax.lax.scan(
-            partial(bstep, dm, fw, fwT, stack),
-            (ds, dzk, dM, Mn, da),
-            (res, Ms, dp_seg, dg_seg, keep_seg),
-            reverse=True,
-            unroll=dm.unroll,
+        (ds, dzk, dM, Mn, da), e = _reverse_steps(
+            dm, fw, fwT, stack, (ds, dzk, dM, Mn, da), (res, Ms, dp_seg, dg_seg, keep_seg)
         )
         if dm.remat and dm.remat_parallel:
             e |= inputs_at_once(res, e["dxg"])
@@ -280,14 +284,35 @@ def window_bwd(dm: Dims, saved, cts):
         along(dm, jnp.zeros(zk_shape, jnp.float32), 1, batch=True) if dm.memory else None,
         along(dm, dMT, 1, batch=True),
         None if dm.kernel_backward else along(dm, MT, 1, batch=True),  # the kernels read `stack`
-        along(dm, jnp.zeros(fw["a"].shape, jnp.float32), 0),
+        along(dm, jnp.zeros((B, *fw["a"].shape), jnp.float32), 1, batch=True),  # da per row
         gW,
     )
     xs = (starts, res_all, dP, dG, segments(xg, S), segments(keep, S))
     (ds0, dzk0, dM0, _, da, gw), dxg = jax.lax.scan(seg, init, xs, reverse=True)
     dfw = {k: jax.tree.map(lambda g, w: g.astype(w.dtype), gw[k], fw[k]) for k in gw}
-    dfw["a"] = da
+    dfw["a"] = da.sum(axis=0)
     return dfw, ds0, dzk0, dM0, unsegment(dxg)
+
+
+def _reverse_steps(dm: Dims, fw, fwT, stack, bc, xs):
+    """A segment's reverse scan of `bstep` over xs = (res, memories, dp, dg, keep). With the
+    kernels' `stack` the memories are (kM, qM) per step and the step's index t into the stack
+    counts down in the carry: read from a per-step array instead, XLA:GPU slices it at every
+    step in a kernel of its own."""
+    if stack is None:
+        return jax.lax.scan(
+            partial(bstep, dm, fw, fwT, None), bc, xs, reverse=True, unroll=dm.unroll
+        )
+
+    def body(carry, x):
+        bc, t = carry
+        res, (kM, qM), *rest = x
+        bc, e = bstep(dm, fw, fwT, stack, bc, (res, (t, kM, qM), *rest))
+        return (bc, t - 1), e
+
+    n = xs[1][0].shape[0]
+    (bc, _), e = jax.lax.scan(body, (bc, jnp.int32(n - 1)), xs, reverse=True, unroll=dm.unroll)
+    return bc, e
 
 
 def _stack_parts(dm: Dims) -> int:
@@ -321,13 +346,13 @@ def _segment_in_parts(dm: Dims, fw, fwT, fwh, carry, xs):
     for i in reversed(range(n)):
         M0, bc = jax.lax.optimization_barrier((starts[i][2], bc))
         stack, kM, qM = memory_stack(dm, fw, M0, runs[i], part(keep_seg, i))
-        bc, e = jax.lax.scan(
-            partial(bstep, dm, fw, fwT, stack),
+        bc, e = _reverse_steps(
+            dm,
+            fw,
+            fwT,
+            stack,
             bc,
-            (runs[i], (jnp.arange(h, dtype=jnp.int32), kM, qM))
-            + (part(dp_seg, i), part(dg_seg, i), part(keep_seg, i)),
-            reverse=True,
-            unroll=dm.unroll,
+            (runs[i], (kM, qM), part(dp_seg, i), part(dg_seg, i), part(keep_seg, i)),
         )
         gw = _add_weight_grads(dm, fw, gw, e)
         dxg.insert(0, e["dxg"])
@@ -338,7 +363,7 @@ def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
     """A segment's (residuals, what `bstep` reads per step for the memory, `stack`): with remat
     the forward reruns (for residuals and memories, or residuals only when the kernels rebuild
     the memories; with `remat_parallel` all steps at once, `rerun_at_once`); with the kernels'
-    backward passes their `stack` and (t, kM, qM) per step; else the memories recomputed (None
+    backward passes their `stack` and (kM, qM) per step; else the memories recomputed (None
     without memory)."""
     if dm.remat and dm.remat_parallel:
         res = rerun_at_once(dm, fw, start, res, xg_seg, keep_seg)
@@ -349,7 +374,7 @@ def _segment_memories(dm: Dims, fw, fwh, start, res, xg_seg, keep_seg):
         _, (_, res) = scan_steps(dm, fwh, start, xg_seg, "res", keep_seg)
     if dm.kernel_backward:  # the stack is read in place by the kernels' passes (`memory_bwd`)
         stack, kM, qM = memory_stack(dm, fw, start[2], res, keep_seg)
-        return res, (jnp.arange(dm.segment, dtype=jnp.int32), kM, qM), stack
+        return res, (kM, qM), stack
     if dm.memory:
         return res, recompute_memory(dm, fw, start[2], res, keep_seg), None
     return res, None, None
