@@ -319,7 +319,7 @@ def _save_hlo(out: Out, text: str, settings: dict, source: str) -> None:
         truncated=len(text) > MAX_HLO_BYTES,
         memory_dtype="bfloat16",
         batch_size=batch,
-        **readout.loop_op_fields(text, settings["seq_len"], batch, batch * cells),
+        **readout.program_fields(text, settings["seq_len"], batch, batch * cells),
     )
 
 

@@ -115,15 +115,16 @@ def summarise(folder: str, out_stem: str = "OUT") -> tuple[dict, dict]:
 
 def _compiled(folder: str, hlo: dict, seq_len) -> dict | None:
     """What the run's Pallas bfloat16 GPN+M step moves and launches as compiled
-    (`aot.readout.loop_op_fields`), from the `hlo` part's file, or read off the HLO it saved
+    (`aot.readout.program_fields`), from the `hlo` part's file, or read off the HLO it saved
     (`hlo_file`, or that name gzipped) where a run before these fields did not record them.
     None where neither is there."""
     from experiments.configs import gpn_m_1l_130m
     from gpn_jax.benchmarks import traffic
     from gpn_jax.benchmarks.aot import readout
 
-    keep = ("batch_size", "memory_dtype", "ops_per_token", "bytes_per_token_hlo")
-    if "per_token_loop_kinds" in hlo:
+    keep = ("batch_size", "memory_dtype", "ops_per_token", "bytes_per_token_hlo",
+            "memory_bytes_per_token_hlo")  # fmt: skip
+    if "memory_bytes_per_token_hlo" in hlo:
         return {k: hlo.get(k) for k in keep} | {"per_token_loop_kinds": hlo["per_token_loop_kinds"]}
     name, batch = hlo.get("hlo_file"), hlo.get("batch_size")
     if not isinstance(name, str) or not isinstance(batch, int) or not isinstance(seq_len, int):
@@ -141,7 +142,7 @@ def _compiled(folder: str, hlo: dict, seq_len) -> dict | None:
     else:
         return None
     cells = traffic.memory_cells(gpn_m_1l_130m.get_config().model)
-    fields = readout.loop_op_fields(text, seq_len, batch, batch * cells)
+    fields = readout.program_fields(text, seq_len, batch, batch * cells)
     return {k: hlo.get(k) for k in keep[:2]} | {
         k: fields[k] for k in (*keep[2:], "per_token_loop_kinds")
     }

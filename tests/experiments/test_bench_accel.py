@@ -119,6 +119,7 @@ def test_the_hlo_part_writes_the_optimised_hlo_its_loop_ops_and_a_profile(rehear
     assert text.startswith("HloModule") and hlo["hlo_chars"] == len(text)
     assert hlo["ops_per_token"] == hlo["forward_ops_per_token"] + hlo["backward_ops_per_token"]
     assert hlo["per_token_loops"] and "| inside |" in hlo["profile_ops_md"]
+    assert 0 < hlo["memory_bytes_per_token_hlo"] < hlo["bytes_per_token_hlo"]  # the summary's
     assert hlo["hlo_source"] == "the comparison's GPN+M record"  # saved, not recompiled
 
 

@@ -115,6 +115,17 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
     return rec
 
 
+def program_fields(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
+    """A device run's own compiled step (one micro-batch of `batch` sequences): `loop_op_fields`
+    and the memory matrix's HBM bytes per token as compiled (`traffic.hlo_bytes`)."""
+    from gpn_jax.benchmarks import traffic
+
+    memory = traffic.hlo_bytes(hlo_text, elements).bytes if elements else None
+    return loop_op_fields(hlo_text, seq_len, batch, elements) | {
+        "memory_bytes_per_token_hlo": None if memory is None else memory / (batch * seq_len)
+    }
+
+
 def loop_op_fields(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
     """Operations per token in the compiled step's per-token loop bodies, forward and
     backward (`roofline.loop_ops`; the latency term of the roofline), and what the step moves
