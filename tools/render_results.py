@@ -118,7 +118,7 @@ _ACCEL_STEP = [
     ("kernels", "{kernels}", "l"),
     ("memory", "{memory_dtype}", "l"),
     ("remat rerun", "{rerun}", "l"),
-    ("loops", "{graphs}", "l"),
+    ("loops", "{loops}", "l"),
     ("B × T", "{batch_size} × {seq_len}", "r"),
     ("tokens/s", "{tokens_per_s:,.0f}", "r"),
     ("step (s)", "{step_time_s:.2f}", "r"),
@@ -299,12 +299,13 @@ COLUMNS["aot_cpu"] = [
     ("M traffic, HLO / minimum", "{traffic_ratio:.2f}×", "r"),
 ]
 # NVIDIA GPUs compiled from this host (`--topology=h100`): the three 130M families at per-GPU
-# batches 32, 64 and 128, the GPN+M step as the H100 run measured it (Pallas, bfloat16 memory)
+# batches 32, 64 and 128, the GPN+M step as the H100 run measured it (Pallas, bfloat16 memory),
+# and on an H100 the step the device plan measures first (rerun at once, loops unrolled)
 COLLECTIONS["aot_130m_gpu"] = tuple(
     f"aot_130m_{gpu}_{family}"
     for gpu in ("h100", "h200")
     for family in ("gpn_m", "gpn_m_at_once", "transformer", "gdn")
-)
+) + ("aot_130m_h100_gpn_m_at_once_unroll4",)
 COLUMNS["aot_130m_gpu"] = [
     ("GPU", "{topology}", "l"),
     ("model", "{config_name}", "l"),
@@ -684,6 +685,8 @@ def _aot_row(record: dict, topology: str) -> dict:
     minimum, hlo = record["memory_bytes_per_token_min"], record["memory_bytes_per_token_hlo"]
     variant = [record.get("kernels"), record.get("memory_dtype")] if hlo else []
     variant += ["remat rerun at once"] if record.get("remat_parallel") else []
+    unroll = record.get("scan_unroll") or 1
+    variant += [f"{unroll} tokens per loop iteration"] if unroll > 1 else []
     variant += [f"{record['attention']} attention"] if record.get("attention") else []
     return record | {
         "topology": topology or record.get("device_kind", "?"),

@@ -60,9 +60,10 @@ _BUDGETS = flags.DEFINE_list(
     "budgets", [], "PART=SECONDS overrides of the parts' budget shares, e.g. baselines=150."
 )
 _RECORDS = flags.DEFINE_list(
-    "step_records", [], "The step part's KERNELS:MEMORY_DTYPE:BATCH[:at_once][:graphs] "
-    "records, e.g. pallas:float32:128 or pallas:bfloat16:128:at_once:graphs (the remat rerun "
-    "at once, the loops as CUDA graphs; default: all, in order of value)."
+    "step_records", [], "The step part's KERNELS:MEMORY_DTYPE:BATCH[:at_once][:unroll][:graphs] "
+    "records, e.g. pallas:float32:128 or pallas:bfloat16:128:at_once:unroll:graphs (the remat "
+    "rerun at once, 4 tokens per loop iteration, the loops as CUDA graphs; default: all, in "
+    "order of value)."
 )  # fmt: skip
 _SUMMARISE = flags.DEFINE_string(
     "summarise", None, "A run's folder: write its result files OUT_step.json and "

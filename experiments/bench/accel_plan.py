@@ -4,10 +4,12 @@ device's memory, and how long the run takes, the first time and again with the c
 
 Order: GPN+M (Pallas, bfloat16 memory), Transformer++ (cuDNN attention) and Gated DeltaNet at
 the same tokens per step, the largest batch of `BATCHES` at which all three fit; then GPN+M at
-B = 128 with its remat segments rerun at once (`model.remat_parallel`), the same with XLA
+B = 128 with its remat segments rerun at once (`model.remat_parallel`) and `UNROLL` tokens per
+iteration of its per-token loops (`model.scan_unroll`: fewer launches), the same with XLA
 replaying each per-token loop as one CUDA graph (`GRAPHS_XLA_FLAGS`: whether the loops'
-launches, not their bytes, hold the step below 70 % of its bound), the GPN+M batch sweep and
-float32 memory at `FLOAT32_BATCH` against bfloat16's at the same batch. A record measured before on the same kind of device
+launches, not their bytes, hold the step below 70 % of its bound), the GPN+M batch sweep,
+float32 memory at `FLOAT32_BATCH` against bfloat16's at the same batch, and last the step at
+once with one token per iteration (what the unroll alone changes). A record measured before on the same kind of device
 (`experiments/results/accel_<kind>_step.json`) is not measured again.
 
 Memory per record, in this order of preference:
@@ -40,7 +42,7 @@ from gpn_jax.models import factory
 GiB = 2**30
 BATCHES = (128, 64, 32, 16, 8)  # the comparison's candidates, largest first
 SWEEP = (128, 64, 32)  # the GPN+M batch sweep
-FLOAT32_BATCH = 64  # float32 memory beside the sweep's bfloat16 record at this batch
+FLOAT32_BATCH = 32  # float32 memory beside the comparison's bfloat16 GPN+M at this batch
 SEQ_LEN = 2048
 STEPS = 4  # the warm-up and three timed steps of a record
 START_S = 10.0  # a worker process's start and imports on the lent machine
@@ -55,8 +57,13 @@ RUN_S = 430.0  # the run inside the 8 minutes (the install and the machine's sta
 
 
 # a record's switches beside its family and batch ("-": the family's default or none)
-SWITCHES = ("kernels", "memory_dtype", "attention", "rerun", "graphs")
+SWITCHES = ("kernels", "memory_dtype", "attention", "rerun", "unroll", "graphs")
 GRAPHS = "CUDA graphs"
+UNROLL = 4  # tokens per iteration of the per-token loops (`model.scan_unroll`) of its records
+UNROLLED = f"{UNROLL} tokens per loop iteration"
+# its compile against one token per iteration (the 130M step rerun at once at B = 128,
+# `gpn_jax.aot --topology=h100` on an idle host: 35 s against 26 s)
+UNROLLED_COMPILE = 1.4
 # XLA's default command buffers (fusions, cuBLAS, custom calls such as the Pallas kernels,
 # cuDNN) plus while loops and conditionals: a per-token loop replayed as one CUDA graph
 # instead of its operations launched one by one from the host
@@ -73,6 +80,7 @@ class Record:
     memory_dtype: str = "-"  # GPN+M: bfloat16 | float32
     attention: str = "-"  # Transformer++: cudnn | xla
     rerun: str = "-"  # GPN+M: "at once" (`model.remat_parallel`); "-": token by token
+    unroll: str = "-"  # GPN+M: `UNROLLED` (`model.scan_unroll`); "-": one token per iteration
     graphs: str = "-"  # GPN+M: `GRAPHS` (its worker's XLA_FLAGS: `GRAPHS_XLA_FLAGS`)
 
     def key(self) -> tuple:
@@ -85,7 +93,8 @@ class Record:
     def model_fields(self) -> dict:
         """The model block's fields this record sets."""
         fields = {k: getattr(self, k) for k in SWITCHES[:3] if getattr(self, k) != "-"}
-        return fields | ({"remat_parallel": True} if self.rerun == AT_ONCE else {})
+        fields |= {"remat_parallel": True} if self.rerun == AT_ONCE else {}
+        return fields | ({"scan_unroll": UNROLL} if self.unroll == UNROLLED else {})
 
     def settings(self, seconds: float | None = None) -> dict:
         """The record as the run's settings hold it (plain data), with the XLA flags its
@@ -144,6 +153,7 @@ def _compiled(trial: dict, family: str) -> dict:
     takes = factory.config_fields({"family": factory.VARIANTS[family][0].name})
     switches = {k: trial.get(k) for k in SWITCHES[:3] if k in takes}
     switches["rerun"] = AT_ONCE if trial.get("remat_parallel") else "-"
+    switches["unroll"] = UNROLLED if trial.get("scan_unroll") == UNROLL else "-"
     return {"family": family, "batch_size": trial["batch_per_device"]} | switches
 
 
@@ -155,9 +165,10 @@ def _record(row: dict) -> Record:
 
 def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
     """(peak bytes, where the figure comes from) of `rec` (module docstring); (None, why).
-    A record whose loops are CUDA graphs takes the same step's figure without them."""
-    if rec.graphs != "-" and not peaks.get(rec.key()):
-        return estimate(dataclasses.replace(rec, graphs="-"), peaks)
+    A record whose loops are CUDA graphs or unrolled takes the same step's figure without."""
+    for switch in ("graphs", "unroll"):
+        if getattr(rec, switch) != "-" and not peaks.get(rec.key()):
+            return estimate(dataclasses.replace(rec, **{switch: "-"}), peaks)
     points = peaks.get(rec.key(), {})
     if rec.batch in points:
         return points[rec.batch]
@@ -178,10 +189,23 @@ def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
 
 
 def seconds(rec: Record, rates: dict, cached: bool = False) -> tuple[float, str]:
-    """(estimated seconds of the record's worker, where its rate comes from); a record whose
-    loops are CUDA graphs, unmeasured, the same step's without them."""
-    if rec.graphs != "-" and rec.key() not in rates:
-        return seconds(dataclasses.replace(rec, graphs="-"), rates, cached)
+    """(estimated seconds of the record's worker, where its rate comes from); an unmeasured
+    record whose loops are unrolled compiles `UNROLLED_COMPILE` times as long."""
+    (tokens_per_s, compile_s), source = _rate(rec, rates)
+    if cached:
+        compile_s = CACHED_COMPILE_S
+    elif rec.unroll != "-" and rec.key() not in rates:
+        compile_s *= UNROLLED_COMPILE
+    return START_S + compile_s + STEPS * rec.batch * SEQ_LEN / tokens_per_s, source
+
+
+def _rate(rec: Record, rates: dict) -> tuple[tuple, str]:
+    """((tokens/s, compile s), source) of `rec`: measured, else the same step's whose loops are
+    neither CUDA graphs nor unrolled, float32 memory's from bfloat16's, the rerun at once's
+    from token by token's, else assumed."""
+    for switch in ("graphs", "unroll"):
+        if getattr(rec, switch) != "-" and rec.key() not in rates:
+            return _rate(dataclasses.replace(rec, **{switch: "-"}), rates)
     rate = rates.get(rec.key())
     source = "measured rate"
     if rate is None and rec.memory_dtype == "float32":
@@ -193,9 +217,7 @@ def seconds(rec: Record, rates: dict, cached: bool = False) -> tuple[float, str]
         source = "assumed: the token-by-token rerun's"
     if rate is None:
         rate, source = (ASSUMED_TOKENS_PER_S, COMPILE_S), "assumed rate"
-    tokens_per_s, compile_s = rate
-    compile_s = CACHED_COMPILE_S if cached else compile_s
-    return START_S + compile_s + STEPS * rec.batch * SEQ_LEN / tokens_per_s, source
+    return rate, source
 
 
 def _fits(rec: Record, peaks: dict, usable: float) -> dict:
@@ -230,12 +252,15 @@ def compare_records(batch: int) -> list[Record]:
 
 
 def sweep_records(skip_batch: int | None) -> list[Record]:
-    """GPN+M at 128 rerun at once, without and with its loops as CUDA graphs, the batch sweep
-    (Pallas, bfloat16 memory), then float32 memory at `FLOAT32_BATCH`."""
-    at_once = Record("gpn_m", 128, "pallas", "bfloat16", rerun=AT_ONCE)
+    """GPN+M at 128 rerun at once with its loops unrolled, without and with them as CUDA
+    graphs, the batch sweep (Pallas, bfloat16 memory), float32 memory at `FLOAT32_BATCH`, then
+    the step at once without the unroll."""
+    at_once = Record("gpn_m", 128, "pallas", "bfloat16", rerun=AT_ONCE, unroll=UNROLLED)
     sweep = [Record("gpn_m", b, "pallas", "bfloat16") for b in SWEEP if b != skip_batch]
     float32 = [Record("gpn_m", FLOAT32_BATCH, k, "float32") for k in ("pallas", "xla")]
-    return [at_once, dataclasses.replace(at_once, graphs=GRAPHS), *sweep, *float32]
+    graphs, one_token = (dataclasses.replace(at_once, graphs=GRAPHS),
+                         dataclasses.replace(at_once, unroll="-"))  # fmt: skip
+    return [at_once, graphs, *sweep, *float32, one_token]
 
 
 def make(kind: str, results: str) -> dict:

@@ -60,8 +60,12 @@ def _step_row(record: dict, family: str) -> dict:
         "memory_dtype": record.get("memory_dtype", "—"),
         # GPN+M's remat segments: rerun token by token unless the record says otherwise
         "rerun": record.get("rerun", TOKEN_BY_TOKEN) if family == "gpn_m" else "—",
-        # its per-token loops as CUDA graphs (`accel_plan.GRAPHS`), else XLA's defaults
+        # its per-token loops unrolled (`accel_plan.UNROLLED`) or as CUDA graphs
+        # (`accel_plan.GRAPHS`), else one token per iteration and XLA's defaults
+        "unroll": record.get("unroll", "—"),
         "graphs": record.get("graphs", "—"),
+        "loops": ", ".join(record[k] for k in ("unroll", "graphs") if record.get(k, "-") != "-")
+        or "—",
         "batch_size": record.get("batch_size"),
         "seq_len": record.get("seq_len"),
         "tokens_per_s": record.get("tokens_per_s") if ok else None,

@@ -57,7 +57,7 @@ def _small_gpn_m() -> dict:
 def settings(mode: str, budgets=(), records=(), kind: str = "h100") -> dict:
     """Everything the parts need, as plain data (the part processes read it as JSON).
     `budgets`: "part=seconds" overrides of the budget shares; `records`: the step part's
-    "kernels:memory_dtype:batch[:at_once][:graphs]" records instead of the mode's
+    "kernels:memory_dtype:batch[:at_once][:unroll][:graphs]" records instead of the mode's
     (`accel_bench.py`'s flags);
     `kind`: the device the run's plan is for (`accel_plan.make`)."""
     if mode not in MODES:
@@ -70,10 +70,12 @@ def settings(mode: str, budgets=(), records=(), kind: str = "h100") -> dict:
 
 
 def gpn_record(
-    kernels: str, memory_dtype: str, batch: int, seconds=None, rerun="-", graphs="-"
+    kernels: str, memory_dtype: str, batch: int, seconds=None, rerun="-", unroll="-", graphs="-"
 ) -> dict:
     """A GPN+M step record as the settings hold it (`accel_plan.Record.settings`)."""
-    rec = accel_plan.Record("gpn_m", batch, kernels, memory_dtype, rerun=rerun, graphs=graphs)
+    rec = accel_plan.Record(
+        "gpn_m", batch, kernels, memory_dtype, rerun=rerun, unroll=unroll, graphs=graphs
+    )
     return rec.settings(seconds)
 
 
@@ -96,7 +98,11 @@ def _budget(text: str) -> tuple[str, float]:
 
 
 # a step record's optional words after its batch: the record's switch and value
-_STEP_WORDS = {"at_once": ("rerun", accel_plan.AT_ONCE), "graphs": ("graphs", accel_plan.GRAPHS)}
+_STEP_WORDS = {
+    "at_once": ("rerun", accel_plan.AT_ONCE),
+    "unroll": ("unroll", accel_plan.UNROLLED),
+    "graphs": ("graphs", accel_plan.GRAPHS),
+}
 
 
 def _step_record(text: str) -> dict:
@@ -110,8 +116,9 @@ def _step_record(text: str) -> dict:
         or len(set(words)) < len(words)
     ):
         raise ValueError(
-            f"--step_records entry {text!r}: write KERNELS:MEMORY_DTYPE:BATCH[:at_once][:graphs], "
-            "e.g. pallas:float32:128 or pallas:bfloat16:128:at_once:graphs (kernels xla or "
+            f"--step_records entry {text!r}: write "
+            "KERNELS:MEMORY_DTYPE:BATCH[:at_once][:unroll][:graphs], e.g. pallas:float32:128 "
+            "or pallas:bfloat16:128:at_once:unroll:graphs (kernels xla or "
             "pallas, dtype float32 or bfloat16)"
         )
     switches = dict(_STEP_WORDS[w] for w in words)

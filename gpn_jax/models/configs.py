@@ -122,6 +122,9 @@ class GPNConfig:
     # sequence) so that the backward reruns a segment's products at once, not token by token
     # (scan_impl "fused", tensor size 1)
     remat_parallel: bool = switch(False)
+    # tokens per iteration of the fused window's per-token loops (lax.scan's unroll): on a GPU
+    # XLA fuses the independent small operations of consecutive tokens, so fewer kernels launch
+    scan_unroll: int = switch(1, minimum=1)
     loss_chunk: int = switch(128, minimum=1)  # time steps decoded at once after the scan
     scan_impl: ScanImpl = switch(ScanImpl.FUSED)  # "fused" | "autodiff" (`ScanImpl`; same math)
     # the fused window's memory passes and products: "auto" | "xla" | "native" | "pallas"

@@ -220,6 +220,7 @@ class GPN(SpecModel):
         carry, out = fused_window.scan_window_fused(
             cp, carry, xg_TxBxD, segment, keep_TxB=keep, tp=tp, tp_axis=axis,
             kernels=self.kernels(), remat_parallel=self.config.remat_parallel,
+            unroll=self.config.scan_unroll,
         )  # fmt: skip
         return out, carry, cp
 

@@ -53,7 +53,7 @@ def test_model_field_rules_are_read_off_the_dataclass_fields():
     assert (m.vocab_size, m.d_model, m.n_layers, m.compute_dtype) == (2048, 128, 1, "float32")
     assert (m.n_heads, m.d_key, m.d_value) == (min(full.n_heads, 2), 16, 32)
     assert m.remat_segment == (32 if full.remat_segment else 0)
-    want = {"loss_chunk", "scan_impl", "remat_segment", "remat_parallel", "remat"}
+    want = {"loss_chunk", "scan_impl", "scan_unroll", "remat_segment", "remat_parallel", "remat"}
     want |= {"compute_dtype", "memory_dtype"}
     assert model_configs.math_free_fields() == want | {"kernels", "attention"}
     assert model_configs.field_rule(model_configs.MINIMUM)["chunk_size"] == 0

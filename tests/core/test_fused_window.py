@@ -46,6 +46,12 @@ CASES = {
         8,
         False,
     ),
+    # 3 tokens per loop iteration, which divides no segment's 4 steps
+    "L1-remat4-parallel-unroll3": (
+        dict(n_layers=1, remat_segment=4, remat_parallel=True, scan_unroll=3),
+        16,
+        True,
+    ),
     "L2-T1": (dict(n_layers=2), 1, True),
     "L2-T3-fresh": (dict(n_layers=2, decoder_bias=True), 3, False),
 }
@@ -366,23 +372,36 @@ def test_the_backward_loop_reads_no_per_step_index(parallel):
     _, fused = pair(kernels="xla", remat_segment=8, remat_parallel=parallel)
     params = random_params(fused)
     grad = jax.grad(lambda p: fused.loss(p, tokens(16))[0])
-    scans = _backward_scans(jax.make_jaxpr(grad)(params).jaxpr, (8, 4))
+    scans = _product_scans(jax.make_jaxpr(grad)(params).jaxpr, (8, 4), reverse=True)
     assert scans
     for p, xs in scans:
         assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in xs), p["length"]
 
 
-def _backward_scans(jaxpr, lengths) -> list:
-    """(params, per-step inputs) of each reverse scan over `lengths` steps with weight products."""
+def _product_scans(jaxpr, lengths, reverse: bool) -> list:
+    """(params, per-step inputs) of each scan over `lengths` steps with weight products, the
+    backward's (`reverse`) or the forward's; its per-step inputs are those with its length as
+    leading axis (as `_stacked_per_step`'s outputs: jax 0.11's scan has no num_carry)."""
     out = []
     for eqn in jaxpr.eqns:
         p = eqn.params
-        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"]:
+        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"] == reverse:
             if _has_weight_product(p["jaxpr"].jaxpr):
-                out.append((p, eqn.invars[p["num_consts"] + p["num_carry"] :]))
+                xs = [v for v in eqn.invars if v.aval.shape[:1] == (p["length"],)]
+                out.append((p, xs))
         for sub in _subjaxprs(eqn):
-            out += _backward_scans(sub, lengths)
+            out += _product_scans(sub, lengths, reverse)
     return out
+
+
+def test_scan_unroll_reaches_every_per_token_loop():
+    """`scan_unroll` (equal to autodiff above) sets the unroll of the window's loops of weight
+    products, forward and backward."""
+    _, fused = pair(kernels="xla", remat_segment=8, remat_parallel=True, scan_unroll=3)
+    params = random_params(fused)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda p: fused.loss(p, tokens(16))[0]))(params).jaxpr
+    scans = _product_scans(jaxpr, (8,), reverse=True) + _product_scans(jaxpr, (8,), reverse=False)
+    assert len(scans) == 2 and all(p["unroll"] == 3 for p, _ in scans)
 
 
 def test_parallel_rerun_refusals():

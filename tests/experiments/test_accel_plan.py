@@ -2,6 +2,7 @@
 CPU before a GPU is booked: records in order, each fitting the device or skipped with the
 reason, the run inside its 8 minutes, the wheels checked first."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -53,7 +54,7 @@ def test_a_record_measured_on_the_same_kind_is_not_measured_again():
 
 
 def test_memory_estimates_prefer_points_then_the_step_memory_model():
-    key = ("gdn", "-", "-", "-", "-", "-")
+    key = ap.Record("gdn", 32).key()
     two = {key: {32: (10 * GiB, "compile"), 64: (18 * GiB, "compile")}}
     assert ap.estimate(ap.Record("gdn", 32), two) == (10 * GiB, "compile")
     peak, source = ap.estimate(ap.Record("gdn", 128), two)  # the line 2 + B / 4 GiB
@@ -61,13 +62,14 @@ def test_memory_estimates_prefer_points_then_the_step_memory_model():
     one = {key: {64: (18 * GiB, "compile")}}
     assert ap.estimate(ap.Record("gdn", 32), one)[0] == 18 * GiB  # never more below B0
     assert ap.estimate(ap.Record("gdn", 128), one)[0] == 36 * GiB  # at most in proportion
-    bf16 = {("gpn_m", "pallas", "bfloat16", "-", "-", "-"): {128: (21 * GiB, "run")}}
+    bf16 = {ap.Record("gpn_m", 128, "pallas", "bfloat16").key(): {128: (21 * GiB, "run")}}
     f32 = ap.estimate(ap.Record("gpn_m", 128, "pallas", "float32"), bf16)
     assert f32[0] == 42 * GiB and f32[1].startswith("twice bfloat16's")
     assert ap.estimate(ap.Record("transformer", 8, attention="cudnn"), {})[0] is None
-    # the loops as CUDA graphs: the same step's figure, until compiled or measured so
-    graphs = ap.Record("gpn_m", 128, "pallas", "bfloat16", graphs=ap.GRAPHS)
-    assert ap.estimate(graphs, bf16) == (21 * GiB, "run")
+    # the loops as CUDA graphs or unrolled: the same step's figure, until compiled or measured
+    for loops in ({"graphs": ap.GRAPHS}, {"unroll": ap.UNROLLED}):
+        rec = ap.Record("gpn_m", 128, "pallas", "bfloat16", **loops)
+        assert ap.estimate(rec, bf16) == (21 * GiB, "run")
 
 
 def test_records_past_the_run_or_the_memory_are_skipped_with_the_reason(tmp_path):
@@ -89,7 +91,8 @@ def test_records_past_the_run_or_the_memory_are_skipped_with_the_reason(tmp_path
     assert [r["record"].batch for r in skipped] == [128, 64, 32, 16]  # GDN only
     assert skipped[-1]["skip"] == "needs 140.0 GiB, 105.3 usable"
     sweep = _rows(plan, "step")
-    assert sweep[-1]["record"].memory_dtype == "float32"
+    assert sweep[-2]["record"].memory_dtype == "float32"  # then at once, one token an iteration
+    assert (sweep[-1]["record"].rerun, sweep[-1]["record"].unroll) == (ap.AT_ONCE, "-")
     assert any(r.get("skip", "").startswith("past the run's") for r in sweep)
     settings = ap.settings_records(plan, "baselines")
     assert [r["family"] for r in settings] == ["gpn_m", "transformer", "gdn"]
@@ -102,26 +105,27 @@ def test_the_device_settings_follow_the_plan_with_a_compile_cache():
     assert [(r["family"], r["batch"]) for r in s["baseline_records"]] == [
         ("gpn_m", 32), ("transformer", 32), ("gdn", 32),
     ]  # fmt: skip
-    # first the step rerun at once at 128, then the same with its loops as CUDA graphs (XLA
-    # flags for its worker only); token by token it was measured on an H100 before
+    # first the step rerun at once at 128 with its loops unrolled, then the same with them as
+    # CUDA graphs (XLA flags for its worker only); token by token it was measured on an H100
     first, graphs = s["step_records"][:2]
     assert (first["batch"], first["rerun"], first["model_fields"]["remat_parallel"]) == (
         128, "rerun at once", True,
     )  # fmt: skip
+    assert first["model_fields"]["scan_unroll"] == ap.UNROLL
     assert first["xla_flags"] is None and graphs["graphs"] == ap.GRAPHS
     assert graphs["xla_flags"] == ap.GRAPHS_XLA_FLAGS and "WHILE" in graphs["xla_flags"]
     assert {k: v for k, v in graphs.items() if k not in ("graphs", "xla_flags")} == {
         k: v for k, v in first.items() if k not in ("graphs", "xla_flags")
     }
-    assert not [
-        r for r in s["step_records"][2:] if r["batch"] == 128 and r["memory_dtype"] == "bfloat16"
-    ]
-    # float32 memory beside bfloat16's at the same batch, both in this run
+    assert not [  # token by token at 128 it was measured before
+        r for r in s["step_records"]
+        if (r["batch"], r["memory_dtype"], r["rerun"]) == (128, "bfloat16", "-")
+    ]  # fmt: skip
+    # float32 memory beside bfloat16's at the same batch (the comparison's), both in this run
     f32 = [r for r in s["step_records"] if r["memory_dtype"] == "float32"]
     assert f32 and all(r["batch"] == ap.FLOAT32_BATCH for r in f32)
-    assert any(
-        r["batch"] == ap.FLOAT32_BATCH for r in s["step_records"] if r["memory_dtype"] == "bfloat16"
-    )
+    gpn = [r for r in s["baseline_records"] + s["step_records"] if r["family"] == "gpn_m"]
+    assert any(r["batch"] == ap.FLOAT32_BATCH and r["memory_dtype"] == "bfloat16" for r in gpn)
     assert s["env"]["JAX_COMPILATION_CACHE_DIR"].endswith(os.path.join("runs", "jax_cache"))
 
 
@@ -198,3 +202,13 @@ def test_a_record_s_xla_flags_reach_its_worker_process_only(monkeypatch):
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
     with pytest.raises(ValueError, match="sets xla_flags: run it in its own process"):
         orchestrate.run_spec(spec, isolate=False)
+
+
+def test_an_unrolled_record_takes_its_steps_rate_and_a_longer_compile():
+    one = ap.Record("gpn_m", 128, "pallas", "bfloat16")
+    rates = {one.key(): (100_000.0, 20.0)}  # tokens/s, compile seconds
+    unrolled = dataclasses.replace(one, unroll=ap.UNROLLED)
+    (s1, _), (s4, source) = ap.seconds(one, rates), ap.seconds(unrolled, rates)
+    assert s4 - s1 == pytest.approx(20.0 * (ap.UNROLLED_COMPILE - 1), rel=1e-12)
+    assert source == "measured rate"
+    assert ap.seconds(unrolled, rates, cached=True) == ap.seconds(one, rates, cached=True)

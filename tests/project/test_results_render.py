@@ -231,6 +231,35 @@ def test_the_rerun_at_once_backs_what_the_page_says_of_it():
     assert f"today's step compiles to {fewer:.0f} operations per token\nstep fewer" in text
 
 
+def test_the_unrolled_loops_back_what_the_page_says_of_them():
+    """The step rerun at once with 4 tokens per loop iteration, compiled for an H100: fewer
+    operations per token step than one token per iteration, the same peak, and the sum of its
+    floors (as the rerun table's) that the page states against 70 % of the bound."""
+    from gpn_jax.benchmarks import roofline
+
+    step, run = render._h100_run(ROOT)
+    unrolled = render._at_128(ROOT, "aot_130m_h100_gpn_m_at_once_unroll4")
+    one = render._at_128(ROOT, "aot_130m_h100_gpn_m_at_once")
+    assert unrolled["scan_unroll"] == 4 and unrolled["remat_parallel"]
+    assert unrolled["ops_per_token"] < one["ops_per_token"]
+    assert unrolled["peak_bytes_per_device"] == pytest.approx(
+        one["peak_bytes_per_device"], rel=0.01
+    )
+    analytic = render._analytic(ROOT, "roofline_130m_at_once")
+    bandwidth = step["copy_bandwidth_gb_per_s"] * 1e9
+    floors = [us for _, us in roofline.floors(unrolled, analytic, bandwidth, 128)]
+    total = sum(floors) + run["mfu_pct"] / 100 * 1e6 / run["tokens_per_s"]
+    target = 1e6 / (0.7 * analytic["h100"])
+    text = " ".join(
+        open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read().split()
+    )
+    assert (
+        f"launches {unrolled['ops_per_token']:.1f} operations per token step instead of "
+        f"{one['ops_per_token']:.1f}"
+    ) in text
+    assert f"add up to {total:.2f} µs per token against {target:.2f} µs at 70 %" in text
+
+
 def test_what_the_step_moves_as_compiled_backs_the_page():
     """The by-kind table: its kinds add up to the loops, the loops move less than the whole
     step and the whole step more than the analytic count; and what the page says of it: by

@@ -84,6 +84,7 @@ def step_record(config, result, report, memory_bytes: int | None) -> dict:
         "kernels": result["kernels"],
         "memory_dtype": config.model.get("memory_dtype", "float32"),
         "remat_parallel": config.model.get("remat_parallel"),  # GPN's; None for the others
+        "scan_unroll": config.model.get("scan_unroll"),
         "attention": config.model.get("attention"),  # Transformer++'s; None for the others
         "fits": bool(report.get("fits", report["total"] is not None)),
         "peak_bytes_per_device": report["total"],
