@@ -166,9 +166,8 @@ def _record(row: dict) -> Record:
 def estimate(rec: Record, peaks: dict) -> tuple[float | None, str]:
     """(peak bytes, where the figure comes from) of `rec` (module docstring); (None, why).
     A record whose loops are CUDA graphs or unrolled takes the same step's figure without."""
-    for switch in ("graphs", "unroll"):
-        if getattr(rec, switch) != "-" and not peaks.get(rec.key()):
-            return estimate(dataclasses.replace(rec, **{switch: "-"}), peaks)
+    if plain := _loops_plain(rec, peaks):
+        return estimate(plain, peaks)
     points = peaks.get(rec.key(), {})
     if rec.batch in points:
         return points[rec.batch]
@@ -203,9 +202,8 @@ def _rate(rec: Record, rates: dict) -> tuple[tuple, str]:
     """((tokens/s, compile s), source) of `rec`: measured, else the same step's whose loops are
     neither CUDA graphs nor unrolled, float32 memory's from bfloat16's, the rerun at once's
     from token by token's, else assumed."""
-    for switch in ("graphs", "unroll"):
-        if getattr(rec, switch) != "-" and rec.key() not in rates:
-            return _rate(dataclasses.replace(rec, **{switch: "-"}), rates)
+    if plain := _loops_plain(rec, rates):
+        return _rate(plain, rates)
     rate = rates.get(rec.key())
     source = "measured rate"
     if rate is None and rec.memory_dtype == "float32":
@@ -218,6 +216,15 @@ def _rate(rec: Record, rates: dict) -> tuple[tuple, str]:
     if rate is None:
         rate, source = (ASSUMED_TOKENS_PER_S, COMPILE_S), "assumed rate"
     return rate, source
+
+
+def _loops_plain(rec: Record, known: dict) -> Record | None:
+    """`rec` with one of its loops' switches (CUDA graphs, the unroll) undone where `known`
+    (peaks or rates) has nothing for it; None where it has, or the loops are the defaults."""
+    for switch in ("graphs", "unroll"):
+        if getattr(rec, switch) != "-" and not known.get(rec.key()):
+            return dataclasses.replace(rec, **{switch: "-"})
+    return None
 
 
 def _fits(rec: Record, peaks: dict, usable: float) -> dict:

@@ -93,19 +93,15 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
     """Operations per token in the per-token loop bodies of a compiled step's optimised HLO:
     the innermost while loops (whose bodies run no loop), each body's operations (every
     instruction with an array result but shape plumbing and control flow: on a GPU each is a
-    kernel launch; scalar bookkeeping left out; fusions and custom calls counted apart) times the times the body runs (its trip count times those
-    of the loops around it), over `seq_len`. Backward loops are those whose JAX op_name holds
-    `transpose` (the vjp); forward the others. Unknown trip counts count once."""
+    kernel launch; scalar bookkeeping left out; fusions and custom calls counted apart) times
+    the times the body runs (its trip count times those of the loops around it), over
+    `seq_len`. Backward loops are those whose JAX op_name holds `transpose` (the vjp); forward
+    the others. Unknown trip counts count once."""
     from gpn_jax.parallel import hlo
 
     comps, entry = hlo.parse(hlo_text)
-    runs = _body_runs(comps, entry)
     loops, totals = [], {"forward": 0.0, "backward": 0.0}
-    for (body, direction), times in runs.items():
-        instrs = comps.get(body, [])
-        if any(i.opcode == "while" for i in instrs):
-            continue  # an outer loop (per segment): its own operations are not per token
-        ops = [i for i in instrs if _launched(i)]
+    for body, direction, times, ops in _per_token_ops(comps, entry):
         loops.append(
             {
                 "body": body,
@@ -125,8 +121,6 @@ def loop_ops(hlo_text: str, seq_len: int) -> dict:
     }
 
 
-_CONTROL = {"while", "call", "conditional"}
-
 # What each operation of a per-token loop body is (`loop_kinds`), in the order tables list them.
 KINDS = ("weight products", "memory passes", "per-step stores", "elementwise and reductions")
 
@@ -143,19 +137,23 @@ def loop_kinds(hlo_text: str, seq_len: int, batch: int, elements: int) -> dict:
 
     comps, entry = hlo.parse(hlo_text)
     out = {k: {"ops": 0.0, "bytes_per_token": 0.0} for k in KINDS}
-    for (body, _), times in _body_runs(comps, entry).items():
-        instrs = comps.get(body, [])
-        if any(i.opcode == "while" for i in instrs):
-            continue
-        shapes = {i.name: i.result for i in instrs}
-        for ins in instrs:
-            if not _launched(ins):
-                continue
+    for body, _, times, ops in _per_token_ops(comps, entry):
+        shapes = {i.name: i.result for i in comps[body]}
+        for ins in ops:
             kind = out[_kind(ins, comps)]
             kind["ops"] += times / seq_len
             moved = traffic.op_bytes(ins, comps, elements, shapes)
             kind["bytes_per_token"] += moved * times / (seq_len * batch)
     return out
+
+
+def _per_token_ops(comps: dict, entry: str | None):
+    """(body, 'forward' | 'backward', times it runs, its launched operations) of each
+    innermost while loop: an outer loop (per segment) runs no operation per token itself."""
+    for (body, direction), times in _body_runs(comps, entry).items():
+        instrs = comps.get(body, [])
+        if not any(i.opcode == "while" for i in instrs):
+            yield body, direction, times, [i for i in instrs if _launched(i)]
 
 
 def _kind(ins, comps: dict) -> str:
@@ -190,7 +188,7 @@ def _launched(ins) -> bool:
     shape plumbing or control flow, not the loop's scalar bookkeeping."""
     from gpn_jax.benchmarks import traffic
 
-    plumbing = ins.opcode in traffic.FREE or ins.opcode in _CONTROL
+    plumbing = ins.opcode in traffic.FREE or ins.opcode in traffic.CONTROL
     return not plumbing and not _scalar(ins.result)
 
 

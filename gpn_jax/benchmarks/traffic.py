@@ -90,6 +90,7 @@ FREE = {
     "replica-id",
     "iota",
 }
+CONTROL = {"while", "call", "conditional"}  # move nothing themselves: their bodies count
 SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(
@@ -202,7 +203,7 @@ def _shape_of(operand: str, shapes: dict) -> str:
 def instruction_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
     """HBM bytes over M-sized arrays (`elements` elements) that one execution of `ins` moves;
     `shapes`: name -> result shape of the instructions of its computation."""
-    if ins.opcode in FREE or ins.opcode in ("while", "call", "conditional"):
+    if ins.opcode in FREE or ins.opcode in CONTROL:
         return 0  # control flow passes its buffers on; what its computations move counts
     if ins.opcode.endswith("-done"):
         return array_bytes(ins.result, elements) if ins.opcode == "copy-done" else 0
@@ -377,7 +378,7 @@ def op_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
     a buffer updated in place counts what is written into it) with every array counted, a
     stack of `elements`-sized memories handed to a kernel counting the one step it indexes,
     and a cuBLAS workspace nothing. An asynchronous op counts at its start."""
-    if ins.opcode in FREE or ins.opcode in ("while", "call", "conditional"):
+    if ins.opcode in FREE or ins.opcode in CONTROL:
         return 0
     if ins.opcode.endswith("-done"):
         return _bytes(ins.result) if ins.opcode == "copy-done" else 0
@@ -406,12 +407,13 @@ def op_bytes(ins: Instr, comps: dict, elements: int, shapes: dict) -> int:
     if root is None:  # no ROOT marked: the fusion's result as written
         return reads + _bytes(ins.result)
     outs = _operand_list(root.operands) if root.opcode == "tuple" else [root.name]
+    body_shapes = {name: i.result for name, i in inner.items()}
     written = 0
     for name in outs:
         out = inner.get(name.split()[-1].lstrip("%"))
         if out is not None and out.opcode == "dynamic-update-slice":
             update = _operand_list(out.operands)[1]
-            written += _bytes(_shape_of(update, {i.name: i.result for i in body}))
+            written += _bytes(_shape_of(update, body_shapes))
         elif out is not None:
             written += _bytes(out.result)
     return reads + written

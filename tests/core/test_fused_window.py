@@ -325,19 +325,29 @@ def test_parallel_rerun_runs_no_per_token_loop_of_the_forward(n_layers, memory):
     assert loops == {False: 1 + 2 * halves, True: 2}
 
 
-def _stacked_per_step(jaxpr, lengths, reverse: bool) -> set[int]:
-    """How many arrays each scan over `lengths` steps with weight products, the backward's
-    (`reverse`) or the forward's, stacks per step: its outputs with a leading axis of its
-    length (no carry of these test models has one: B = 2, 3 heads)."""
-    out = set()
+def _product_scans(jaxpr, lengths, reverse: bool) -> list:
+    """The scans over `lengths` steps with weight products, at any depth: the backward's
+    (`reverse`) or the forward's."""
+    out = []
     for eqn in jaxpr.eqns:
         p = eqn.params
         if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"] == reverse:
             if _has_weight_product(p["jaxpr"].jaxpr):
-                out.add(sum(v.aval.shape[:1] == (p["length"],) for v in eqn.outvars))
+                out.append(eqn)
         for sub in _subjaxprs(eqn):
-            out |= _stacked_per_step(sub, lengths, reverse)
+            out += _product_scans(sub, lengths, reverse)
     return out
+
+
+def _per_step(scan, variables) -> list:
+    """A scan's inputs or outputs that run per step: those with its length as leading axis (no
+    carry of these test models has one: B = 2, 3 heads; jax 0.11's scan has no num_carry)."""
+    return [v for v in variables if v.aval.shape[:1] == (scan.params["length"],)]
+
+
+def _stacked_per_step(jaxpr, lengths, reverse: bool) -> set[int]:
+    """How many arrays each scan over `lengths` steps with weight products stacks per step."""
+    return {len(_per_step(e, e.outvars)) for e in _product_scans(jaxpr, lengths, reverse)}
 
 
 @pytest.mark.parametrize("n_layers, memory", [(1, True), (2, True), (3, True), (1, False)])
@@ -374,24 +384,9 @@ def test_the_backward_loop_reads_no_per_step_index(parallel):
     grad = jax.grad(lambda p: fused.loss(p, tokens(16))[0])
     scans = _product_scans(jax.make_jaxpr(grad)(params).jaxpr, (8, 4), reverse=True)
     assert scans
-    for p, xs in scans:
-        assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in xs), p["length"]
-
-
-def _product_scans(jaxpr, lengths, reverse: bool) -> list:
-    """(params, per-step inputs) of each scan over `lengths` steps with weight products, the
-    backward's (`reverse`) or the forward's; its per-step inputs are those with its length as
-    leading axis (as `_stacked_per_step`'s outputs: jax 0.11's scan has no num_carry)."""
-    out = []
-    for eqn in jaxpr.eqns:
-        p = eqn.params
-        if eqn.primitive.name == "scan" and p["length"] in lengths and p["reverse"] == reverse:
-            if _has_weight_product(p["jaxpr"].jaxpr):
-                xs = [v for v in eqn.invars if v.aval.shape[:1] == (p["length"],)]
-                out.append((p, xs))
-        for sub in _subjaxprs(eqn):
-            out += _product_scans(sub, lengths, reverse)
-    return out
+    for scan in scans:
+        xs = _per_step(scan, scan.invars)
+        assert all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in xs), scan.params["length"]
 
 
 def test_scan_unroll_reaches_every_per_token_loop():
@@ -401,7 +396,7 @@ def test_scan_unroll_reaches_every_per_token_loop():
     params = random_params(fused)
     jaxpr = jax.make_jaxpr(jax.grad(lambda p: fused.loss(p, tokens(16))[0]))(params).jaxpr
     scans = _product_scans(jaxpr, (8,), reverse=True) + _product_scans(jaxpr, (8,), reverse=False)
-    assert len(scans) == 2 and all(p["unroll"] == 3 for p, _ in scans)
+    assert len(scans) == 2 and all(scan.params["unroll"] == 3 for scan in scans)
 
 
 def test_parallel_rerun_refusals():

@@ -387,8 +387,8 @@ def rerun_at_once(dm: Dims, fw: dict, start, kept, xg_SxBxD, keep_SxB=None) -> R
     memory reads (S, B, hu) of each layer but the last (whose output is P). Given the reads no
     step waits on the one before: the state entering step t + 1 is ground(p_t) + xg_t, and the
     key entering it is W0's output at step t, so every product runs once over the segment's
-    S * B rows. The memories are rebuilt by the
-    caller (the kernels' `stack`, or `recompute_memory`)."""
+    S * B rows. The memories are rebuilt by the caller (the kernels' `stack`, or
+    `recompute_memory`)."""
     P, reads = kept
     s0, zk0, _ = start
     zg = cols(rms(P), fw["Wg"]) + fw["bg"]

@@ -105,7 +105,8 @@ def reset(dm: Dims, fw: dict, carry, keep_B):
 
 def scan_steps(dm: Dims, fw, carry, xg_SxBxD, keep: str, keep_SxB=None):
     """Steps over a run of tokens. keep: 'out' -> (p, g); 'reads' -> (p, g, the memory read of
-    each layer but the last, whose output is p); 'res' -> ((p, g), Res); 'resM' -> + M before each step (before its reset).
+    each layer but the last, whose output is p); 'res' -> ((p, g), Res); 'resM' -> + M before
+    each step (before its reset).
     `keep_SxB`: per-step resets (`reset`) or None."""
 
     def body(c, x):

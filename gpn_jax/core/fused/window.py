@@ -20,9 +20,10 @@ recurrent. The window is in parts, each a module of its own:
   `remat_segment` > 0 nothing else is stored per step either: each segment's forward is rerun
   in the backward (one extra forward of the loop, memory O(T/S + S) per step-state). With
   `remat_parallel` the forward also keeps each step's memory reads but the last layer's
-  ((L - 1) H U floats per token and sequence): given them no step of the rerun waits on the one before, so the backward reruns a
-  segment's products once over its S * B rows (`fused.backward.rerun_at_once`) instead of
-  token by token, and the memory is rebuilt by the recomputation alone.
+  ((L - 1) H U floats per token and sequence): given them no step of the rerun waits on the
+  one before, so the backward reruns a segment's products once over its S * B rows
+  (`fused.backward.rerun_at_once`) instead of token by token, and the memory is rebuilt by the
+  recomputation alone.
 * Kernels. The window is handed the resolved `model.kernels` (`core.kernel_ops.MemoryKernels`,
   never imported from a backend): where they cover the window (`dims_of`) the memory's passes
   call their `step`, `stack` and `grad`, and the loops multiply by weights
